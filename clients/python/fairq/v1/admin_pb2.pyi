@@ -1,0 +1,85 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BACKEND_KIND_UNSPECIFIED: _ClassVar[BackendKind]
+    BACKEND_KIND_VLLM: _ClassVar[BackendKind]
+    BACKEND_KIND_TGI: _ClassVar[BackendKind]
+BACKEND_KIND_UNSPECIFIED: BackendKind
+BACKEND_KIND_VLLM: BackendKind
+BACKEND_KIND_TGI: BackendKind
+
+class Backend(_message.Message):
+    __slots__ = ("id", "kind", "base_url", "models", "priority_scheduling", "max_in_flight")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_SCHEDULING_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: BackendKind
+    base_url: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    priority_scheduling: bool
+    max_in_flight: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., base_url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., priority_scheduling: _Optional[bool] = ..., max_in_flight: _Optional[int] = ...) -> None: ...
+
+class BackendStatus(_message.Message):
+    __slots__ = ("backend", "healthy", "in_flight", "waiting", "running", "tpot_seconds", "draining")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    TPOT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    backend: Backend
+    healthy: bool
+    in_flight: int
+    waiting: float
+    running: float
+    tpot_seconds: float
+    draining: bool
+    def __init__(self, backend: _Optional[_Union[Backend, _Mapping]] = ..., healthy: _Optional[bool] = ..., in_flight: _Optional[int] = ..., waiting: _Optional[float] = ..., running: _Optional[float] = ..., tpot_seconds: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class RegisterBackendRequest(_message.Message):
+    __slots__ = ("backend",)
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    backend: Backend
+    def __init__(self, backend: _Optional[_Union[Backend, _Mapping]] = ...) -> None: ...
+
+class RegisterBackendResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: BackendStatus
+    def __init__(self, status: _Optional[_Union[BackendStatus, _Mapping]] = ...) -> None: ...
+
+class DeregisterBackendRequest(_message.Message):
+    __slots__ = ("id", "drain")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    drain: bool
+    def __init__(self, id: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...
+
+class DeregisterBackendResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBackendsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBackendsResponse(_message.Message):
+    __slots__ = ("backends",)
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    backends: _containers.RepeatedCompositeFieldContainer[BackendStatus]
+    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ...) -> None: ...
