@@ -30,6 +30,7 @@ node: $(BUF)
 protos: sync
 	$(PY) python -m grpc_tools.protoc -I protos \
 		--python_out=clients/python --grpc_python_out=clients/python --pyi_out=clients/python \
+		--plugin=protoc-gen-mypy_grpc=.venv/bin/protoc-gen-mypy_grpc --mypy_grpc_out=clients/python \
 		protos/fairq/v1/*.proto
 
 protos-check: protos

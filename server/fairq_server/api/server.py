@@ -1,0 +1,104 @@
+"""The gRPC server: Scheduler, Admin, health and reflection on one port."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from fairq_server.api.admin import AdminServicer
+from fairq_server.api.scheduler import SchedulerServicer
+from fairq_server.auth import Authenticator
+from fairq_server.config import Config
+from fairq_server.core import FairqCore
+from fairq_server.telemetry import Telemetry
+
+__all__ = ["FairqServer"]
+
+log = logging.getLogger(__name__)
+
+_SERVICES = (
+    scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+)
+
+
+class FairqServer:
+    """A running fairq: the core, the gRPC server and the metrics endpoint.
+
+    Use as an async context manager, or call :meth:`start` and :meth:`stop`::
+
+        async with FairqServer(config) as server:
+            print(server.port)
+    """
+
+    def __init__(self, config: Config, telemetry: Telemetry | None = None) -> None:
+        self.config = config
+        self.core = FairqCore(config, telemetry)
+        self.auth = Authenticator(config.keys, self.core.tier_names)
+        self.port = 0
+        self.metrics_port = 0
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        self._health = health.aio.HealthServicer()
+        self._metrics_http: object | None = None
+
+    async def __aenter__(self) -> FairqServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(grace=1.0)
+
+    async def start(self) -> None:
+        """Register configured backends, bind the ports and start serving."""
+        await self.core.start()
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(
+            SchedulerServicer(self.core, self.auth), self._server
+        )
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.core, self.auth), self._server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            (*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+        )
+        self.port = self._server.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        await self._server.start()
+        for name in ("", *_SERVICES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.metrics_listen:
+            host, _, port = self.config.metrics_listen.rpartition(":")
+            httpd, _thread = start_http_server(
+                int(port), addr=host or "127.0.0.1", registry=self.core.telemetry.registry
+            )
+            self._metrics_http = httpd
+            self.metrics_port = httpd.server_port
+        log.info("fairq listening on %s (port %d)", self.config.listen, self.port)
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, answer queued requests UNAVAILABLE, let running ones finish.
+
+        Running streams get ``grace`` seconds before they are cancelled.
+        """
+        for name in ("", *_SERVICES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await asyncio.gather(self.core.close_queues(), self._server.stop(grace))
+        await self.core.close()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()  # type: ignore[attr-defined]
+
+    async def wait_for_termination(self) -> None:
+        """Block until the server stops."""
+        await self._server.wait_for_termination()

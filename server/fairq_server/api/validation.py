@@ -1,0 +1,143 @@
+"""Checking a GenerateRequest and turning it into a backend-neutral request."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+
+from fairq.v1 import scheduler_pb2
+
+from fairq_server.auth import Principal
+from fairq_server.backends.base import BackendRequest, Sampling
+from fairq_server.config import Limits
+from fairq_server.errors import InvalidRequestError, PermissionDeniedError
+
+__all__ = ["CHARS_PER_TOKEN", "estimate_tokens", "resolve_tier", "to_backend_request"]
+
+# Cheap, tokenizer-free estimate used only for cost ordering; ~4 characters per token is the
+# usual figure for English text with BPE vocabularies.
+CHARS_PER_TOKEN = 4
+_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+_MAX_REQUEST_ID_CHARS = 128
+
+
+def estimate_tokens(request: BackendRequest) -> int:
+    """Estimate the prompt's length in tokens."""
+    if request.messages is not None:
+        chars = sum(len(c) + len(r) + 4 for r, c in request.messages)
+    else:
+        chars = len(request.prompt or "")
+    return max(1, math.ceil(chars / CHARS_PER_TOKEN))
+
+
+def resolve_tier(requested: str, principal: Principal, tiers: Sequence[str]) -> int:
+    """Return the index of the tier the request runs in.
+
+    Empty means the principal's ceiling (its highest allowed tier). A lower tier than the
+    ceiling may always be asked for; a higher one never.
+
+    Raises:
+        InvalidRequestError: unknown tier name.
+        PermissionDeniedError: the tier is above the principal's ceiling.
+
+    """
+    ceiling = min((i for i, t in enumerate(tiers) if t in principal.tiers), default=None)
+    if ceiling is None:
+        raise PermissionDeniedError(f"user '{principal.user}' may not use any tier")
+    if not requested:
+        return ceiling
+    try:
+        index = tiers.index(requested)
+    except ValueError:
+        raise InvalidRequestError(
+            f"unknown tier '{requested[:64]}'; valid: {', '.join(tiers)}"
+        ) from None
+    if index < ceiling:
+        raise PermissionDeniedError(
+            f"tier '{requested}' is above the ceiling '{tiers[ceiling]}' of user '{principal.user}'"
+        )
+    return index
+
+
+def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> BackendRequest:
+    """Validate ``req`` and return the backend-neutral request.
+
+    Raises:
+        InvalidRequestError: with a message naming the offending field.
+
+    """
+    if not req.model:
+        raise InvalidRequestError("model is required")
+    if len(req.model) > 256:
+        raise InvalidRequestError("model name is longer than 256 characters")
+    which = req.WhichOneof("input")
+    prompt: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    if which == "prompt":
+        if not req.prompt.strip():
+            raise InvalidRequestError("prompt is empty")
+        if len(req.prompt) > limits.max_prompt_chars:
+            raise InvalidRequestError(
+                f"prompt has {len(req.prompt)} characters; the limit is {limits.max_prompt_chars}"
+            )
+        prompt = req.prompt
+    elif which == "messages":
+        msgs = req.messages.messages
+        if not msgs:
+            raise InvalidRequestError("messages is empty")
+        if len(msgs) > limits.max_messages:
+            raise InvalidRequestError(f"{len(msgs)} messages; the limit is {limits.max_messages}")
+        for i, m in enumerate(msgs):
+            if m.role not in _ROLES:
+                raise InvalidRequestError(
+                    f"messages[{i}].role '{m.role[:32]}' is not one of {', '.join(sorted(_ROLES))}"
+                )
+        total = sum(len(m.content) for m in msgs)
+        if total > limits.max_prompt_chars:
+            raise InvalidRequestError(
+                f"messages have {total} characters; the limit is {limits.max_prompt_chars}"
+            )
+        messages = tuple((m.role, m.content) for m in msgs)
+    else:
+        raise InvalidRequestError("one of prompt or messages is required")
+    if len(req.request_id) > _MAX_REQUEST_ID_CHARS:
+        raise InvalidRequestError(f"request_id is longer than {_MAX_REQUEST_ID_CHARS} characters")
+    return BackendRequest(
+        model=req.model,
+        prompt=prompt,
+        messages=messages,
+        sampling=_sampling(req.sampling, limits),
+        request_id=req.request_id or uuid.uuid4().hex,
+    )
+
+
+def _sampling(s: scheduler_pb2.SamplingParams, limits: Limits) -> Sampling:
+    max_tokens = s.max_tokens if s.HasField("max_tokens") else None
+    if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
+        raise InvalidRequestError(
+            f"sampling.max_tokens must be between 1 and {limits.max_tokens}, got {max_tokens}"
+        )
+    temperature = s.temperature if s.HasField("temperature") else None
+    if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= 2):
+        raise InvalidRequestError(f"sampling.temperature must be in [0, 2], got {temperature}")
+    top_p = s.top_p if s.HasField("top_p") else None
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise InvalidRequestError(f"sampling.top_p must be in (0, 1], got {top_p}")
+    if len(s.stop) > limits.max_stop_strings:
+        raise InvalidRequestError(
+            f"sampling.stop has {len(s.stop)} strings; the limit is {limits.max_stop_strings}"
+        )
+    if any(not x or len(x) > limits.max_stop_chars for x in s.stop):
+        raise InvalidRequestError(
+            f"sampling.stop strings must be 1-{limits.max_stop_chars} characters"
+        )
+    return Sampling(
+        max_tokens=max_tokens,
+        # float32 on the wire: round so 0.7 reaches the backend as 0.7, not 0.699999988.
+        temperature=round(temperature, 6) if temperature is not None else None,
+        top_p=round(top_p, 6) if top_p is not None else None,
+        stop=tuple(s.stop),
+        seed=s.seed if s.HasField("seed") else None,
+        ignore_eos=s.ignore_eos,
+    )

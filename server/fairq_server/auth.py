@@ -1,0 +1,105 @@
+"""Identity: turn request metadata into a :class:`Principal`.
+
+API keys are configured as SHA-256 digests, so the configuration file never holds a usable
+secret. A presented key is hashed and the digest compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from fairq_server.config import KeyConfig
+from fairq_server.errors import PermissionDeniedError, UnauthenticatedError
+
+__all__ = ["ANONYMOUS_USER", "Authenticator", "Principal", "hash_key"]
+
+ANONYMOUS_USER = "anonymous"
+_MAX_USER_CHARS = 128
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling, and what they may do.
+
+    Attributes:
+        user: the fairness identity (one queue per user).
+        tiers: tier names this principal may use; the first in tier order is its ceiling.
+        admin: may call the Admin service.
+        weight: share of service relative to other users (vtc fairness).
+        group: low-cardinality label for fairq's own metrics.
+
+    """
+
+    user: str
+    tiers: frozenset[str]
+    admin: bool = False
+    weight: float = 1.0
+    group: str = "default"
+
+
+def hash_key(api_key: str) -> str:
+    """Return the hex SHA-256 digest under which ``api_key`` is configured."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+class Authenticator:
+    """Resolves gRPC metadata to a principal.
+
+    With no keys configured (local development) every caller is trusted: the
+    ``x-fairq-user`` metadata value names the user, every tier is allowed, and Admin calls
+    are allowed.
+    """
+
+    def __init__(self, keys: Iterable[KeyConfig], tier_names: Sequence[str]) -> None:
+        self._tier_names = tuple(tier_names)
+        self._keys: list[tuple[bytes, Principal]] = []
+        for key in keys:
+            tiers = frozenset(key.tiers or self._tier_names)
+            principal = Principal(key.user, tiers, key.admin, key.weight, key.group)
+            self._keys.append((bytes.fromhex(key.sha256), principal))
+
+    @property
+    def open_mode(self) -> bool:
+        """True when no keys are configured."""
+        return not self._keys
+
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal:
+        """Return the caller's principal.
+
+        Raises:
+            UnauthenticatedError: keys are configured and none valid was presented.
+
+        """
+        md = {k.lower(): v for k, v in metadata}
+        if self.open_mode:
+            user = md.get("x-fairq-user", ANONYMOUS_USER)
+            user = user.decode(errors="replace") if isinstance(user, bytes) else user
+            if not user or len(user) > _MAX_USER_CHARS:
+                user = ANONYMOUS_USER
+            return Principal(user, frozenset(self._tier_names), admin=True)
+        header = md.get("authorization")
+        if header is None:
+            raise UnauthenticatedError("missing 'authorization: Bearer <api key>' metadata")
+        if isinstance(header, bytes):
+            header = header.decode(errors="replace")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise UnauthenticatedError("authorization metadata must be 'Bearer <api key>'")
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        found: Principal | None = None
+        # Compare against every key so the time taken does not depend on which one matched.
+        for stored, principal in self._keys:
+            if hmac.compare_digest(stored, digest):
+                found = principal
+        if found is None:
+            raise UnauthenticatedError("invalid API key")
+        return found
+
+    @staticmethod
+    def require_admin(principal: Principal) -> None:
+        """Raise :class:`PermissionDeniedError` unless ``principal`` is an admin."""
+        if not principal.admin:
+            raise PermissionDeniedError(f"user '{principal.user}' is not an admin")

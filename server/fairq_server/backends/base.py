@@ -1,0 +1,252 @@
+"""What every backend adapter offers, and the HTTP plumbing they share.
+
+Adapters translate one :class:`BackendRequest` into the backend's streaming HTTP API and its
+answer into :class:`TextDelta` / :class:`StreamEnd` events. Foreign exceptions (httpx, JSON)
+are translated at this boundary into :class:`~fairq_server.errors.BackendError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import httpx
+from httpx_sse import EventSource, aconnect_sse
+
+from fairq_server.errors import BackendError
+
+__all__ = [
+    "Backend",
+    "BackendRequest",
+    "MetricsSample",
+    "Sampling",
+    "StreamEnd",
+    "StreamEvent",
+    "TextDelta",
+    "http_error",
+]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters; None means "the backend's default"."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class BackendRequest:
+    """One generation request, independent of the backend's API."""
+
+    model: str
+    prompt: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Generated text; ``tokens`` is how many tokens it carries as far as the API says."""
+
+    text: str
+    tokens: int = 1
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """The stream finished normally."""
+
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+StreamEvent = TextDelta | StreamEnd
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """The values fairq reads from a backend's ``/metrics`` (cumulative where counters).
+
+    Attributes:
+        waiting: requests in the backend's queue.
+        running: requests being processed.
+        kv_usage: KV-cache usage 0-1, if reported.
+        tpot_sum: cumulative seconds of the time-per-output-token histogram.
+        tpot_count: cumulative count of that histogram.
+
+    """
+
+    waiting: float
+    running: float
+    kv_usage: float | None = None
+    tpot_sum: float = 0.0
+    tpot_count: float = 0.0
+
+
+_STATUS_BY_HTTP: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    424: grpc.StatusCode.INTERNAL,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
+    """Translate a backend's HTTP error answer into a :class:`BackendError`.
+
+    The backend's own message is kept: vLLM nests it as ``{"error": {"message": ...}}``,
+    TGI sends ``{"error": "...", "error_type": ...}``, and either may answer in plain text.
+    """
+    message = body.decode(errors="replace").strip()
+    try:
+        doc = json.loads(message)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        err = doc.get("error", doc.get("message"))
+        if isinstance(err, dict):
+            err = err.get("message")
+        if isinstance(err, str):
+            message = err
+    code = _STATUS_BY_HTTP.get(status)
+    retryable = code is None or status == 429
+    if code is None:
+        code = grpc.StatusCode.UNAVAILABLE if status >= 500 else grpc.StatusCode.INTERNAL
+    return BackendError(
+        f"backend {backend_id} answered HTTP {status}: {message[:1000]}", code, retryable=retryable
+    )
+
+
+class Backend(abc.ABC):
+    """An inference backend reachable over HTTP.
+
+    Attributes:
+        id: unique id used in routing, logs and metrics.
+        kind: "vllm" or "tgi".
+        base_url: e.g. ``http://127.0.0.1:8000``.
+        models: models this backend serves.
+        priority_scheduling: the backend orders its queue by the request's priority.
+
+    """
+
+    kind: str = ""
+
+    def __init__(
+        self,
+        id: str,
+        base_url: str,
+        models: Sequence[str],
+        *,
+        priority_scheduling: bool = False,
+        max_in_flight: int = 0,
+        timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.id = id
+        self.base_url = base_url.rstrip("/")
+        self.models = tuple(models)
+        self.priority_scheduling = priority_scheduling
+        self.max_in_flight = max_in_flight
+        # No read timeout on streams beyond `timeout`: a long generation legitimately stays
+        # silent while the backend queues it, but connecting must be quick.
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        await self._client.aclose()
+
+    async def scrape(self, timeout: float) -> MetricsSample:
+        """Fetch and parse ``/metrics``.
+
+        Raises:
+            BackendError: the endpoint failed or its text could not be parsed.
+
+        """
+        try:
+            resp = await self._client.get("/metrics", timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise BackendError(
+                f"backend {self.id}: metrics unreachable: {exc!r}", grpc.StatusCode.UNAVAILABLE
+            ) from exc
+        if resp.status_code != 200:
+            raise http_error(self.id, resp.status_code, resp.content)
+        try:
+            return self.parse_metrics(resp.text)
+        except ValueError as exc:
+            raise BackendError(
+                f"backend {self.id}: unreadable metrics: {exc}", grpc.StatusCode.UNAVAILABLE
+            ) from exc
+
+    @abc.abstractmethod
+    def parse_metrics(self, text: str) -> MetricsSample:
+        """Read a :class:`MetricsSample` from Prometheus exposition text."""
+
+    @abc.abstractmethod
+    def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
+        """Stream the generation of ``request``.
+
+        Closing the iterator early closes the HTTP stream, which makes the backend abort the
+        request. ``priority`` is passed on only where the backend schedules by it.
+        """
+
+    async def _sse(self, path: str, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """POST ``payload`` and yield each SSE ``data`` JSON object until ``[DONE]`` or EOF."""
+        try:
+            async with aconnect_sse(self._client, "POST", path, json=payload) as source:
+                resp = source.response
+                if resp.status_code != 200:
+                    raise http_error(self.id, resp.status_code, await resp.aread())
+                async for obj in self._events(source):
+                    yield obj
+        except httpx.HTTPError as exc:
+            raise BackendError(
+                f"backend {self.id}: connection failed: {exc!r}",
+                grpc.StatusCode.UNAVAILABLE,
+                retryable=True,
+            ) from exc
+
+    async def _events(self, source: EventSource) -> AsyncIterator[dict[str, Any]]:
+        async for event in source.aiter_sse():
+            data = event.data
+            if not data:
+                continue
+            if data == "[DONE]":
+                return
+            try:
+                obj = json.loads(data)
+            except ValueError as exc:
+                raise BackendError(
+                    f"backend {self.id}: malformed stream event: {data[:200]!r}",
+                    grpc.StatusCode.INTERNAL,
+                ) from exc
+            if not isinstance(obj, dict):
+                raise BackendError(
+                    f"backend {self.id}: unexpected stream event: {data[:200]!r}",
+                    grpc.StatusCode.INTERNAL,
+                )
+            err = obj.get("error")
+            if err:
+                message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                raise BackendError(
+                    f"backend {self.id} failed mid-stream: {message}", grpc.StatusCode.INTERNAL
+                )
+            yield obj

@@ -1,0 +1,28 @@
+"""Reading backend ``/metrics`` text with :mod:`prometheus_client.parser`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["sample_sums"]
+
+
+def sample_sums(text: str, wanted: Iterable[str]) -> dict[str, float]:
+    """Sum every sample named in ``wanted`` over all its label sets.
+
+    Summing over labels covers a backend that reports one series per engine or per model
+    alias. Names are sample names (``..._sum``, ``..._count``, gauges as they are).
+
+    Raises:
+        ValueError: the text is not valid Prometheus exposition format.
+
+    """
+    names = set(wanted)
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    return sums

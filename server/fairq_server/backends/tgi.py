@@ -1,0 +1,112 @@
+"""HuggingFace TGI: ``/generate_stream`` for prompts, the Messages API for chat."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fairq_server.backends.base import (
+    Backend,
+    BackendRequest,
+    MetricsSample,
+    StreamEnd,
+    StreamEvent,
+    TextDelta,
+)
+from fairq_server.backends.metrics import sample_sums
+
+__all__ = ["TgiBackend"]
+
+_QUEUE = "tgi_queue_size"
+_BATCH = "tgi_batch_current_size"
+_TPOT = "tgi_request_mean_time_per_token_duration"
+_WANTED = (_QUEUE, _BATCH, f"{_TPOT}_sum", f"{_TPOT}_count")
+_FINISH = {"eos_token": "stop", "stop_sequence": "stop"}
+
+
+class TgiBackend(Backend):
+    """Adapter for TGI. TGI has no priorities: fairq's queue and gate are the only protection."""
+
+    kind = "tgi"
+
+    def parse_metrics(self, text: str) -> MetricsSample:
+        """Read queue size, batch size and mean time per token from TGI's metrics.
+
+        TGI exports a series only after its first use, so an idle server may lack all of
+        them; that is an empty queue, not a broken endpoint.
+        """
+        sums = sample_sums(text, _WANTED)
+        return MetricsSample(
+            waiting=sums.get(_QUEUE, 0.0),
+            running=sums.get(_BATCH, 0.0),
+            tpot_sum=sums.get(f"{_TPOT}_sum", 0.0),
+            tpot_count=sums.get(f"{_TPOT}_count", 0.0),
+        )
+
+    def payload(self, request: BackendRequest) -> tuple[str, dict[str, Any]]:
+        """Return the path and JSON body for ``request``."""
+        s = request.sampling
+        if request.messages is not None:
+            chat: dict[str, Any] = {
+                "model": request.model,
+                "messages": [{"role": r, "content": c} for r, c in request.messages],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            chat.update(
+                {
+                    k: v
+                    for k, v in {
+                        "max_tokens": s.max_tokens,
+                        "temperature": s.temperature,
+                        "top_p": s.top_p,
+                        "seed": s.seed,
+                        "stop": list(s.stop) or None,
+                    }.items()
+                    if v is not None
+                }
+            )
+            return "/v1/chat/completions", chat
+        params = {
+            "max_new_tokens": s.max_tokens,
+            "temperature": s.temperature or None,  # TGI requires temperature > 0
+            "top_p": s.top_p if s.top_p is not None and s.top_p < 1.0 else None,
+            "seed": s.seed,
+            "stop": list(s.stop) or None,
+            "details": True,
+        }
+        return "/generate_stream", {
+            "inputs": request.prompt,
+            "parameters": {k: v for k, v in params.items() if v is not None},
+        }
+
+    async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
+        """Stream text deltas, then one :class:`StreamEnd`; ``priority`` is not used."""
+        path, body = self.payload(request)
+        finish = ""
+        prompt_tokens = completion_tokens = 0
+        async for obj in self._sse(path, body):
+            token = obj.get("token")
+            if isinstance(token, dict):
+                if token.get("text") and not token.get("special"):
+                    yield TextDelta(str(token["text"]))
+                completion_tokens += 1
+                details = obj.get("details")
+                if isinstance(details, dict):
+                    reason = str(details.get("finish_reason") or "")
+                    finish = _FINISH.get(reason, reason)
+                    prompt_tokens = int(details.get("input_length") or 0)
+                    completion_tokens = int(details.get("generated_tokens") or completion_tokens)
+                continue
+            for choice in obj.get("choices") or ():
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    yield TextDelta(str(delta["content"]))
+                if choice.get("finish_reason"):
+                    reason = str(choice["finish_reason"])
+                    finish = _FINISH.get(reason, reason)
+            usage = obj.get("usage")
+            if usage:
+                prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                completion_tokens = int(usage.get("completion_tokens") or 0)
+        yield StreamEnd(finish or "stop", prompt_tokens, completion_tokens)

@@ -1,0 +1,101 @@
+"""vLLM's OpenAI-compatible server: ``/v1/completions`` and ``/v1/chat/completions``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fairq_server.backends.base import (
+    Backend,
+    BackendRequest,
+    MetricsSample,
+    StreamEnd,
+    StreamEvent,
+    TextDelta,
+)
+from fairq_server.backends.metrics import sample_sums
+
+__all__ = ["TPOT_HISTOGRAMS", "VllmBackend"]
+
+# Per-request time per output token (0.11+), else inter-token latency (0.10.2+), else the
+# histogram older releases exported; the first one present is used.
+TPOT_HISTOGRAMS = (
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+)
+_WAITING = "vllm:num_requests_waiting"
+_RUNNING = "vllm:num_requests_running"
+_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+_WANTED = (
+    _WAITING,
+    _RUNNING,
+    *_KV,
+    *(f"{h}_{s}" for h in TPOT_HISTOGRAMS for s in ("sum", "count")),
+)
+
+
+class VllmBackend(Backend):
+    """Adapter for vLLM; passes the tier as ``priority`` when the backend schedules by it."""
+
+    kind = "vllm"
+
+    def parse_metrics(self, text: str) -> MetricsSample:
+        """Read waiting/running, KV usage and the TPOT histogram from vLLM's metrics."""
+        sums = sample_sums(text, _WANTED)
+        if _WAITING not in sums or _RUNNING not in sums:
+            raise ValueError(f"no {_WAITING} / {_RUNNING} in the metrics")
+        kv = next((sums[k] for k in _KV if k in sums), None)
+        tpot_sum = tpot_count = 0.0
+        for hist in TPOT_HISTOGRAMS:
+            if f"{hist}_count" in sums:
+                tpot_sum, tpot_count = sums[f"{hist}_sum"], sums[f"{hist}_count"]
+                break
+        return MetricsSample(sums[_WAITING], sums[_RUNNING], kv, tpot_sum, tpot_count)
+
+    def payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
+        """Return the path and JSON body for ``request``."""
+        s = request.sampling
+        body: dict[str, Any] = {
+            "model": request.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.messages is not None:
+            path = "/v1/chat/completions"
+            body["messages"] = [{"role": r, "content": c} for r, c in request.messages]
+        else:
+            path = "/v1/completions"
+            body["prompt"] = request.prompt
+        optional = {
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": s.seed,
+            "stop": list(s.stop) or None,
+            "ignore_eos": s.ignore_eos or None,
+            "request_id": request.request_id or None,
+            # vLLM running `fcfs` silently ignores the field, so send it only where it counts.
+            "priority": priority if self.priority_scheduling else None,
+        }
+        body.update({k: v for k, v in optional.items() if v is not None})
+        return path, body
+
+    async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
+        """Stream text deltas, then one :class:`StreamEnd` with usage."""
+        path, body = self.payload(request, priority)
+        finish = ""
+        prompt_tokens = completion_tokens = 0
+        async for obj in self._sse(path, body):
+            for choice in obj.get("choices") or ():
+                delta = choice.get("delta")
+                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                if text:
+                    yield TextDelta(text)
+                if choice.get("finish_reason"):
+                    finish = str(choice["finish_reason"])
+            usage = obj.get("usage")
+            if usage:
+                prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                completion_tokens = int(usage.get("completion_tokens") or 0)
+        yield StreamEnd(finish or "stop", prompt_tokens, completion_tokens)

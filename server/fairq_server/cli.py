@@ -1,0 +1,74 @@
+"""The ``fairq`` command: ``serve``, ``sim``, ``demo`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from fairq_server.config import ConfigError, load_config
+
+__all__ = ["main"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from fairq_server.api.server import FairqServer
+
+    try:
+        config = load_config(args.config)
+    except (OSError, ConfigError) as exc:
+        print(f"fairq: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        server = FairqServer(config)
+        await server.start()
+        print(f"fairq serving on {config.listen} (port {server.port})", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        logging.getLogger("fairq").info("stopping: draining for %.0f s", args.grace)
+        await server.stop(grace=args.grace)
+
+    asyncio.run(run())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``fairq`` command line."""
+    parser = argparse.ArgumentParser(prog="fairq", description="Fair scheduling for LLM backends.")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gRPC scheduling service")
+    serve.add_argument("--config", required=True, help="TOML configuration file")
+    serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
+    sub.add_parser("sim", help="run the simulated backend (see fairq sim --help)", add_help=False)
+    sub.add_parser("demo", help="the power-user story on a simulated backend", add_help=False)
+    sub.add_parser("bench", help="run benchmark scenarios", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "serve":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return _serve(args)
+    if args.command == "sim":
+        from fairq_server.sim.cli import main as sim_main
+
+        return sim_main(rest)
+    if args.command == "demo":
+        from fairq_server.bench.demo import main as demo_main
+
+        return demo_main(rest)
+    from fairq_server.bench.cli import main as bench_main
+
+    return bench_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

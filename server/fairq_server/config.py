@@ -1,0 +1,225 @@
+"""fairq's configuration: one TOML file, loaded into frozen dataclasses.
+
+Example::
+
+    listen = "127.0.0.1:50051"
+    metrics_listen = "127.0.0.1:9464"      # "" turns fairq's own /metrics off
+
+    [scheduler]
+    fairness = "round-robin"                # or "vtc"
+    ordering = "fifo"                       # or "shortest-first"
+    poll_interval_seconds = 0.1
+    stale_after_seconds = 1.0
+    max_queued_per_user = 10000
+    max_queued_total = 100000
+
+    [[tiers]]                               # strict order: first is served first
+    name = "interactive"
+    max_backend_waiting = 3
+    [[tiers]]
+    name = "batch"
+    max_backend_waiting = 0
+
+    [[backends]]
+    id = "vllm-a"
+    kind = "vllm"
+    base_url = "http://127.0.0.1:8000"
+    models = ["tiny"]
+
+    [[keys]]                                # none at all: x-fairq-user names the caller
+    user = "alice"
+    sha256 = "2bd806c9..."                  # hex SHA-256 of the API key
+    tiers = ["interactive", "batch"]
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_TIERS",
+    "BackendConfig",
+    "Config",
+    "ConfigError",
+    "KeyConfig",
+    "Limits",
+    "SchedulerConfig",
+    "TierConfig",
+    "load_config",
+    "parse_config",
+]
+
+BACKEND_KINDS = ("vllm", "tgi")
+
+
+class ConfigError(ValueError):
+    """The configuration file is invalid; the message names the offending key."""
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One priority tier and its backend gate.
+
+    Attributes:
+        name: tier name used in requests and keys.
+        max_backend_waiting: admit work only while the backend's estimated waiting queue is
+            below this (0 means "only when the backend queue is empty").
+        tpot_limit_seconds: hold while the backend's recent time per output token exceeds this
+            (None turns the check off).
+        kv_usage_limit: hold while the backend's KV-cache usage (0-1) exceeds this.
+        priority: value passed as vLLM's ``priority`` (lower runs earlier); defaults to the
+            tier's index.
+
+    """
+
+    name: str
+    max_backend_waiting: int = 3
+    tpot_limit_seconds: float | None = 0.150
+    kv_usage_limit: float | None = None
+    priority: int | None = None
+
+
+DEFAULT_TIERS: tuple[TierConfig, ...] = (
+    TierConfig("interactive", max_backend_waiting=3),
+    TierConfig("standard", max_backend_waiting=3),
+    TierConfig("batch", max_backend_waiting=0),
+)
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """A backend registered at start-up (the Admin API registers more at run time)."""
+
+    id: str
+    kind: str
+    base_url: str
+    models: tuple[str, ...]
+    priority_scheduling: bool = False
+    max_in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class KeyConfig:
+    """An API key, stored only as its SHA-256 digest (hex)."""
+
+    user: str
+    sha256: str
+    tiers: tuple[str, ...] = ()
+    admin: bool = False
+    weight: float = 1.0
+    group: str = "default"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on request input; larger requests get INVALID_ARGUMENT."""
+
+    max_prompt_chars: int = 1_000_000
+    max_messages: int = 1_000
+    max_tokens: int = 32_768
+    max_stop_strings: int = 4
+    max_stop_chars: int = 1_000
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Policy names and dispatch timing."""
+
+    fairness: str = "round-robin"
+    ordering: str = "fifo"
+    poll_interval_seconds: float = 0.1
+    stale_after_seconds: float = 1.0
+    backend_timeout_seconds: float = 600.0
+    max_queued_per_user: int = 10_000
+    max_queued_total: int = 100_000
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration."""
+
+    listen: str = "127.0.0.1:50051"
+    metrics_listen: str = ""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    limits: Limits = field(default_factory=Limits)
+    tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
+    backends: tuple[BackendConfig, ...] = ()
+    keys: tuple[KeyConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ConfigError("tiers: at least one tier is required")
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"tiers: duplicate names in {names}")
+        for key in self.keys:
+            unknown = set(key.tiers) - set(names)
+            if unknown:
+                raise ConfigError(f"keys[{key.user}]: unknown tiers {sorted(unknown)}")
+        ids = [b.id for b in self.backends]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"backends: duplicate ids in {ids}")
+
+
+def _build(cls: type[Any], section: str, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{section}: expected a table")
+    fields = cls.__dataclass_fields__
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise ConfigError(f"{section}: unknown keys {sorted(unknown)}; valid: {sorted(fields)}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ConfigError(f"{section}: {exc}") from exc
+
+
+def parse_config(raw: dict[str, Any]) -> Config:
+    """Build a :class:`Config` from a parsed TOML document.
+
+    Raises:
+        ConfigError: on unknown keys, missing required keys or invalid values.
+
+    """
+    raw = dict(raw)
+    kwargs: dict[str, Any] = {}
+    for key in ("listen", "metrics_listen"):
+        if key in raw:
+            kwargs[key] = str(raw.pop(key))
+    if "scheduler" in raw:
+        kwargs["scheduler"] = _build(SchedulerConfig, "scheduler", raw.pop("scheduler"))
+    if "limits" in raw:
+        kwargs["limits"] = _build(Limits, "limits", raw.pop("limits"))
+    if "tiers" in raw:
+        kwargs["tiers"] = tuple(
+            _build(TierConfig, f"tiers[{i}]", t) for i, t in enumerate(raw.pop("tiers"))
+        )
+    if "backends" in raw:
+        backends = tuple(
+            _build(BackendConfig, f"backends[{i}]", b) for i, b in enumerate(raw.pop("backends"))
+        )
+        for b in backends:
+            if b.kind not in BACKEND_KINDS:
+                raise ConfigError(f"backends[{b.id}]: kind must be one of {BACKEND_KINDS}")
+        kwargs["backends"] = backends
+    if "keys" in raw:
+        kwargs["keys"] = tuple(
+            _build(KeyConfig, f"keys[{i}]", k) for i, k in enumerate(raw.pop("keys"))
+        )
+    if raw:
+        raise ConfigError(f"unknown top-level keys {sorted(raw)}")
+    return Config(**kwargs)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML configuration file."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return parse_config(raw)

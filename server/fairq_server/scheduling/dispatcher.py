@@ -1,0 +1,283 @@
+"""The dispatcher: one loop per model, the only writer of that model's queue state.
+
+Servicers never touch the queue. They post commands (submit, release, retry, charge)
+to the dispatcher's inbox and await the futures carried by their :class:`Ticket`. The loop
+applies the commands in order, then forwards work while some backend's gate admits it, then
+sleeps until a command arrives, a scrape lands, or the polling interval passes (stale metrics
+must be noticed even when nothing happens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fairq_server.backends.registry import BackendEntry, BackendPool
+from fairq_server.config import SchedulerConfig, TierConfig
+from fairq_server.errors import QueueFullError, SchedulerError, ShuttingDownError
+from fairq_server.scheduling.gate import GateOutcome, admit, estimated_waiting
+from fairq_server.scheduling.queue import ModelQueue
+from fairq_server.scheduling.ticket import Ticket, TicketState
+from fairq_server.telemetry import Telemetry
+
+__all__ = ["Dispatcher"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Submit:
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class _Release:
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class _Retry:
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class _Charge:
+    ticket: Ticket
+    prompt_tokens: int
+    completion_tokens: int
+
+
+_Command = _Submit | _Release | _Retry | _Charge
+
+
+class Dispatcher:
+    """Queues and dispatches the requests of one model.
+
+    Args:
+        model: the model name.
+        queue: the model's queue (owned by this dispatcher from now on).
+        tiers: tier configurations, in strict order.
+        pool: registered backends; the dispatcher uses those serving ``model``.
+        config: scheduler settings (caps, polling interval, staleness).
+        telemetry: metrics sink.
+
+    """
+
+    def __init__(
+        self,
+        model: str,
+        queue: ModelQueue,
+        tiers: Sequence[TierConfig],
+        pool: BackendPool,
+        config: SchedulerConfig,
+        telemetry: Telemetry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.queue = queue
+        self.tiers = tuple(tiers)
+        self._pool = pool
+        self._config = config
+        self._telemetry = telemetry
+        self._clock = clock
+        self._inbox: deque[_Command] = deque()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._depth = [telemetry.queue_depth.labels(model, t.name) for t in self.tiers]
+
+    # -- commands (any task) ------------------------------------------------------------
+
+    def submit(self, ticket: Ticket) -> None:
+        """Ask for ``ticket`` to be queued; ``ticket.enqueued`` resolves with its position."""
+        self._post(_Submit(ticket))
+
+    def release(self, ticket: Ticket) -> None:
+        """Finalize ``ticket``: removed if still queued, its backend slot freed if running.
+
+        Servicers call this exactly once per ticket, when they stop serving it for any reason
+        (finished, failed, cancelled by the client, deadline).
+        """
+        self._post(_Release(ticket))
+
+    def retry(self, ticket: Ticket) -> None:
+        """Requeue ``ticket`` ahead of its tier after its backend failed before any token.
+
+        The caller must give the ticket a fresh ``assigned`` future before calling.
+        """
+        self._post(_Retry(ticket))
+
+    def charge(self, ticket: Ticket, prompt_tokens: int, completion_tokens: int) -> None:
+        """Charge tokens processed for ``ticket`` to its user's fairness counter."""
+        # No wake-up: a charge changes who goes next, not whether anything may go now.
+        self._inbox.append(_Charge(ticket, prompt_tokens, completion_tokens))
+
+    def wake(self) -> None:
+        """Re-run dispatch (a scrape landed or the backend set changed)."""
+        self._wake.set()
+
+    def _post(self, command: _Command) -> None:
+        self._inbox.append(command)
+        self._wake.set()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the dispatch loop."""
+        self._task = asyncio.create_task(self.run(), name=f"dispatch-{self.model}")
+
+    async def close(self) -> None:
+        """Stop the loop and evict every queued ticket with UNAVAILABLE."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._apply_inbox()
+        error = ShuttingDownError("fairq is shutting down; the request was not started")
+        for tier in range(len(self.tiers)):
+            while len(self.queue.tiers[tier]):
+                self._fail(self.queue.pop(tier), error)
+        self._update_depth()
+
+    async def run(self) -> None:
+        """Apply commands and dispatch until cancelled."""
+        interval = self._config.poll_interval_seconds
+        while True:
+            self._wake.clear()
+            self._apply_inbox()
+            self._dispatch()
+            self._update_depth()
+            if self._inbox:
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
+
+    # -- the loop's work ----------------------------------------------------------------
+
+    def _apply_inbox(self) -> None:
+        while self._inbox:
+            command = self._inbox.popleft()
+            ticket = command.ticket
+            if isinstance(command, _Submit):
+                self._enqueue(ticket)
+            elif isinstance(command, _Release):
+                if ticket.state is TicketState.QUEUED:
+                    self.queue.remove(ticket)
+                elif ticket.state is TicketState.RUNNING:
+                    self._release(ticket)
+                ticket.state = TicketState.DONE
+            elif isinstance(command, _Retry):
+                if ticket.state is TicketState.RUNNING:
+                    entry = self._release(ticket)
+                    ticket.retries += 1
+                    ticket.excluded |= {entry.backend.id}
+                    self._telemetry.retries.labels(entry.backend.id).inc()
+                    self.queue.push(ticket, front=True)
+            else:
+                self.queue.tiers[ticket.tier].fairness.charge_tokens(
+                    ticket.user, command.prompt_tokens, command.completion_tokens
+                )
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        if self._closed:
+            self._fail(ticket, ShuttingDownError("fairq is shutting down"))
+            return
+        cfg = self._config
+        if len(self.queue) >= cfg.max_queued_total:
+            self._fail(
+                ticket,
+                QueueFullError(
+                    f"queue for model '{self.model}' is full ({len(self.queue)} requests)"
+                ),
+            )
+            return
+        if self.queue.user_len(ticket.user) >= cfg.max_queued_per_user:
+            self._fail(
+                ticket,
+                QueueFullError(
+                    f"user '{ticket.user}' already has {cfg.max_queued_per_user} queued requests"
+                ),
+            )
+            return
+        position = self.queue.push(ticket)
+        if not ticket.enqueued.done():
+            ticket.enqueued.set_result(position)
+
+    def _dispatch(self) -> None:
+        now = self._clock()
+        while True:
+            tier = self.queue.first_tier()
+            if tier is None:
+                return
+            candidates = self._admitting(tier, now)
+            if not candidates:
+                # Strict tiers: lower tiers wait too. Their gates are no looser by design.
+                return
+            ticket = self.queue.pop(tier)
+            preferred = [e for e in candidates if e.backend.id not in ticket.excluded]
+            entry = min(preferred or candidates, key=_load_key)
+            self._start(ticket, entry, now)
+
+    def _admitting(self, tier: int, now: float) -> list[BackendEntry]:
+        cfg = self.tiers[tier]
+        stale_after = self._config.stale_after_seconds
+        admitted = []
+        for entry in self._pool.for_model(self.model):
+            outcome = admit(entry.load, cfg, now, stale_after)
+            if outcome is GateOutcome.ADMIT:
+                admitted.append(entry)
+            else:
+                self._telemetry.gate_refusals.labels(entry.backend.id, outcome.value).inc()
+        return admitted
+
+    def _start(self, ticket: Ticket, entry: BackendEntry, now: float) -> None:
+        load = entry.load
+        load.dispatched += 1
+        load.in_flight += 1
+        entry.idle.clear()
+        ticket.state = TicketState.RUNNING
+        ticket.entry = entry
+        tier = self.tiers[ticket.tier].name
+        self._telemetry.dispatches.labels(entry.backend.id, tier).inc()
+        self._telemetry.queue_wait.labels(tier).observe(now - ticket.arrival)
+        self._telemetry.backend_in_flight.labels(entry.backend.id).set(load.in_flight)
+        if ticket.assigned.done():  # the servicer already gave up
+            self._release(ticket)
+            ticket.state = TicketState.DONE
+        else:
+            ticket.assigned.set_result(entry)
+
+    def _release(self, ticket: Ticket) -> BackendEntry:
+        entry = ticket.entry
+        assert entry is not None, "a running ticket has a backend"
+        ticket.entry = None
+        load = entry.load
+        load.in_flight -= 1
+        load.finished += 1
+        self._telemetry.backend_in_flight.labels(entry.backend.id).set(load.in_flight)
+        if load.in_flight == 0:
+            entry.idle.set()
+        return entry
+
+    def _fail(self, ticket: Ticket, error: SchedulerError) -> None:
+        ticket.state = TicketState.DONE
+        for future in (ticket.enqueued, ticket.assigned):
+            if not future.done():
+                future.set_exception(error)
+                # The servicer may already be gone; never warn about an unread exception.
+                future.exception()
+
+    def _update_depth(self) -> None:
+        for gauge, tier in zip(self._depth, self.queue.tiers, strict=True):
+            gauge.set(len(tier))
+
+
+def _load_key(entry: BackendEntry) -> tuple[float, int]:
+    return estimated_waiting(entry.load), entry.load.in_flight

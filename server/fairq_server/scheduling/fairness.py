@@ -1,0 +1,145 @@
+"""Fairness between users inside one tier.
+
+Both policies keep a service counter per user and serve the backlogged user with the smallest
+counter; they differ in what they charge. The counters live in a heap with lazy updates:
+charges only ever raise a counter, so a heap entry whose key is lower than its user's current
+counter is simply re-pushed when it surfaces. Every operation is O(log n) amortised.
+
+A user whose queue goes from empty to non-empty is lifted to the smallest counter among
+backlogged users (or, with none backlogged, to the counter of the last user served): idle time
+cannot be banked as credit and spent later in a burst (Sheng et al., OSDI 2024).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+from fairq_server.scheduling.ticket import Ticket
+
+__all__ = ["CounterFairness", "RoundRobinFairness", "VtcFairness"]
+
+
+@dataclass
+class _UserState:
+    counter: float = 0.0
+    weight: float = 1.0
+    active: bool = False
+    stamp: int = -1  # the stamp of this user's one valid heap entry
+
+
+class CounterFairness:
+    """Shared machinery: serve the active user with the smallest counter.
+
+    Ties go to the user whose entry was pushed first, which makes equal counters rotate in
+    round-robin order. Subclasses decide what a dispatch and a token cost.
+    """
+
+    def __init__(self) -> None:
+        self._users: dict[str, _UserState] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._stamps = itertools.count()
+        self._virtual_time = 0.0
+        self._active = 0
+
+    def _push(self, user: str, state: _UserState) -> None:
+        state.stamp = next(self._stamps)
+        heapq.heappush(self._heap, (state.counter, state.stamp, user))
+
+    def _clean_top(self) -> tuple[float, int, str] | None:
+        """Drop dead entries and refresh stale ones until the top is exact."""
+        heap = self._heap
+        while heap:
+            counter, stamp, user = heap[0]
+            state = self._users[user]
+            if not state.active or stamp != state.stamp:
+                heapq.heappop(heap)
+            elif counter < state.counter:
+                heapq.heappop(heap)
+                self._push(user, state)
+            else:
+                return heap[0]
+        return None
+
+    def activate(self, user: str, weight: float) -> None:
+        """See :meth:`FairnessPolicy.activate`."""
+        state = self._users.get(user)
+        if state is None:
+            state = self._users[user] = _UserState()
+        if state.active:
+            return
+        state.weight = weight if weight > 0 else 1.0
+        top = self._clean_top()
+        floor = top[0] if top is not None else self._virtual_time
+        state.counter = max(state.counter, floor)
+        state.active = True
+        self._active += 1
+        self._push(user, state)
+
+    def deactivate(self, user: str) -> None:
+        """See :meth:`FairnessPolicy.deactivate`."""
+        state = self._users.get(user)
+        if state is None or not state.active:
+            return
+        state.active = False
+        self._active -= 1
+        # Keep the record while it carries a counter above the floor a returning user would
+        # get anyway; otherwise forget it so memory follows the number of active users.
+        if state.counter <= self._virtual_time:
+            del self._users[user]
+
+    def select(self) -> str:
+        """See :meth:`FairnessPolicy.select`."""
+        top = self._clean_top()
+        if top is None:
+            raise IndexError("select from a fairness policy with no active user")
+        self._virtual_time = max(self._virtual_time, top[0])
+        return top[2]
+
+    def counter(self, user: str) -> float:
+        """See :meth:`FairnessPolicy.counter`."""
+        state = self._users.get(user)
+        return state.counter if state is not None else self._virtual_time
+
+    def min_counter(self) -> float:
+        """See :meth:`FairnessPolicy.min_counter`."""
+        top = self._clean_top()
+        return top[0] if top is not None else 0.0
+
+    def _charge(self, user: str, amount: float) -> None:
+        state = self._users.get(user)
+        if state is None:
+            state = self._users[user] = _UserState(counter=self._virtual_time)
+        state.counter += amount / state.weight
+
+    def charge_dispatch(self, ticket: Ticket) -> None:
+        """See :meth:`FairnessPolicy.charge_dispatch`. Charges nothing by default."""
+
+    def charge_tokens(self, user: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """See :meth:`FairnessPolicy.charge_tokens`. Charges nothing by default."""
+
+
+class RoundRobinFairness(CounterFairness):
+    """One request per backlogged user per turn (the counter counts requests)."""
+
+    def charge_dispatch(self, ticket: Ticket) -> None:
+        """Charge one unit per dispatched request, regardless of weight."""
+        state = self._users.get(ticket.user)
+        if state is None:
+            state = self._users[ticket.user] = _UserState(counter=self._virtual_time)
+        state.counter += 1.0
+
+
+class VtcFairness(CounterFairness):
+    """Virtual token counters: charge ``(input + 2 * output) / weight`` as tokens stream.
+
+    Output tokens weigh double because decoding a token costs a backend more than prefilling
+    one; the factor follows the VTC paper's default cost function.
+    """
+
+    OUTPUT_WEIGHT = 2.0
+
+    def charge_tokens(self, user: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """Charge processed tokens to ``user``'s counter."""
+        self._charge(user, prompt_tokens + self.OUTPUT_WEIGHT * completion_tokens)

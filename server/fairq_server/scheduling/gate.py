@@ -1,0 +1,103 @@
+"""Backpressure: whether a backend may take one more request of a given tier right now.
+
+The gate is a pure function of the poller's latest snapshot and the dispatcher's own counts.
+Requests dispatched after a scrape began are invisible to it, so they are added to the scraped
+waiting count; requests that finished since then each let one waiting request start, so they
+are subtracted. Missing or stale metrics count as saturated (fail closed).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from fairq_server.config import TierConfig
+
+__all__ = ["BackendLoad", "GateOutcome", "MetricsSnapshot", "admit", "estimated_waiting"]
+
+
+class GateOutcome(enum.Enum):
+    """Result of a gate check; the value doubles as a metric label."""
+
+    ADMIT = "admit"
+    NO_METRICS = "no_metrics"
+    STALE = "stale"
+    WAITING = "waiting"
+    TPOT = "tpot"
+    KV_CACHE = "kv_cache"
+    IN_FLIGHT = "in_flight"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What one scrape of a backend's ``/metrics`` said.
+
+    Attributes:
+        taken_at: monotonic time the scrape was sent.
+        waiting: requests waiting in the backend's own queue.
+        running: requests the backend is running.
+        kv_usage: KV-cache usage 0-1, if the backend reports it.
+        tpot_seconds: mean time per output token since the previous scrape, None if no token
+            was produced in between.
+        dispatched_mark: the backend's dispatch count when the scrape was sent.
+        finished_mark: the backend's finish count when the scrape was sent.
+
+    """
+
+    taken_at: float
+    waiting: float
+    running: float
+    kv_usage: float | None = None
+    tpot_seconds: float | None = None
+    dispatched_mark: int = 0
+    finished_mark: int = 0
+
+
+@dataclass
+class BackendLoad:
+    """Live load of one backend, as the gate sees it.
+
+    ``dispatched`` and ``finished`` only grow; the dispatcher writes them, the poller writes
+    ``snapshot``.
+    """
+
+    snapshot: MetricsSnapshot | None = None
+    dispatched: int = 0
+    finished: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    draining: bool = False
+
+
+def estimated_waiting(load: BackendLoad) -> float:
+    """Scraped waiting + dispatched since the scrape - finished since the scrape, >= 0."""
+    snap = load.snapshot
+    if snap is None:
+        return float("inf")
+    unseen = load.dispatched - snap.dispatched_mark
+    freed = load.finished - snap.finished_mark
+    return max(0.0, snap.waiting + unseen - freed)
+
+
+def admit(load: BackendLoad, tier: TierConfig, now: float, stale_after: float) -> GateOutcome:
+    """Decide whether ``load``'s backend may take one more request of ``tier`` at ``now``."""
+    if load.draining:
+        return GateOutcome.DRAINING
+    if load.max_in_flight and load.in_flight >= load.max_in_flight:
+        return GateOutcome.IN_FLIGHT
+    snap = load.snapshot
+    if snap is None:
+        return GateOutcome.NO_METRICS
+    if now - snap.taken_at > stale_after:
+        return GateOutcome.STALE
+    # A threshold of 0 means "only while the backend queue is empty", i.e. waiting < 1.
+    if estimated_waiting(load) >= max(tier.max_backend_waiting, 1):
+        return GateOutcome.WAITING
+    limit = tier.tpot_limit_seconds
+    if limit is not None and snap.tpot_seconds is not None and snap.tpot_seconds > limit:
+        return GateOutcome.TPOT
+    kv_limit = tier.kv_usage_limit
+    if kv_limit is not None and snap.kv_usage is not None and snap.kv_usage > kv_limit:
+        return GateOutcome.KV_CACHE
+    return GateOutcome.ADMIT

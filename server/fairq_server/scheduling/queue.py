@@ -1,0 +1,201 @@
+"""The per-model queue: strict tiers, then fairness between users, then order within a user.
+
+Removal is lazy: a removed ticket stays in its user's heap, marked, and is skipped when it
+surfaces, so cancelling is O(1) and every push and pop is O(log n). Counts are kept exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from fairq_server.scheduling.interfaces import FairnessPolicy, OrderingPolicy, SortKey
+from fairq_server.scheduling.ticket import Ticket, TicketState
+
+__all__ = ["ModelQueue", "TierQueue"]
+
+
+@dataclass
+class _Flow:
+    """One user's queued tickets in one tier."""
+
+    heap: list[tuple[SortKey, int, Ticket]] = field(default_factory=list)
+    live: int = 0
+
+
+class TierQueue:
+    """The queue of one tier: a fairness policy over per-user flows.
+
+    Tickets that failed on a backend before their first token are retried ahead of
+    everything else in the tier (``push_front``).
+    """
+
+    def __init__(self, fairness: FairnessPolicy, ordering: OrderingPolicy) -> None:
+        self.fairness = fairness
+        self._ordering = ordering
+        self._flows: dict[str, _Flow] = {}
+        self._front: deque[Ticket] = deque()
+        self._removed: set[int] = set()
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def user_len(self, user: str) -> int:
+        """Return how many tickets ``user`` has queued in this tier."""
+        flow = self._flows.get(user)
+        return flow.live if flow is not None else 0
+
+    @property
+    def active_users(self) -> int:
+        """Number of users with queued tickets."""
+        return len(self._flows)
+
+    def push(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` behind its user's other tickets (by the ordering policy)."""
+        flow = self._flows.get(ticket.user)
+        if flow is None:
+            flow = self._flows[ticket.user] = _Flow()
+            self.fairness.activate(ticket.user, ticket.weight)
+        heapq.heappush(flow.heap, (self._ordering.key(ticket), ticket.seq, ticket))
+        flow.live += 1
+        self._len += 1
+
+    def push_front(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` ahead of every other ticket in the tier (a retry)."""
+        self._front.append(ticket)
+        self._len += 1
+
+    def remove(self, ticket: Ticket) -> None:
+        """Remove a queued ``ticket`` (it must be in this tier)."""
+        self._len -= 1
+        if ticket in self._front:
+            self._front.remove(ticket)
+            return
+        self._removed.add(ticket.seq)
+        flow = self._flows[ticket.user]
+        flow.live -= 1
+        if flow.live == 0:
+            for _, seq, _ in flow.heap:
+                self._removed.discard(seq)
+            del self._flows[ticket.user]
+            self.fairness.deactivate(ticket.user)
+
+    def peek_user(self) -> str:
+        """Return the user the fairness policy would serve next."""
+        return self.fairness.select()
+
+    def pop(self, select: Callable[[], str] | None = None) -> Ticket:
+        """Remove and return the next ticket.
+
+        Args:
+            select: chooses the user to serve; defaults to the fairness policy's choice.
+
+        Raises:
+            IndexError: the tier is empty.
+
+        """
+        if self._len == 0:
+            raise IndexError("pop from an empty tier queue")
+        self._len -= 1
+        if self._front:
+            return self._front.popleft()
+        user = (select or self.fairness.select)()
+        flow = self._flows[user]
+        while True:
+            _, seq, ticket = heapq.heappop(flow.heap)
+            if seq in self._removed:
+                self._removed.discard(seq)
+                continue
+            break
+        flow.live -= 1
+        self.fairness.charge_dispatch(ticket)
+        if flow.live == 0:
+            for _, seq, _ in flow.heap:
+                self._removed.discard(seq)
+            del self._flows[user]
+            self.fairness.deactivate(user)
+        return ticket
+
+    def head_of(self, user: str) -> Ticket:
+        """Return the ticket ``user`` would dispatch next, without removing it."""
+        flow = self._flows[user]
+        while flow.heap[0][1] in self._removed:
+            self._removed.discard(heapq.heappop(flow.heap)[1])
+        return flow.heap[0][2]
+
+    def users(self) -> Iterator[str]:
+        """Iterate over users with queued tickets (not on the hot path)."""
+        return iter(self._flows)
+
+
+class ModelQueue:
+    """All queued tickets of one model, one :class:`TierQueue` per configured tier."""
+
+    def __init__(
+        self,
+        num_tiers: int,
+        fairness: Callable[[], FairnessPolicy],
+        ordering: OrderingPolicy,
+    ) -> None:
+        self.tiers = [TierQueue(fairness(), ordering) for _ in range(num_tiers)]
+        self._per_user: dict[str, int] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def user_len(self, user: str) -> int:
+        """Return how many tickets ``user`` has queued in any tier."""
+        return self._per_user.get(user, 0)
+
+    def push(self, ticket: Ticket, *, front: bool = False) -> int:
+        """Queue ``ticket`` and return an estimate of how many tickets are ahead of it.
+
+        The estimate is O(1): everything in higher tiers, plus, inside the ticket's tier, one
+        ticket of each other backlogged user for every ticket the user already has queued
+        (a round of the round-robin), capped by the tier's length.
+        """
+        tier = self.tiers[ticket.tier]
+        own_ahead = tier.user_len(ticket.user)
+        if front:
+            tier.push_front(ticket)
+        else:
+            tier.push(ticket)
+        ticket.state = TicketState.QUEUED
+        self._len += 1
+        self._per_user[ticket.user] = self._per_user.get(ticket.user, 0) + 1
+        higher = sum(len(t) for t in self.tiers[: ticket.tier])
+        if front:
+            return higher
+        others = len(tier) - 1 - own_ahead
+        rounds = own_ahead + 1
+        return higher + own_ahead + min(others, rounds * (tier.active_users - 1))
+
+    def remove(self, ticket: Ticket) -> None:
+        """Remove a queued ticket."""
+        self.tiers[ticket.tier].remove(ticket)
+        self._forget(ticket)
+
+    def pop(self, tier: int, select: Callable[[], str] | None = None) -> Ticket:
+        """Remove and return the next ticket of ``tier``."""
+        ticket = self.tiers[tier].pop(select)
+        self._forget(ticket)
+        return ticket
+
+    def _forget(self, ticket: Ticket) -> None:
+        self._len -= 1
+        left = self._per_user[ticket.user] - 1
+        if left:
+            self._per_user[ticket.user] = left
+        else:
+            del self._per_user[ticket.user]
+
+    def first_tier(self) -> int | None:
+        """Return the index of the highest non-empty tier, or None if all are empty."""
+        for i, tier in enumerate(self.tiers):
+            if len(tier):
+                return i
+        return None

@@ -1,0 +1,88 @@
+"""fairq's own Prometheus metrics. Every metric is declared once, here.
+
+Labels stay low-cardinality: model, tier, backend, outcome, reason and user *group*; never a
+request id or a user name.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Telemetry"]
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+)  # fmt: skip
+
+
+class Telemetry:
+    """The metric objects of one fairq instance, on an injectable registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge(
+            "fairq_queue_depth", "Requests waiting in fairq's queue.", ["model", "tier"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "fairq_queue_wait_seconds",
+            "Time from arrival to dispatch to a backend.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "fairq_time_to_first_token_seconds",
+            "Time from arrival to the first generated text.",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "fairq_requests_total",
+            "Requests by final outcome (finished, or the gRPC status name).",
+            ["tier", "outcome"],
+            registry=r,
+        )
+        self.dispatches = Counter(
+            "fairq_dispatches_total", "Requests forwarded to a backend.", ["backend", "tier"],
+            registry=r,
+        )  # fmt: skip
+        self.gate_refusals = Counter(
+            "fairq_gate_refusals_total",
+            "Dispatch attempts a backend's gate refused, by reason.",
+            ["backend", "reason"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "fairq_retries_total", "Requests retried after failing before the first token.",
+            ["backend"], registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "fairq_tokens_total", "Tokens served, by user group and kind (prompt, completion).",
+            ["group", "kind"], registry=r,
+        )  # fmt: skip
+        self.backend_waiting = Gauge(
+            "fairq_backend_waiting", "Last scraped backend waiting queue.", ["backend"], registry=r
+        )
+        self.backend_running = Gauge(
+            "fairq_backend_running", "Last scraped backend running requests.", ["backend"],
+            registry=r,
+        )  # fmt: skip
+        self.backend_tpot = Gauge(
+            "fairq_backend_tpot_seconds", "Backend time per output token over the last window.",
+            ["backend"], registry=r,
+        )  # fmt: skip
+        self.backend_in_flight = Gauge(
+            "fairq_backend_in_flight", "Requests fairq has in flight on a backend.", ["backend"],
+            registry=r,
+        )  # fmt: skip
+        self.backend_healthy = Gauge(
+            "fairq_backend_healthy", "1 while the backend's metrics scrape succeeds.", ["backend"],
+            registry=r,
+        )  # fmt: skip
+        self.scrape_failures = Counter(
+            "fairq_backend_scrape_failures_total", "Failed scrapes of a backend's /metrics.",
+            ["backend"], registry=r,
+        )  # fmt: skip
