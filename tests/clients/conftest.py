@@ -154,15 +154,25 @@ class SyncFakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     def Generate(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         self.seen.requests.append(request)
         self.seen.metadata.append(_metadata(context))
+        server_ended = False
         terminated = threading.Event()
-        # Runs when the RPC ends for any reason; while the handler is still
-        # holding the stream open, only the client can have ended it.
-        context.add_callback(terminated.set)
+
+        def on_termination() -> None:
+            # Runs when the RPC ends for any reason. If this handler had not
+            # ended it, the client did: grpc stops pulling from a cancelled
+            # handler's generator, so the handler cannot observe it itself.
+            if not server_ended:
+                self.cancelled.set()
+            terminated.set()
+
+        context.add_callback(on_termination)
         yield from self.behaviour.script
         if self.behaviour.abort is not None:
+            server_ended = True
             context.abort(*self.behaviour.abort)
-        if self.behaviour.hold_open and terminated.wait(timeout=30):
-            self.cancelled.set()
+        if self.behaviour.hold_open:
+            terminated.wait(timeout=30)  # until the client goes away
+        server_ended = True
 
 
 class SyncFakeAdmin(admin_pb2_grpc.AdminServicer):

@@ -1,0 +1,68 @@
+"""Pins fairq's public names, as httpx's tests/test_exported_members.py does."""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import fairq
+import pytest
+
+PUBLIC_API = [
+    "AsyncClient",
+    "Backend",
+    "BackendKind",
+    "BackendStatus",
+    "ChatMessages",
+    "Chunk",
+    "Client",
+    "Completion",
+    "DeadlineExceededError",
+    "Event",
+    "FairqError",
+    "Finished",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "Queued",
+    "RequestCancelledError",
+    "ResourceExhaustedError",
+    "Started",
+    "UnauthenticatedError",
+    "UnavailableError",
+]
+
+
+def test_all_imports_are_exported() -> None:
+    # Submodules (fairq.v1, fairq.client) appear as attributes once imported;
+    # they are namespaces, not members.
+    members = [
+        name
+        for name, value in vars(fairq).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    ]
+    assert fairq.__all__ == sorted(members, key=str.casefold)
+
+
+def test_public_api_is_pinned() -> None:
+    # Removing or renaming a name breaks callers: change this list deliberately.
+    assert fairq.__all__ == PUBLIC_API
+
+
+@pytest.mark.parametrize(
+    "module_name",
+    [
+        "fairq._async_client",
+        "fairq._backends",
+        "fairq._errors",
+        "fairq._events",
+        "fairq._requests",
+        "fairq._sync_client",
+        "fairq.client",
+    ],
+)
+def test_module_exports_are_reexported(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert set(module.__all__) <= set(fairq.__all__)
+    for name in module.__all__:
+        assert getattr(fairq, name) is getattr(module, name)
