@@ -1,0 +1,157 @@
+"""Adapter edge cases with httpx.MockTransport: recorded vLLM streams, error shapes, bad SSE."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from fairq_server.backends.base import BackendRequest, Sampling, StreamEnd, TextDelta
+from fairq_server.backends.tgi import TgiBackend
+from fairq_server.backends.vllm import VllmBackend
+from fairq_server.errors import BackendError
+
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+PROMPT = BackendRequest(model="tiny", prompt="hello", sampling=Sampling(max_tokens=4))
+CHAT = BackendRequest(model="tiny", messages=(("user", "hi"),), sampling=Sampling(max_tokens=4))
+
+
+def sse_response(body: bytes, status: int = 200) -> httpx.Response:
+    return httpx.Response(status, content=body, headers={"content-type": "text/event-stream"})
+
+
+def vllm_with(handler: httpx.MockTransport, **kw: object) -> VllmBackend:
+    return VllmBackend("v", "http://vllm", ["tiny"], transport=handler, **kw)  # type: ignore[arg-type]
+
+
+async def collect(backend: VllmBackend | TgiBackend, req: BackendRequest) -> list[object]:
+    return [e async for e in backend.stream(req, 0)]
+
+
+async def test_recorded_completions_stream() -> None:
+    body = (FIXTURES / "completions-stream.sse").read_bytes()
+    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
+    events = await collect(backend, PROMPT)
+    texts = [e.text for e in events if isinstance(e, TextDelta)]
+    end = events[-1]
+    assert isinstance(end, StreamEnd)
+    assert texts and "".join(texts)
+    assert end.finish_reason == "length"
+    expected = [
+        json.loads(line[6:])["choices"][0]["text"]
+        for line in body.decode().splitlines()
+        if line.startswith("data: {") and json.loads(line[6:])["choices"]
+    ]
+    assert texts == [t for t in expected if t]
+
+
+async def test_recorded_chat_stream() -> None:
+    body = (FIXTURES / "chat-stream.sse").read_bytes()
+    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
+    events = await collect(backend, CHAT)
+    assert isinstance(events[-1], StreamEnd)
+    assert any(isinstance(e, TextDelta) for e in events)
+
+
+async def test_payload_sends_priority_only_to_priority_backends() -> None:
+    seen: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return sse_response(b"data: [DONE]\n\n")
+
+    await collect(vllm_with(httpx.MockTransport(handler)), PROMPT)
+    await collect(vllm_with(httpx.MockTransport(handler), priority_scheduling=True), PROMPT)
+    assert "priority" not in seen[0]
+    assert seen[1]["priority"] == 0
+    assert seen[0]["stream_options"] == {"include_usage": True}
+    assert seen[0]["max_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("fixture", "status", "code", "needle"),
+    [
+        ("error-unknown-model.txt", 404, grpc.StatusCode.NOT_FOUND, "does not exist"),
+        ("error-too-long.txt", 400, grpc.StatusCode.INVALID_ARGUMENT, "max_model_len"),
+    ],
+)
+async def test_recorded_vllm_errors_keep_the_backend_message(
+    fixture: str, status: int, code: grpc.StatusCode, needle: str
+) -> None:
+    body = (FIXTURES / fixture).read_text().split("\nHTTP")[0].encode()
+    backend = vllm_with(httpx.MockTransport(lambda r: httpx.Response(status, content=body)))
+    with pytest.raises(BackendError) as info:
+        await collect(backend, PROMPT)
+    assert info.value.code == code
+    assert needle in str(info.value)
+    assert not info.value.retryable
+
+
+async def test_server_errors_are_retryable_unavailable() -> None:
+    backend = vllm_with(httpx.MockTransport(lambda r: httpx.Response(503, text="overloaded")))
+    with pytest.raises(BackendError) as info:
+        await collect(backend, PROMPT)
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert info.value.retryable
+
+
+async def test_connection_refused_is_retryable() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(BackendError) as info:
+        await collect(vllm_with(httpx.MockTransport(refuse)), PROMPT)
+    assert info.value.retryable
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_malformed_event_is_a_clear_error() -> None:
+    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(b"data: {nope\n\n")))
+    with pytest.raises(BackendError, match="malformed stream event"):
+        await collect(backend, PROMPT)
+
+
+async def test_mid_stream_error_event() -> None:
+    body = b'data: {"choices":[{"text":"a"}]}\n\ndata: {"error":{"message":"engine died"}}\n\n'
+    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
+    with pytest.raises(BackendError, match="engine died"):
+        await collect(backend, PROMPT)
+
+
+async def test_tgi_generate_stream_without_done() -> None:
+    body = (
+        b'data:{"index":1,"token":{"id":5,"text":"Hel","logprob":-0.1,"special":false},'
+        b'"generated_text":null,"details":null}\n\n'
+        b'data:{"index":2,"token":{"id":2,"text":"</s>","logprob":-0.1,"special":true},'
+        b'"generated_text":"Hel","details":{"finish_reason":"eos_token","generated_tokens":2,'
+        b'"seed":null,"input_length":5}}\n\n'
+    )
+    tgi = TgiBackend(
+        "t", "http://tgi", ["m"], transport=httpx.MockTransport(lambda r: sse_response(body))
+    )
+    events = await collect(tgi, PROMPT)
+    assert events == [TextDelta("Hel"), StreamEnd("stop", 5, 2)]
+
+
+async def test_tgi_error_event_on_200() -> None:
+    body = b'data: {"error":"Input validation error","error_type":"validation"}\n\n'
+    tgi = TgiBackend(
+        "t", "http://tgi", ["m"], transport=httpx.MockTransport(lambda r: sse_response(body))
+    )
+    with pytest.raises(BackendError, match="Input validation error"):
+        await collect(tgi, PROMPT)
+
+
+async def test_tgi_422_error_body() -> None:
+    tgi = TgiBackend(
+        "t", "http://tgi", ["m"],
+        transport=httpx.MockTransport(
+            lambda r: httpx.Response(422, json={"error": "too long", "error_type": "validation"})
+        ),
+    )  # fmt: skip
+    with pytest.raises(BackendError) as info:
+        await collect(tgi, PROMPT)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "too long" in str(info.value)

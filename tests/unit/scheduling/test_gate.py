@@ -1,0 +1,83 @@
+"""Gate decisions: waiting estimate, thresholds per tier, TPOT, KV, staleness."""
+
+from __future__ import annotations
+
+import pytest
+from fairq_server.config import TierConfig
+from fairq_server.scheduling.gate import (
+    BackendLoad,
+    GateOutcome,
+    MetricsSnapshot,
+    admit,
+    estimated_waiting,
+)
+
+INTERACTIVE = TierConfig("interactive", max_backend_waiting=3)
+BATCH = TierConfig("batch", max_backend_waiting=0)
+NOW = 100.0
+
+
+def load(waiting: float = 0, *, taken_at: float = NOW, **kw: object) -> BackendLoad:
+    snap_kw = {k: kw.pop(k) for k in ("running", "kv_usage", "tpot_seconds") if k in kw}
+    snap = MetricsSnapshot(
+        taken_at=taken_at, waiting=waiting, running=snap_kw.pop("running", 0), **snap_kw
+    )  # type: ignore[arg-type]
+    return BackendLoad(snapshot=snap, **kw)  # type: ignore[arg-type]
+
+
+def test_missing_metrics_fail_closed() -> None:
+    assert admit(BackendLoad(), INTERACTIVE, NOW, 1.0) is GateOutcome.NO_METRICS
+
+
+def test_stale_metrics_fail_closed() -> None:
+    assert admit(load(0, taken_at=NOW - 1.5), INTERACTIVE, NOW, 1.0) is GateOutcome.STALE
+    assert admit(load(0, taken_at=NOW - 0.5), INTERACTIVE, NOW, 1.0) is GateOutcome.ADMIT
+
+
+@pytest.mark.parametrize(("waiting", "expected"), [(0, True), (2, True), (3, False), (7, False)])
+def test_interactive_admits_below_threshold(waiting: int, expected: bool) -> None:
+    outcome = admit(load(waiting), INTERACTIVE, NOW, 1.0)
+    assert (outcome is GateOutcome.ADMIT) is expected
+    if not expected:
+        assert outcome is GateOutcome.WAITING
+
+
+def test_batch_only_when_backend_queue_is_empty() -> None:
+    assert admit(load(0), BATCH, NOW, 1.0) is GateOutcome.ADMIT
+    assert admit(load(1), BATCH, NOW, 1.0) is GateOutcome.WAITING
+
+
+def test_dispatches_after_the_scrape_count_as_waiting() -> None:
+    state = load(1)
+    state.dispatched = 2  # two requests sent since the scrape (mark 0)
+    assert estimated_waiting(state) == 3
+    assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.WAITING
+    state.finished = 1  # one finished since: one waiting request could start
+    assert estimated_waiting(state) == 2
+    assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.ADMIT
+
+
+def test_estimate_never_negative() -> None:
+    state = load(0)
+    state.finished = 5
+    assert estimated_waiting(state) == 0
+
+
+def test_tpot_over_limit_holds() -> None:
+    assert admit(load(0, tpot_seconds=0.2), INTERACTIVE, NOW, 1.0) is GateOutcome.TPOT
+    assert admit(load(0, tpot_seconds=0.1), INTERACTIVE, NOW, 1.0) is GateOutcome.ADMIT
+    no_limit = TierConfig("x", tpot_limit_seconds=None)
+    assert admit(load(0, tpot_seconds=9.0), no_limit, NOW, 1.0) is GateOutcome.ADMIT
+
+
+def test_kv_usage_limit() -> None:
+    tier = TierConfig("x", kv_usage_limit=0.9)
+    assert admit(load(0, kv_usage=0.95), tier, NOW, 1.0) is GateOutcome.KV_CACHE
+    assert admit(load(0, kv_usage=0.5), tier, NOW, 1.0) is GateOutcome.ADMIT
+
+
+def test_in_flight_cap_and_draining() -> None:
+    assert (
+        admit(load(0, in_flight=4, max_in_flight=4), INTERACTIVE, NOW, 1.0) is GateOutcome.IN_FLIGHT
+    )
+    assert admit(load(0, draining=True), INTERACTIVE, NOW, 1.0) is GateOutcome.DRAINING
