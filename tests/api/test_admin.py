@@ -1,0 +1,116 @@
+"""Admin RPCs, health and reflection on an in-process server."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from fairq_server.sim import SimServer
+
+from ..conftest import KEYS, FairqFactory, make_config
+
+ROOT = (("authorization", "Bearer root-key"),)
+ALICE = (("authorization", "Bearer alice-key"),)
+
+
+def backend(sim: SimServer, **kw: object) -> admin_pb2.Backend:
+    return admin_pb2.Backend(
+        id="sim-b", kind=admin_pb2.BACKEND_KIND_VLLM, base_url=sim.url, models=["sim"], **kw  # type: ignore[arg-type]
+    )
+
+
+async def test_register_list_generate_deregister(sim: SimServer, fairq_factory: FairqFactory) -> None:
+    server = await fairq_factory(make_config(keys=list(KEYS.values())))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        admin = admin_pb2_grpc.AdminStub(ch)
+        sched = scheduler_pb2_grpc.SchedulerStub(ch)
+        gen = scheduler_pb2.GenerateRequest(
+            model="sim", prompt="hi", sampling=scheduler_pb2.SamplingParams(max_tokens=4)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            [r async for r in sched.Generate(gen, metadata=ALICE)]
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+        reg = await admin.RegisterBackend(
+            admin_pb2.RegisterBackendRequest(backend=backend(sim)), metadata=ROOT
+        )
+        assert reg.status.healthy
+        listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)
+        assert [b.backend.id for b in listed.backends] == ["sim-b"]
+        assert listed.backends[0].backend.base_url == sim.url
+
+        events = [r async for r in sched.Generate(gen, metadata=ALICE)]
+        assert events[1].started.backend_id == "sim-b"
+        assert events[-1].finished.usage.completion_tokens == 4
+
+        await admin.DeregisterBackend(
+            admin_pb2.DeregisterBackendRequest(id="sim-b", drain=True), metadata=ROOT
+        )
+        listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)
+        assert list(listed.backends) == []
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await admin.DeregisterBackend(
+                admin_pb2.DeregisterBackendRequest(id="sim-b"), metadata=ROOT
+            )
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("metadata", "code", "needle"),
+    [
+        (ALICE, grpc.StatusCode.PERMISSION_DENIED, "user 'alice' is not an admin"),
+        ((), grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization"),
+    ],
+)
+async def test_admin_requires_admin_key(
+    fairq_factory: FairqFactory, metadata: tuple[tuple[str, str], ...], code: grpc.StatusCode, needle: str
+) -> None:
+    server = await fairq_factory(make_config(keys=list(KEYS.values())))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        admin = admin_pb2_grpc.AdminStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=metadata)
+    assert info.value.code() == code
+    assert needle in (info.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "models", "needle"),
+    [
+        ("file:///etc/passwd", admin_pb2.BACKEND_KIND_VLLM, ["m"], "must be http(s)"),
+        ("http://user:pw@127.0.0.1:1", admin_pb2.BACKEND_KIND_VLLM, ["m"], "credentials"),
+        ("http://127.0.0.1:1", admin_pb2.BACKEND_KIND_UNSPECIFIED, ["m"], "backend.kind"),
+        ("http://127.0.0.1:1", admin_pb2.BACKEND_KIND_TGI, [], "at least one named model"),
+    ],
+)
+async def test_register_validates_input(
+    fairq_factory: FairqFactory, url: str, kind: int, models: list[str], needle: str
+) -> None:
+    server = await fairq_factory(make_config(keys=list(KEYS.values())))
+    bad = admin_pb2.Backend(id="x", kind=kind, base_url=url, models=models)  # type: ignore[arg-type]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        admin = admin_pb2_grpc.AdminStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await admin.RegisterBackend(admin_pb2.RegisterBackendRequest(backend=bad), metadata=ROOT)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in (info.value.details() or "")
+        listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)
+        assert list(listed.backends) == []
+
+
+async def test_health_and_reflection(fairq_factory: FairqFactory) -> None:
+    server = await fairq_factory(make_config())
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "fairq.v1.Scheduler", "fairq.v1.Admin"):
+            resp = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        names = {s.name async for r in responses for s in r.list_services_response.service}
+    assert {"fairq.v1.Scheduler", "fairq.v1.Admin", "grpc.health.v1.Health"} <= names

@@ -1,0 +1,62 @@
+"""Shared fixtures: a simulated backend and in-process fairq servers on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
+
+import pytest
+
+from fairq_server.api.server import FairqServer
+from fairq_server.auth import hash_key
+from fairq_server.config import BackendConfig, Config, KeyConfig, SchedulerConfig
+from fairq_server.sim import SimConfig, SimServer
+
+KEYS = {
+    "alice-key": KeyConfig("alice", hash_key("alice-key"), tiers=("standard", "batch")),
+    "bob-key": KeyConfig("bob", hash_key("bob-key"), tiers=("interactive", "standard", "batch")),
+    "root-key": KeyConfig("root", hash_key("root-key"), admin=True),
+}
+
+FairqFactory = Callable[..., Awaitable[FairqServer]]
+
+
+def make_config(
+    backends: Sequence[BackendConfig] = (),
+    *,
+    keys: Sequence[KeyConfig] = (),
+    **scheduler: object,
+) -> Config:
+    """A loopback config with fast polling (tests should not wait on the interval)."""
+    sched = replace(
+        SchedulerConfig(poll_interval_seconds=0.05, stale_after_seconds=1.0), **scheduler
+    )
+    return Config(listen="127.0.0.1:0", scheduler=sched, backends=tuple(backends), keys=tuple(keys))
+
+
+def sim_backend(sim: SimServer, backend_id: str = "sim-a", **kw: object) -> BackendConfig:
+    return BackendConfig(
+        backend_id, sim.config.mode, sim.url, (sim.config.model,), **kw  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimServer]:
+    """A vLLM-mode simulated backend serving model 'sim', fast clock."""
+    async with SimServer(SimConfig(mode="vllm", model="sim", speed=20.0, max_num_seqs=4)) as s:
+        yield s
+
+
+@pytest.fixture
+async def fairq_factory() -> AsyncIterator[FairqFactory]:
+    servers: list[FairqServer] = []
+
+    async def make(config: Config) -> FairqServer:
+        server = FairqServer(config)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        await server.stop(grace=0.5)
