@@ -1,0 +1,278 @@
+// fairq client for Node.js, built at run time from the protos in ../../../protos.
+//
+// Field names stay exactly as in the .proto files (snake_case: max_tokens,
+// backend_id, completion_tokens, ...), in requests and in events alike, so they
+// read the same here, in the Python client and in the proto docs.
+//
+//   import { createClient } from '@fairq/client';
+//   const client = createClient('127.0.0.1:50051', { user: 'bob' });
+//   for await (const event of client.generate({ model: 'm', prompt: 'hi', max_tokens: 8 })) {
+//     if (event.type === 'chunk') process.stdout.write(event.text);
+//   }
+//   client.close();
+//
+// Events are plain objects tagged by `type`:
+//   { type: 'queued', position }
+//   { type: 'started', backend_id, queue_seconds, tier, request_id }
+//   { type: 'chunk', text }
+//   { type: 'finished', finish_reason, prompt_tokens, completion_tokens,
+//     queue_seconds, ttft_seconds, total_seconds }
+// A gRPC failure is thrown as a FairqError carrying the status code and details.
+
+import { fileURLToPath } from 'node:url';
+
+import grpc from '@grpc/grpc-js';
+import protoLoader from '@grpc/proto-loader';
+
+const PROTO_ROOT = fileURLToPath(new URL('../../../protos', import.meta.url));
+
+const packageDefinition = protoLoader.loadSync(
+  ['fairq/v1/scheduler.proto', 'fairq/v1/admin.proto'],
+  {
+    includeDirs: [PROTO_ROOT],
+    keepCase: true,
+    longs: Number,
+    enums: String,
+    // Decoded messages carry zero values for unset scalars, as in proto3, so
+    // a `queued` event at position 0 still has `position: 0`.
+    defaults: true,
+    // Adds a virtual field naming the member of each oneof that is set.
+    oneofs: true,
+  },
+);
+const fairqV1 = grpc.loadPackageDefinition(packageDefinition).fairq.v1;
+
+const STATUS_NAMES = Object.fromEntries(
+  Object.entries(grpc.status).map(([name, code]) => [code, name]),
+);
+
+/** A fairq call failed with a gRPC status. */
+export class FairqError extends Error {
+  /**
+   * @param {number} code gRPC status code, e.g. 3 (grpc.status.INVALID_ARGUMENT).
+   * @param {string} details the server's human-readable message.
+   * @param {{cause?: unknown}} [options]
+   */
+  constructor(code, details, options) {
+    const codeName = STATUS_NAMES[code] ?? 'UNKNOWN';
+    super(`${codeName}: ${details}`, options);
+    this.name = 'FairqError';
+    this.code = code;
+    /** The status code's name, e.g. 'INVALID_ARGUMENT'. */
+    this.codeName = codeName;
+    this.details = details;
+  }
+}
+
+function toFairqError(err) {
+  if (err && typeof err.code === 'number') {
+    return new FairqError(err.code, err.details ?? '', { cause: err });
+  }
+  return err;
+}
+
+const REQUEST_FIELDS = new Set([
+  'model',
+  'prompt',
+  'messages',
+  'max_tokens',
+  'temperature',
+  'top_p',
+  'stop',
+  'seed',
+  'ignore_eos',
+  'tier',
+  'request_id',
+]);
+const OPTIONAL_SAMPLING = ['max_tokens', 'temperature', 'top_p', 'seed'];
+
+// Builds a fairq.v1.GenerateRequest from the flat request the caller passes.
+// Checks only what the message cannot express; limits are the server's.
+function toGenerateRequest(request) {
+  for (const key of Object.keys(request)) {
+    // protobufjs drops unknown keys silently, so `maxTokens: 8` would
+    // otherwise be sent as "no limit".
+    if (!REQUEST_FIELDS.has(key)) {
+      throw new TypeError(
+        `unknown request field '${key}'; fields are snake_case as in the proto: ` +
+          [...REQUEST_FIELDS].join(', '),
+      );
+    }
+  }
+  const { model, prompt, messages, stop = [], ignore_eos = false } = request;
+  if ((prompt === undefined) === (messages === undefined)) {
+    throw new TypeError('pass exactly one of prompt or messages');
+  }
+  if (typeof stop === 'string') {
+    throw new TypeError('stop must be an array of strings, not a string');
+  }
+  const sampling = { stop, ignore_eos };
+  // Unset optional fields mean "the backend's default": send only those given.
+  for (const key of OPTIONAL_SAMPLING) {
+    if (request[key] !== undefined && request[key] !== null) sampling[key] = request[key];
+  }
+  const message = {
+    model,
+    sampling,
+    tier: request.tier ?? '',
+    request_id: request.request_id ?? '',
+  };
+  if (prompt !== undefined) {
+    message.prompt = prompt;
+  } else {
+    message.messages = { messages: messages.map(toChatMessage) };
+  }
+  return message;
+}
+
+function toChatMessage(m) {
+  if (Array.isArray(m)) {
+    const [role, content] = m;
+    return { role, content };
+  }
+  return { role: m.role, content: m.content };
+}
+
+function eventFromResponse(response) {
+  switch (response.event) {
+    case 'queued':
+      return { type: 'queued', position: response.queued.position };
+    case 'started': {
+      const { backend_id, queue_seconds, tier, request_id } = response.started;
+      return { type: 'started', backend_id, queue_seconds, tier, request_id };
+    }
+    case 'chunk':
+      return { type: 'chunk', text: response.chunk.text };
+    case 'finished': {
+      const { finish_reason, usage, timings } = response.finished;
+      return {
+        type: 'finished',
+        finish_reason,
+        prompt_tokens: usage?.prompt_tokens ?? 0,
+        completion_tokens: usage?.completion_tokens ?? 0,
+        queue_seconds: timings?.queue_seconds ?? 0,
+        ttft_seconds: timings?.ttft_seconds ?? 0,
+        total_seconds: timings?.total_seconds ?? 0,
+      };
+    }
+    default:
+      // An event kind added by a newer server: skip it rather than fail.
+      return null;
+  }
+}
+
+const KIND_NAMES = { BACKEND_KIND_VLLM: 'vllm', BACKEND_KIND_TGI: 'tgi' };
+
+function backendStatusFromProto(status) {
+  const b = status.backend ?? {};
+  return {
+    backend: {
+      id: b.id ?? '',
+      kind: KIND_NAMES[b.kind] ?? 'unspecified',
+      base_url: b.base_url ?? '',
+      models: b.models ?? [],
+      priority_scheduling: b.priority_scheduling ?? false,
+      max_in_flight: b.max_in_flight ?? 0,
+    },
+    healthy: status.healthy,
+    in_flight: status.in_flight,
+    waiting: status.waiting,
+    running: status.running,
+    tpot_seconds: status.tpot_seconds,
+    draining: status.draining,
+  };
+}
+
+function callOptions(timeoutMs) {
+  return timeoutMs === undefined ? {} : { deadline: Date.now() + timeoutMs };
+}
+
+/**
+ * Create a fairq client.
+ *
+ * @param {string} target server address, e.g. '127.0.0.1:50051'.
+ * @param {object} [options]
+ * @param {string} [options.apiKey] sent as `authorization: Bearer <apiKey>`.
+ * @param {string} [options.user] sent as `x-fairq-user` (servers without API keys).
+ * @param {grpc.ChannelCredentials} [options.credentials] TLS; insecure if omitted.
+ */
+export function createClient(target, { apiKey, user, credentials } = {}) {
+  const creds = credentials ?? grpc.credentials.createInsecure();
+  const scheduler = new fairqV1.Scheduler(target, creds);
+  // One channel for both services.
+  const admin = new fairqV1.Admin(target, creds, { channelOverride: scheduler.getChannel() });
+
+  function metadata() {
+    const md = new grpc.Metadata();
+    if (apiKey !== undefined && apiKey !== null) md.set('authorization', `Bearer ${apiKey}`);
+    if (user !== undefined && user !== null) md.set('x-fairq-user', user);
+    return md;
+  }
+
+  async function* stream(message, { signal, timeoutMs }) {
+    signal?.throwIfAborted();
+    const call = scheduler.Generate(message, metadata(), callOptions(timeoutMs));
+    const onAbort = () => call.cancel();
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      for await (const response of call) {
+        const event = eventFromResponse(response);
+        if (event !== null) yield event;
+      }
+    } catch (err) {
+      // Cancelling one's own request is not a gRPC failure to report.
+      if (signal?.aborted) throw signal.reason;
+      throw toFairqError(err);
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      // A no-op once the stream has ended. If the consumer left early (break,
+      // return, throw), this tells the server to release the request's slot.
+      // cancel() emits a CANCELLED 'error' that no one is left to read, and an
+      // unhandled 'error' event would crash the process.
+      call.on('error', () => {});
+      call.cancel();
+    }
+  }
+
+  function unary(method, request, { timeoutMs } = {}) {
+    return new Promise((resolve, reject) => {
+      admin[method](request, metadata(), callOptions(timeoutMs), (err, response) =>
+        err ? reject(toFairqError(err)) : resolve(response),
+      );
+    });
+  }
+
+  return {
+    /**
+     * Submit one request and stream its lifecycle events.
+     *
+     * Throws TypeError at once for a malformed request; the call itself starts
+     * when iteration starts. Leaving the loop early cancels the call.
+     *
+     * @param {object} request {model, prompt | messages, max_tokens, temperature,
+     *   top_p, stop, seed, ignore_eos, tier, request_id}; messages are
+     *   {role, content} objects or [role, content] pairs.
+     * @param {{signal?: AbortSignal, timeoutMs?: number}} [options]
+     * @returns {AsyncGenerator<object>} events, see the top of this file.
+     */
+    generate(request, options = {}) {
+      return stream(toGenerateRequest(request), options);
+    },
+
+    /**
+     * Report every registered backend and its live state (admin only).
+     *
+     * @param {{timeoutMs?: number}} [options]
+     * @returns {Promise<object[]>} BackendStatus objects, field names as in the proto.
+     */
+    async listBackends(options = {}) {
+      const response = await unary('ListBackends', {}, options);
+      return response.backends.map(backendStatusFromProto);
+    },
+
+    /** Close the channel; calls still running are cancelled. */
+    close() {
+      scheduler.close();
+    },
+  };
+}
