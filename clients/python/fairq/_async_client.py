@@ -5,11 +5,6 @@ into the typed events of ``fairq._events`` and raise :class:`fairq.FairqError`
 (see ``fairq._errors`` for the tree) for any gRPC failure.
 """
 
-# ASYNC109 prefers asyncio.timeout over a `timeout` argument, but here the
-# argument becomes the gRPC deadline, which reaches the server: it can then drop
-# a queued request whose caller has given up. asyncio.timeout could not do that.
-# ruff: noqa: ASYNC109
-
 from __future__ import annotations
 
 import contextlib
@@ -135,7 +130,9 @@ class AsyncClient:
                 highest allowed tier. It may be lower than that, never higher.
             request_id: Caller-chosen id for logs; fairq makes one if empty.
             timeout: Deadline for the whole stream in seconds, time queued
-                included; ``None`` for none.
+                included; ``None`` for none. It is sent as the gRPC deadline,
+                so the server also learns it and can drop a queued request
+                whose caller has given up (which ``asyncio.timeout`` cannot).
 
         Unset sampling parameters take the backend's defaults.
 
