@@ -111,6 +111,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                             break
                         if first_token_at is None:
                             first_token_at = time.monotonic()
+                            dispatcher.first_token(ticket)
                             telemetry.ttft.labels(tier_cfg.name).observe(
                                 first_token_at - ticket.arrival
                             )

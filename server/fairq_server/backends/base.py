@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import httpx
-from httpx_sse import EventSource, aconnect_sse
 
+from fairq_server.backends.sse import aiter_sse_batches
 from fairq_server.errors import BackendError
 
 __all__ = [
@@ -208,15 +208,24 @@ class Backend(abc.ABC):
         request. ``priority`` is passed on only where the backend schedules by it.
         """
 
-    async def _sse(self, path: str, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """POST ``payload`` and yield each SSE ``data`` JSON object until ``[DONE]`` or EOF."""
+    async def _sse(
+        self, path: str, payload: dict[str, Any]
+    ) -> AsyncGenerator[list[dict[str, Any]]]:
+        """POST ``payload``; yield the JSON objects of each network read until ``[DONE]``/EOF."""
+        headers = {"accept": "text/event-stream"}
         try:
-            async with aconnect_sse(self._client, "POST", path, json=payload) as source:
-                resp = source.response
+            async with self._client.stream("POST", path, json=payload, headers=headers) as resp:
                 if resp.status_code != 200:
                     raise http_error(self.id, resp.status_code, await resp.aread())
-                async for obj in self._events(source):
-                    yield obj
+                async for batch in aiter_sse_batches(resp.aiter_text()):
+                    objects = []
+                    for data in batch:
+                        if data == "[DONE]":
+                            if objects:
+                                yield objects
+                            return
+                        objects.append(self._decode(data))
+                    yield objects
         except httpx.HTTPError as exc:
             raise BackendError(
                 f"backend {self.id}: connection failed: {exc!r}",
@@ -224,29 +233,23 @@ class Backend(abc.ABC):
                 retryable=True,
             ) from exc
 
-    async def _events(self, source: EventSource) -> AsyncIterator[dict[str, Any]]:
-        async for event in source.aiter_sse():
-            data = event.data
-            if not data:
-                continue
-            if data == "[DONE]":
-                return
-            try:
-                obj = json.loads(data)
-            except ValueError as exc:
-                raise BackendError(
-                    f"backend {self.id}: malformed stream event: {data[:200]!r}",
-                    grpc.StatusCode.INTERNAL,
-                ) from exc
-            if not isinstance(obj, dict):
-                raise BackendError(
-                    f"backend {self.id}: unexpected stream event: {data[:200]!r}",
-                    grpc.StatusCode.INTERNAL,
-                )
-            err = obj.get("error")
-            if err:
-                message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                raise BackendError(
-                    f"backend {self.id} failed mid-stream: {message}", grpc.StatusCode.INTERNAL
-                )
-            yield obj
+    def _decode(self, data: str) -> dict[str, Any]:
+        try:
+            obj = json.loads(data)
+        except ValueError as exc:
+            raise BackendError(
+                f"backend {self.id}: malformed stream event: {data[:200]!r}",
+                grpc.StatusCode.INTERNAL,
+            ) from exc
+        if not isinstance(obj, dict):
+            raise BackendError(
+                f"backend {self.id}: unexpected stream event: {data[:200]!r}",
+                grpc.StatusCode.INTERNAL,
+            )
+        err = obj.get("error")
+        if err:
+            message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            raise BackendError(
+                f"backend {self.id} failed mid-stream: {message}", grpc.StatusCode.INTERNAL
+            )
+        return obj

@@ -85,28 +85,34 @@ class TgiBackend(Backend):
         path, body = self.payload(request)
         finish = ""
         prompt_tokens = completion_tokens = 0
-        async for obj in self._sse(path, body):
-            token = obj.get("token")
-            if isinstance(token, dict):
-                if token.get("text") and not token.get("special"):
-                    yield TextDelta(str(token["text"]))
-                completion_tokens += 1
-                details = obj.get("details")
-                if isinstance(details, dict):
-                    reason = str(details.get("finish_reason") or "")
-                    finish = _FINISH.get(reason, reason)
-                    prompt_tokens = int(details.get("input_length") or 0)
-                    completion_tokens = int(details.get("generated_tokens") or completion_tokens)
-                continue
-            for choice in obj.get("choices") or ():
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    yield TextDelta(str(delta["content"]))
-                if choice.get("finish_reason"):
-                    reason = str(choice["finish_reason"])
-                    finish = _FINISH.get(reason, reason)
-            usage = obj.get("usage")
-            if usage:
-                prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                completion_tokens = int(usage.get("completion_tokens") or 0)
+        async for batch in self._sse(path, body):
+            texts: list[str] = []
+            for obj in batch:
+                token = obj.get("token")
+                if isinstance(token, dict):
+                    if token.get("text") and not token.get("special"):
+                        texts.append(str(token["text"]))
+                    completion_tokens += 1
+                    details = obj.get("details")
+                    if isinstance(details, dict):
+                        reason = str(details.get("finish_reason") or "")
+                        finish = _FINISH.get(reason, reason)
+                        prompt_tokens = int(details.get("input_length") or 0)
+                        completion_tokens = int(
+                            details.get("generated_tokens") or completion_tokens
+                        )
+                    continue
+                for choice in obj.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        texts.append(str(delta["content"]))
+                    if choice.get("finish_reason"):
+                        reason = str(choice["finish_reason"])
+                        finish = _FINISH.get(reason, reason)
+                usage = obj.get("usage")
+                if usage:
+                    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    completion_tokens = int(usage.get("completion_tokens") or 0)
+            if texts:
+                yield TextDelta("".join(texts), len(texts))
         yield StreamEnd(finish or "stop", prompt_tokens, completion_tokens)

@@ -82,20 +82,24 @@ class VllmBackend(Backend):
         return path, body
 
     async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
-        """Stream text deltas, then one :class:`StreamEnd` with usage."""
+        """Stream text deltas (one per network read), then one :class:`StreamEnd` with usage."""
         path, body = self.payload(request, priority)
         finish = ""
         prompt_tokens = completion_tokens = 0
-        async for obj in self._sse(path, body):
-            for choice in obj.get("choices") or ():
-                delta = choice.get("delta")
-                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                if text:
-                    yield TextDelta(text)
-                if choice.get("finish_reason"):
-                    finish = str(choice["finish_reason"])
-            usage = obj.get("usage")
-            if usage:
-                prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                completion_tokens = int(usage.get("completion_tokens") or 0)
+        async for batch in self._sse(path, body):
+            texts: list[str] = []
+            for obj in batch:
+                for choice in obj.get("choices") or ():
+                    delta = choice.get("delta")
+                    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                    if text:
+                        texts.append(text)
+                    if choice.get("finish_reason"):
+                        finish = str(choice["finish_reason"])
+                usage = obj.get("usage")
+                if usage:
+                    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    completion_tokens = int(usage.get("completion_tokens") or 0)
+            if texts:
+                yield TextDelta("".join(texts), len(texts))
         yield StreamEnd(finish or "stop", prompt_tokens, completion_tokens)

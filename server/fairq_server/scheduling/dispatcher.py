@@ -41,6 +41,11 @@ class _Release:
 
 
 @dataclass(frozen=True)
+class _FirstToken:
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
 class _Retry:
     ticket: Ticket
 
@@ -52,7 +57,7 @@ class _Charge:
     completion_tokens: int
 
 
-_Command = _Submit | _Release | _Retry | _Charge
+_Command = _Submit | _Release | _FirstToken | _Retry | _Charge
 
 
 class Dispatcher:
@@ -104,6 +109,10 @@ class Dispatcher:
         (finished, failed, cancelled by the client, deadline).
         """
         self._post(_Release(ticket))
+
+    def first_token(self, ticket: Ticket) -> None:
+        """Report that ``ticket``'s backend has started generating (it no longer waits there)."""
+        self._post(_FirstToken(ticket))
 
     def retry(self, ticket: Ticket) -> None:
         """Requeue ``ticket`` ahead of its tier after its backend failed before any token.
@@ -173,6 +182,11 @@ class Dispatcher:
                 elif ticket.state is TicketState.RUNNING:
                     self._release(ticket)
                 ticket.state = TicketState.DONE
+            elif isinstance(command, _FirstToken):
+                if ticket.state is TicketState.RUNNING and not ticket.generating:
+                    ticket.generating = True
+                    assert ticket.entry is not None
+                    ticket.entry.load.awaiting_first_token -= 1
             elif isinstance(command, _Retry):
                 if ticket.state is TicketState.RUNNING:
                     entry = self._release(ticket)
@@ -241,6 +255,8 @@ class Dispatcher:
         load = entry.load
         load.dispatched += 1
         load.in_flight += 1
+        load.awaiting_first_token += 1
+        ticket.generating = False
         entry.idle.clear()
         ticket.state = TicketState.RUNNING
         ticket.entry = entry
@@ -261,6 +277,8 @@ class Dispatcher:
         load = entry.load
         load.in_flight -= 1
         load.finished += 1
+        if not ticket.generating:
+            load.awaiting_first_token -= 1
         self._telemetry.backend_in_flight.labels(entry.backend.id).set(load.in_flight)
         if load.in_flight == 0:
             entry.idle.set()

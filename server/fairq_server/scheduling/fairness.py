@@ -52,10 +52,10 @@ class CounterFairness:
         heap = self._heap
         while heap:
             counter, stamp, user = heap[0]
-            state = self._users[user]
-            if not state.active or stamp != state.stamp:
+            state = self._users.get(user)
+            if state is None or not state.active or stamp != state.stamp:
                 heapq.heappop(heap)
-            elif counter < state.counter:
+            elif counter < state.counter:  # charged since it was pushed
                 heapq.heappop(heap)
                 self._push(user, state)
             else:

@@ -3,7 +3,10 @@
 The gate is a pure function of the poller's latest snapshot and the dispatcher's own counts.
 Requests dispatched after a scrape began are invisible to it, so they are added to the scraped
 waiting count; requests that finished since then each let one waiting request start, so they
-are subtracted. Missing or stale metrics count as saturated (fail closed).
+are subtracted. A request also takes a while to travel from fairq into the backend's scheduler,
+so a scrape can miss it even though it was sent first; fairq's own requests that have not yet
+produced a token are therefore a floor for the estimate (a request that waits in the backend
+has no token yet). Missing or stale metrics count as saturated (fail closed).
 """
 
 from __future__ import annotations
@@ -66,18 +69,19 @@ class BackendLoad:
     dispatched: int = 0
     finished: int = 0
     in_flight: int = 0
+    awaiting_first_token: int = 0
     max_in_flight: int = 0
     draining: bool = False
 
 
 def estimated_waiting(load: BackendLoad) -> float:
-    """Scraped waiting + dispatched since the scrape - finished since the scrape, >= 0."""
+    """Scraped waiting + dispatched since - finished since, at least our requests without a token."""
     snap = load.snapshot
     if snap is None:
         return float("inf")
     unseen = load.dispatched - snap.dispatched_mark
     freed = load.finished - snap.finished_mark
-    return max(0.0, snap.waiting + unseen - freed)
+    return max(0.0, snap.waiting + unseen - freed, float(load.awaiting_first_token))
 
 
 def admit(load: BackendLoad, tier: TierConfig, now: float, stale_after: float) -> GateOutcome:

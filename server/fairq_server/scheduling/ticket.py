@@ -57,6 +57,7 @@ class Ticket:
     seq: int = field(default_factory=lambda: next(_seq))
     arrival: float = field(default_factory=time.monotonic)
     state: TicketState = TicketState.NEW
+    generating: bool = False  # the backend has produced a token for the current attempt
     retries: int = 0
     excluded: frozenset[str] = frozenset()
     entry: BackendEntry | None = None

@@ -34,17 +34,18 @@ async def test_recorded_completions_stream() -> None:
     body = (FIXTURES / "completions-stream.sse").read_bytes()
     backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
     events = await collect(backend, PROMPT)
-    texts = [e.text for e in events if isinstance(e, TextDelta)]
+    deltas = [e for e in events if isinstance(e, TextDelta)]
     end = events[-1]
     assert isinstance(end, StreamEnd)
-    assert texts and "".join(texts)
     assert end.finish_reason == "length"
     expected = [
         json.loads(line[6:])["choices"][0]["text"]
         for line in body.decode().splitlines()
         if line.startswith("data: {") and json.loads(line[6:])["choices"]
     ]
-    assert texts == [t for t in expected if t]
+    # The mock delivers the body in one read, so the events arrive as one merged delta.
+    assert "".join(d.text for d in deltas) == "".join(expected)
+    assert sum(d.tokens for d in deltas) == len([t for t in expected if t])
 
 
 async def test_recorded_chat_stream() -> None:
