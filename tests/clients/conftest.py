@@ -84,10 +84,17 @@ class AioFakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self) -> None:
         self.behaviour = Behaviour()
         self.seen = Seen()
-        # Set when the RPC is cancelled while the handler is still running.
+        # Set when a Generate call is cancelled while its handler runs.
         self.cancelled = asyncio.Event()
 
-    async def Generate(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    # A coroutine that writes, rather than an async generator: grpc cancels the
+    # handler's task wherever it is parked (in a write, or holding the stream
+    # open), so the CancelledError always reaches this code. A generator parked
+    # at `yield` is dropped without one, and the done callback's cancelled()
+    # reads False for a client cancellation.
+    async def Generate(  # type: ignore[override]
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
         self.seen.requests.append(request)
         self.seen.metadata.append(_metadata(context))
         try:

@@ -92,5 +92,6 @@ def test_build_backend_rejects_a_plain_string_of_models() -> None:
 
 
 def test_unknown_backend_kind_from_the_server() -> None:
-    status = admin_pb2.BackendStatus(backend=admin_pb2.Backend(id="b", kind=99))
+    backend = admin_pb2.Backend(id="b", kind=99)  # type: ignore[arg-type]
+    status = admin_pb2.BackendStatus(backend=backend)
     assert backend_status_from_proto(status).backend.kind == "unspecified"

@@ -12,7 +12,9 @@ from fairq.v1 import scheduler_pb2
 
 __all__ = ["ChatMessages"]
 
-ChatMessages: TypeAlias = Sequence[tuple[str, str]] | Sequence[Mapping[str, str]]
+# One sequence whose items may mix both forms: a superset of "all pairs" or
+# "all mappings", and what a literal like [("system", s), {"role": ...}] needs.
+ChatMessages: TypeAlias = Sequence[tuple[str, str] | Mapping[str, str]]
 """Chat messages as ``(role, content)`` pairs or ``{"role": ..., "content": ...}`` mappings."""
 
 Metadata: TypeAlias = tuple[tuple[str, str], ...]
