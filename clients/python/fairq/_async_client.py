@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Self, TypeVar
 
 import grpc
 import grpc.aio
@@ -27,6 +27,9 @@ from fairq._requests import ChatMessages, build_generate_request, build_metadata
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 __all__ = ["AsyncClient"]
+
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 
 
 class AsyncClient:
@@ -72,8 +75,8 @@ class AsyncClient:
                 channel = grpc.aio.secure_channel(target, credentials)
         self._channel = channel
         self._metadata = build_metadata(api_key, user)
-        self._scheduler: Any = scheduler_pb2_grpc.SchedulerStub(channel)
-        self._admin: Any = admin_pb2_grpc.AdminStub(channel)
+        self._scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
+        self._admin = admin_pb2_grpc.AdminStub(channel)
 
     async def __aenter__(self) -> Self:
         return self
@@ -298,7 +301,12 @@ class AsyncClient:
         response = await self._unary(self._admin.ListBackends, request, timeout)
         return [backend_status_from_proto(status) for status in response.backends]
 
-    async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+    async def _unary(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout: float | None,
+    ) -> _Response:
         try:
             return await method(request, metadata=self._metadata, timeout=timeout)
         except grpc.RpcError as exc:

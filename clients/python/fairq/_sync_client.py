@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Generator, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Self, TypeVar
 
 import grpc
 
@@ -27,6 +27,9 @@ from fairq._requests import ChatMessages, build_generate_request, build_metadata
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 __all__ = ["Client"]
+
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 
 
 class Client:
@@ -70,8 +73,8 @@ class Client:
                 channel = grpc.secure_channel(target, credentials)
         self._channel = channel
         self._metadata = build_metadata(api_key, user)
-        self._scheduler: Any = scheduler_pb2_grpc.SchedulerStub(channel)
-        self._admin: Any = admin_pb2_grpc.AdminStub(channel)
+        self._scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
+        self._admin = admin_pb2_grpc.AdminStub(channel)
 
     def __enter__(self) -> Self:
         return self
@@ -247,7 +250,12 @@ class Client:
         response = self._unary(self._admin.ListBackends, admin_pb2.ListBackendsRequest(), timeout)
         return [backend_status_from_proto(status) for status in response.backends]
 
-    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+    def _unary(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout: float | None,
+    ) -> _Response:
         try:
             return method(request, metadata=self._metadata, timeout=timeout)
         except grpc.RpcError as exc:
