@@ -1,4 +1,4 @@
-"""Server-sent events, read in batches.
+r"""Server-sent events, read in batches.
 
 Each network read can carry several events. Handing them to the caller together lets the
 relay merge the text of a burst into one gRPC message: when fairq falls behind a fast backend
@@ -7,7 +7,7 @@ event still goes out on its own, so latency is unchanged.
 
 Only what inference servers send is interpreted: ``data:`` fields (with or without the space
 after the colon; several in one event are joined by newlines); ``:`` comments (TGI's
-keep-alives) and other fields are skipped. Lines end with ``\\n`` or ``\\r\\n`` (a lone ``\\r``,
+keep-alives) and other fields are skipped. Lines end with ``\n`` or ``\r\n`` (a lone ``\r``,
 which no inference server sends, is not treated as a line end).
 """
 

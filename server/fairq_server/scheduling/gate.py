@@ -75,7 +75,7 @@ class BackendLoad:
 
 
 def estimated_waiting(load: BackendLoad) -> float:
-    """Scraped waiting + dispatched since - finished since, at least our requests without a token."""
+    """Scraped waiting + dispatched since - finished since; at least our tokenless requests."""
     snap = load.snapshot
     if snap is None:
         return float("inf")

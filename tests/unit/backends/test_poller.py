@@ -11,8 +11,10 @@ from fairq_server.scheduling.gate import BackendLoad
 def metrics(waiting: int, running: int, tpot_sum: float, tpot_count: int) -> str:
     h = "vllm:request_time_per_output_token_seconds"
     return (
-        f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{engine="0"}} {waiting}\n'
-        f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine="0"}} {running}\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{engine="0"}} {waiting}\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0"}} {running}\n'
         f'# TYPE {h} histogram\n{h}_bucket{{le="+Inf"}} {tpot_count}\n'
         f"{h}_sum {tpot_sum}\n{h}_count {tpot_count}\n"
     )

@@ -21,7 +21,7 @@ async def test_events_of_one_read_arrive_together() -> None:
 
 
 async def test_event_split_across_reads() -> None:
-    assert await batches("da", "ta: {\"x\"", ": 1}\n", "\n") == [['{"x": 1}']]
+    assert await batches("da", 'ta: {"x"', ": 1}\n", "\n") == [['{"x": 1}']]
 
 
 async def test_crlf_comments_and_missing_space() -> None:
