@@ -36,7 +36,11 @@ def make_config(
 
 def sim_backend(sim: SimServer, backend_id: str = "sim-a", **kw: object) -> BackendConfig:
     return BackendConfig(
-        backend_id, sim.config.mode, sim.url, (sim.config.model,), **kw  # type: ignore[arg-type]
+        backend_id,
+        sim.config.mode,
+        sim.url,
+        (sim.config.model,),
+        **kw,  # type: ignore[arg-type]
     )
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config
@@ -18,11 +18,17 @@ ALICE = (("authorization", "Bearer alice-key"),)
 
 def backend(sim: SimServer, **kw: object) -> admin_pb2.Backend:
     return admin_pb2.Backend(
-        id="sim-b", kind=admin_pb2.BACKEND_KIND_VLLM, base_url=sim.url, models=["sim"], **kw  # type: ignore[arg-type]
+        id="sim-b",
+        kind=admin_pb2.BACKEND_KIND_VLLM,
+        base_url=sim.url,
+        models=["sim"],
+        **kw,  # type: ignore[arg-type]
     )
 
 
-async def test_register_list_generate_deregister(sim: SimServer, fairq_factory: FairqFactory) -> None:
+async def test_register_list_generate_deregister(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
     server = await fairq_factory(make_config(keys=list(KEYS.values())))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         admin = admin_pb2_grpc.AdminStub(ch)
@@ -66,7 +72,10 @@ async def test_register_list_generate_deregister(sim: SimServer, fairq_factory: 
     ],
 )
 async def test_admin_requires_admin_key(
-    fairq_factory: FairqFactory, metadata: tuple[tuple[str, str], ...], code: grpc.StatusCode, needle: str
+    fairq_factory: FairqFactory,
+    metadata: tuple[tuple[str, str], ...],
+    code: grpc.StatusCode,
+    needle: str,
 ) -> None:
     server = await fairq_factory(make_config(keys=list(KEYS.values())))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
@@ -94,7 +103,9 @@ async def test_register_validates_input(
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         admin = admin_pb2_grpc.AdminStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await admin.RegisterBackend(admin_pb2.RegisterBackendRequest(backend=bad), metadata=ROOT)
+            await admin.RegisterBackend(
+                admin_pb2.RegisterBackendRequest(backend=bad), metadata=ROOT
+            )
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert needle in (info.value.details() or "")
         listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)

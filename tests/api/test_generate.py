@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend
@@ -126,7 +126,12 @@ async def test_bad_input_gets_a_clear_status(
     ("metadata", "tier", "code", "needle"),
     [
         ((), "", grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization"),
-        ((("authorization", "Bearer nope"),), "", grpc.StatusCode.UNAUTHENTICATED, "invalid API key"),
+        (
+            (("authorization", "Bearer nope"),),
+            "",
+            grpc.StatusCode.UNAUTHENTICATED,
+            "invalid API key",
+        ),
         ((("authorization", "Basic alice-key"),), "", grpc.StatusCode.UNAUTHENTICATED, "Bearer"),
         (
             (("authorization", "Bearer alice-key"),),

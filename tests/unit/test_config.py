@@ -49,5 +49,5 @@ def test_invalid_configs_name_the_problem(raw: dict[str, object], needle: str) -
 def test_bad_toml(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("listen = \n")
-    with pytest.raises(ConfigError, match="bad.toml"):
+    with pytest.raises(ConfigError, match=r"bad\.toml"):
         load_config(path)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import grpc
-from fairq.v1 import admin_pb2, admin_pb2_grpc
 
+from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_server.auth import Authenticator
 from fairq_server.backends.registry import BackendEntry
 from fairq_server.config import BackendConfig

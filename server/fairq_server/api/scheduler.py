@@ -9,8 +9,8 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
-from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.api.validation import estimate_tokens, resolve_tier, to_backend_request
 from fairq_server.auth import Authenticator
 from fairq_server.backends.base import StreamEnd

@@ -6,11 +6,11 @@ import asyncio
 import logging
 
 import grpc
-from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.api.admin import AdminServicer
 from fairq_server.api.scheduler import SchedulerServicer
 from fairq_server.auth import Authenticator

@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Sequence
 
 from fairq.v1 import scheduler_pb2
-
 from fairq_server.auth import Principal
 from fairq_server.backends.base import BackendRequest, Sampling
 from fairq_server.config import Limits

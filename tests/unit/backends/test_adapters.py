@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+
 from fairq_server.backends.base import BackendRequest, Sampling, StreamEnd, TextDelta
 from fairq_server.backends.tgi import TgiBackend
 from fairq_server.backends.vllm import VllmBackend

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from fairq_server.backends.tgi import TgiBackend
 from fairq_server.backends.vllm import VllmBackend
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+
 from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.scheduling.gate import BackendLoad

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fairq_server.scheduling.fairness import VtcFairness
 from fairq_server.scheduling.registry import (
     FAIRNESS_POLICIES,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fairq_server.config import TierConfig
 from fairq_server.scheduling.gate import (
     BackendLoad,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fairq_server.scheduling.fairness import RoundRobinFairness
 from fairq_server.scheduling.ordering import FifoOrdering, ShortestFirstOrdering
 from fairq_server.scheduling.queue import ModelQueue
