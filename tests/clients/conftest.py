@@ -19,6 +19,7 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
+
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 pb = scheduler_pb2

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-import fairq
 import grpc
 import grpc.aio
 import pytest
+
+import fairq
 from fairq.v1 import admin_pb2, scheduler_pb2
 
 if TYPE_CHECKING:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import fairq
 import grpc
 import pytest
+
+import fairq
 from fairq._backends import backend_status_from_proto, build_backend
 from fairq._errors import error_for_status, translate_rpc_error
 from fairq._events import CompletionBuilder, event_from_proto

@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib
 import types
 
-import fairq
 import pytest
+
+import fairq
 
 PUBLIC_API = [
     "AsyncClient",

@@ -10,9 +10,10 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
-import fairq
 import grpc
 import pytest
+
+import fairq
 
 if TYPE_CHECKING:
     from conftest import SyncFake
