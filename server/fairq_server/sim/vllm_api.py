@@ -119,7 +119,7 @@ class _Reply:
         """Yield the SSE body; abort the engine request if the client goes away."""
         request = self.stream.request
         chat = self.params.kind == "chat"
-        text = TextAccumulator()
+        text = TextAccumulator(request.stop)
         count = 0
         try:
             async for output in self.stream:
@@ -168,7 +168,7 @@ class _Reply:
     async def collect(self) -> Response:
         """Wait for the whole output and return the non-streaming response."""
         request = self.stream.request
-        text = TextAccumulator()
+        text = TextAccumulator(request.stop)
         try:
             async for output in self.stream:
                 text.push(output)

@@ -176,20 +176,37 @@ def _prompt_ids(body: dict[str, Any], kind: Kind) -> list[int]:
 
 
 class TextAccumulator:
-    """Turns token outputs into text deltas, cutting a matched stop string as vLLM does."""
+    """Turns token outputs into text deltas, with vLLM's stop-string handling.
 
-    def __init__(self) -> None:
+    With stop strings set, vLLM holds back the last ``len(longest stop) - 1`` characters of
+    a stream until it knows they do not begin a stop string, and cuts the stop string (and
+    anything after it) from the text.
+
+    Args:
+        stop: The request's stop strings.
+
+    """
+
+    def __init__(self, stop: tuple[str, ...] = ()) -> None:
         self.text = ""
+        self._sent = 0
+        self._hold = max((len(s) for s in stop), default=1) - 1
 
     def push(self, output: TokenOutput) -> str:
-        """Return the visible text this token adds."""
-        full = self.text + output.text
-        stop = output.request.stop_reason if output.finished else None
-        if stop:
-            cut = full.find(stop, max(0, len(self.text) - len(stop) + 1))
-            full = full[: max(cut, len(self.text))] if cut >= 0 else full
-        delta = full[len(self.text) :]
-        self.text = full
+        """Return the visible text this token releases."""
+        before = len(self.text)
+        self.text += output.text
+        if output.finished:
+            stop = output.request.stop_reason
+            if stop:
+                cut = self.text.find(stop, max(0, before - len(stop) + 1))
+                if cut >= 0:
+                    self.text = self.text[:cut]
+            end = len(self.text)
+        else:
+            end = max(self._sent, len(self.text) - self._hold)
+        delta = self.text[self._sent : end]
+        self._sent = max(self._sent, end)
         return delta
 
 
