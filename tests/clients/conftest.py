@@ -138,7 +138,7 @@ class AioFake:
     admin: AioFakeAdmin
 
 
-@pytest_asyncio.fixture(loop_scope="function")
+@pytest_asyncio.fixture
 async def aio_fake() -> AsyncIterator[AioFake]:
     """A ``grpc.aio`` server with fake Scheduler and Admin, on the test's own loop."""
     server = grpc.aio.server()

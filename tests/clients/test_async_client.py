@@ -13,7 +13,7 @@ import fairq
 from fairq.v1 import admin_pb2, scheduler_pb2
 
 if TYPE_CHECKING:
-    from conftest import AioFake
+    from .conftest import AioFake
 
 # How long a test waits for something that should happen at once; only a
 # failing test ever waits this long.

@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import AioFake
+    from .conftest import AioFake
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
 CLI = NODE_DIR / "bin" / "generate.js"
@@ -114,11 +114,8 @@ async def test_node_cli_reports_a_python_abort(aio_fake: AioFake) -> None:
     ]
 
 
-# The session loop: the server behind `fairq_target` may be an async fixture,
-# and async fixtures run on the session loop here (asyncio_default_fixture_loop_scope).
 @needs_node
 @pytest.mark.skipif(not _server_importable(), reason="fairq_server.service is not importable yet")
-@pytest.mark.asyncio(loop_scope="session")
 async def test_node_cli_against_fairq(fairq_target: str, sim_model: str) -> None:
     code, events, stderr = await run_cli(
         *("--target", fairq_target, "--user", "bob"),

@@ -16,7 +16,7 @@ import pytest
 import fairq
 
 if TYPE_CHECKING:
-    from conftest import SyncFake
+    from .conftest import SyncFake
 
 PATIENCE = 5.0
 
