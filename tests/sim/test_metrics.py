@@ -51,10 +51,10 @@ def value(text: str, sample: str, **labels: str) -> float:
 
 async def test_vllm_metrics_match_recorded_names_types_labels_and_buckets() -> None:
     recorded = families((FIXTURES / "metrics-under-flood.txt").read_text())
-    async with SimServer(SimConfig(model="tiny", speed=50.0)) as sim:
-        async with httpx.AsyncClient(base_url=sim.url) as client:
-            await client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 5})
-            resp = await client.get("/metrics")
+    config = SimConfig(model="tiny", speed=50.0)
+    async with SimServer(config) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        await client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 5})
+        resp = await client.get("/metrics")
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain")
     ours = families(resp.text)
