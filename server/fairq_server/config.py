@@ -80,6 +80,7 @@ class TierConfig:
     tpot_limit_seconds: float | None = 0.150
     kv_usage_limit: float | None = None
     priority: int | None = None
+    aging_seconds: float | None = None
 
 
 DEFAULT_TIERS: tuple[TierConfig, ...] = (
@@ -126,7 +127,20 @@ class Limits:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Policy names and dispatch timing."""
+    """Policy names, dispatch timing, caps and prefix grouping.
+
+    Attributes:
+        prefix_quantum: Q of prefix grouping: the dispatcher may pick a request whose prefix a
+            backend served recently only from users whose fairness counter is within Q of the
+            minimum (0 = pure fairness; units are the fairness policy's: requests for
+            round-robin, weighted tokens for vtc).
+        prefix_block_chars: characters per prefix block.
+        prefix_cache_blocks: prefix blocks remembered per backend (LRU).
+        prefix_candidates: at most this many users are compared per pick (bounds the work).
+        routing_slack: with several backends, prefix affinity may send a request to a backend
+            with at most this many more requests in flight than the least loaded one.
+
+    """
 
     fairness: str = "round-robin"
     ordering: str = "fifo"
@@ -135,6 +149,11 @@ class SchedulerConfig:
     backend_timeout_seconds: float = 600.0
     max_queued_per_user: int = 10_000
     max_queued_total: int = 100_000
+    prefix_quantum: float = 0.0
+    prefix_block_chars: int = 128
+    prefix_cache_blocks: int = 20_000
+    prefix_candidates: int = 16
+    routing_slack: int = 2
 
 
 @dataclass(frozen=True)

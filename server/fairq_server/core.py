@@ -35,7 +35,9 @@ class FairqCore:
         make_fairness(config.scheduler.fairness)
         self._ordering = make_ordering(config.scheduler.ordering)
         self.pool = BackendPool(
-            poll_interval=config.scheduler.poll_interval_seconds, on_update=self._on_scrape
+            poll_interval=config.scheduler.poll_interval_seconds,
+            on_update=self._on_scrape,
+            prefix_cache_blocks=config.scheduler.prefix_cache_blocks,
         )
         self._dispatchers: dict[str, Dispatcher] = {}
 

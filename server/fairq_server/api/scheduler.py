@@ -18,6 +18,7 @@ from fairq_server.backends.registry import BackendEntry
 from fairq_server.core import FairqCore
 from fairq_server.errors import BackendError, SchedulerError, status_for
 from fairq_server.scheduling.dispatcher import Dispatcher
+from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.ticket import Ticket
 
 __all__ = ["SchedulerServicer"]
@@ -66,6 +67,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             prompt_tokens=estimate_tokens(backend_request),
             max_tokens=backend_request.sampling.max_tokens or 0,
             arrival=arrival,
+            prefix=prefix_hashes(
+                backend_request.prompt,
+                backend_request.messages,
+                config.scheduler.prefix_block_chars,
+            ),
         )
         dispatcher.submit(ticket)
         outcome = "cancelled"

@@ -218,7 +218,7 @@ class Backend(abc.ABC):
                 if resp.status_code != 200:
                     raise http_error(self.id, resp.status_code, await resp.aread())
                 async for batch in aiter_sse_batches(resp.aiter_text()):
-                    objects = []
+                    objects: list[dict[str, Any]] = []
                     for data in batch:
                         if data == "[DONE]":
                             if objects:

@@ -17,6 +17,7 @@ from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import BackendConfig
 from fairq_server.errors import InvalidRequestError
 from fairq_server.scheduling.gate import BackendLoad
+from fairq_server.scheduling.prefix import PrefixCache
 
 __all__ = ["BACKEND_KINDS", "BackendEntry", "BackendPool", "make_backend"]
 
@@ -69,6 +70,7 @@ class BackendEntry:
     backend: Backend
     load: BackendLoad
     poller: MetricsPoller
+    prefixes: PrefixCache
     task: asyncio.Task[None] | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -82,8 +84,13 @@ class BackendPool:
     """Registered backends by id, and which serve each model."""
 
     def __init__(
-        self, *, poll_interval: float, on_update: Callable[[MetricsPoller | None], None]
+        self,
+        *,
+        poll_interval: float,
+        on_update: Callable[[MetricsPoller | None], None],
+        prefix_cache_blocks: int = 20_000,
     ) -> None:
+        self._prefix_cache_blocks = prefix_cache_blocks
         self._entries: dict[str, BackendEntry] = {}
         self._poll_interval = poll_interval
         self._on_update = on_update
@@ -118,7 +125,7 @@ class BackendPool:
         poller = MetricsPoller(
             backend, load, interval=self._poll_interval, on_update=self._on_update
         )
-        entry = BackendEntry(backend, load, poller)
+        entry = BackendEntry(backend, load, poller, PrefixCache(self._prefix_cache_blocks))
         entry.idle.set()
         await poller.poll_once()
         entry.task = asyncio.create_task(poller.run(), name=f"poll-{backend.id}")

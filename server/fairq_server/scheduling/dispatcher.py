@@ -95,6 +95,8 @@ class Dispatcher:
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._depth = [telemetry.queue_depth.labels(model, t.name) for t in self.tiers]
+        # When each tier last dispatched, or last went from empty to backlogged (aging).
+        self._last_served = [clock()] * len(self.tiers)
 
     # -- commands (any task) ------------------------------------------------------------
 
@@ -220,6 +222,8 @@ class Dispatcher:
                 ),
             )
             return
+        if not len(self.queue.tiers[ticket.tier]):
+            self._last_served[ticket.tier] = self._clock()
         position = self.queue.push(ticket)
         if not ticket.enqueued.done():
             ticket.enqueued.set_result(position)
@@ -227,17 +231,81 @@ class Dispatcher:
     def _dispatch(self) -> None:
         now = self._clock()
         while True:
-            tier = self.queue.first_tier()
-            if tier is None:
+            first = self.queue.first_tier()
+            if first is None:
                 return
-            candidates = self._admitting(tier, now)
+            # Gates are checked against the highest backlogged tier; an aged lower tier
+            # overtakes under that gate, since its own may never open while the higher tier
+            # keeps the backend busy.
+            candidates = self._admitting(first, now)
             if not candidates:
                 # Strict tiers: lower tiers wait too. Their gates are no looser by design.
                 return
-            ticket = self.queue.pop(tier)
-            preferred = [e for e in candidates if e.backend.id not in ticket.excluded]
-            entry = min(preferred or candidates, key=_load_key)
+            tier = self._aged_tier(first, now)
+            tier_queue = self.queue.tiers[tier]
+            if tier_queue.has_retries:
+                ticket = self.queue.pop(tier)
+                preferred = [e for e in candidates if e.backend.id not in ticket.excluded]
+                entry = self._route(ticket, preferred or candidates)
+            else:
+                user, entry = self._pick(tier, candidates)
+                ticket = self.queue.pop(tier, user)
+            self._last_served[tier] = now
             self._start(ticket, entry, now)
+
+    def _near(self, candidates: list[BackendEntry]) -> list[BackendEntry]:
+        """Backends loaded at most ``routing_slack`` requests above the least loaded one."""
+        if len(candidates) == 1:
+            return candidates
+        least = min(e.load.in_flight for e in candidates)
+        slack = self._config.routing_slack
+        return [e for e in candidates if e.load.in_flight <= least + slack]
+
+    def _route(self, ticket: Ticket, candidates: list[BackendEntry]) -> BackendEntry:
+        """Choose the backend for ``ticket``: longest remembered prefix, then least loaded."""
+        return min(
+            self._near(candidates),
+            key=lambda e: (-e.prefixes.match(ticket.prefix), *_load_key(e)),
+        )
+
+    def _pick(self, tier: int, candidates: list[BackendEntry]) -> tuple[str, BackendEntry]:
+        """Choose the user to serve and its backend (prefix grouping within quantum Q).
+
+        With Q = 0 the fairness policy's choice stands and only the backend is chosen by
+        prefix affinity. With Q > 0, any user whose counter is within Q of the minimum may go
+        instead if its next request has a longer prefix remembered by an admitting backend;
+        ties keep fairness order.
+        """
+        fairness = self.queue.tiers[tier].fairness
+        quantum = self._config.prefix_quantum
+        if quantum > 0:
+            users = fairness.candidates(quantum, self._config.prefix_candidates)
+        else:
+            users = [fairness.select()]
+        near = self._near(candidates)
+        if len(users) == 1 and len(near) == 1:
+            return users[0], near[0]
+        best: tuple[tuple[float, ...], str, BackendEntry] | None = None
+        for rank, user in enumerate(users):
+            prefix = self.queue.tiers[tier].head_of(user).prefix
+            for entry in near:
+                key = (-entry.prefixes.match(prefix), rank, *_load_key(entry))
+                if best is None or key < best[0]:
+                    best = (key, user, entry)
+        assert best is not None
+        return best[1], best[2]
+
+    def _aged_tier(self, first: int, now: float) -> int:
+        """Return a lower tier whose aging bound is due, or ``first``."""
+        for tier in range(len(self.tiers) - 1, first, -1):
+            aging = self.tiers[tier].aging_seconds
+            if (
+                aging is not None
+                and len(self.queue.tiers[tier])
+                and now - self._last_served[tier] >= aging
+            ):
+                return tier
+        return first
 
     def _admitting(self, tier: int, now: float) -> list[BackendEntry]:
         cfg = self.tiers[tier]
@@ -260,6 +328,7 @@ class Dispatcher:
         entry.idle.clear()
         ticket.state = TicketState.RUNNING
         ticket.entry = entry
+        entry.prefixes.add(ticket.prefix)
         tier = self.tiers[ticket.tier].name
         self._telemetry.dispatches.labels(entry.backend.id, tier).inc()
         self._telemetry.queue_wait.labels(tier).observe(now - ticket.arrival)

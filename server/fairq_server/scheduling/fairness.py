@@ -97,6 +97,22 @@ class CounterFairness:
         self._virtual_time = max(self._virtual_time, top[0])
         return top[2]
 
+    def candidates(self, quantum: float, limit: int) -> list[str]:
+        """See :meth:`FairnessPolicy.candidates`."""
+        top = self._clean_top()
+        if top is None:
+            return []
+        bound = top[0] + quantum
+        taken: list[tuple[float, int, str]] = []
+        while len(taken) < limit:
+            entry = self._clean_top()
+            if entry is None or entry[0] > bound:
+                break
+            taken.append(heapq.heappop(self._heap))
+        for entry in taken:
+            heapq.heappush(self._heap, entry)
+        return [user for _, _, user in taken]
+
     def counter(self, user: str) -> float:
         """See :meth:`FairnessPolicy.counter`."""
         state = self._users.get(user)

@@ -65,6 +65,13 @@ class FairnessPolicy(Protocol):
         """Return the user's service counter (for tests, metrics and prefix grouping)."""
         ...
 
+    def candidates(self, quantum: float, limit: int) -> list[str]:
+        """Return up to ``limit`` active users within ``quantum`` of the minimum counter.
+
+        They come in the order :meth:`select` would serve them. O(limit log n).
+        """
+        ...
+
     def min_counter(self) -> float:
         """Return the smallest counter among active users (0 when none is active)."""
         ...

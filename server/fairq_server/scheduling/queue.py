@@ -83,15 +83,17 @@ class TierQueue:
             del self._flows[ticket.user]
             self.fairness.deactivate(ticket.user)
 
-    def peek_user(self) -> str:
-        """Return the user the fairness policy would serve next."""
-        return self.fairness.select()
+    @property
+    def has_retries(self) -> bool:
+        """True while retried tickets wait at the front of the tier."""
+        return bool(self._front)
 
-    def pop(self, select: Callable[[], str] | None = None) -> Ticket:
-        """Remove and return the next ticket.
+    def pop(self, user: str | None = None) -> Ticket:
+        """Remove and return the next ticket (a retry first, if any).
 
         Args:
-            select: chooses the user to serve; defaults to the fairness policy's choice.
+            user: whose ticket to pop; defaults to the fairness policy's choice. It must have
+                queued tickets in this tier.
 
         Raises:
             IndexError: the tier is empty.
@@ -102,7 +104,8 @@ class TierQueue:
         self._len -= 1
         if self._front:
             return self._front.popleft()
-        user = (select or self.fairness.select)()
+        if user is None:
+            user = self.fairness.select()
         flow = self._flows[user]
         while True:
             _, seq, ticket = heapq.heappop(flow.heap)
@@ -179,9 +182,9 @@ class ModelQueue:
         self.tiers[ticket.tier].remove(ticket)
         self._forget(ticket)
 
-    def pop(self, tier: int, select: Callable[[], str] | None = None) -> Ticket:
-        """Remove and return the next ticket of ``tier``."""
-        ticket = self.tiers[tier].pop(select)
+    def pop(self, tier: int, user: str | None = None) -> Ticket:
+        """Remove and return the next ticket of ``tier`` (of ``user``, if given)."""
+        ticket = self.tiers[tier].pop(user)
         self._forget(ticket)
         return ticket
 

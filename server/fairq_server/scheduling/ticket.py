@@ -43,6 +43,7 @@ class Ticket:
         prompt_tokens: estimated prompt length in tokens.
         max_tokens: requested output bound (0 if unset).
         seq: global arrival order, the final tie-break everywhere.
+        prefix: chained hashes of the prompt's leading blocks (prefix grouping).
         arrival: monotonic arrival time.
 
     """
@@ -60,6 +61,7 @@ class Ticket:
     generating: bool = False  # the backend has produced a token for the current attempt
     retries: int = 0
     excluded: frozenset[str] = frozenset()
+    prefix: tuple[int, ...] = ()
     entry: BackendEntry | None = None
     enqueued: asyncio.Future[int] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()

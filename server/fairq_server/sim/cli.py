@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -101,9 +104,29 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
-    server = uvicorn.Server(
+    server = _QuietExitServer(
         uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     )
-    # uvicorn.Server.serve handles SIGINT/SIGTERM: stop accepting, drain, run shutdown.
+    # SIGINT/SIGTERM: stop accepting, end open streams within 2 s, run the app's shutdown.
     asyncio.run(server.serve(sockets=[sock]))
     return 0
+
+
+class _QuietExitServer(uvicorn.Server):
+    """uvicorn's server, minus re-raising the signal after a graceful shutdown.
+
+    uvicorn re-raises SIGINT/SIGTERM once it has shut down, so the process would die of the
+    signal; ``fairq sim`` should instead return from :func:`main` with status 0.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Route SIGINT/SIGTERM to a graceful exit (a second SIGINT forces it)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
