@@ -55,22 +55,22 @@ async def test_tgi_stream_dropped_after_n_tokens() -> None:
 
 
 async def test_error_rate_one_answers_500_before_any_token() -> None:
-    async with SimServer(SimConfig(speed=50.0, error_rate=1.0)) as sim:
-        async with httpx.AsyncClient(base_url=sim.url) as client:
-            plain = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
-            stream = await client.post(
-                "/v1/chat/completions",
-                json={"messages": [{"role": "user", "content": "x"}], "stream": True},
-            )
+    config = SimConfig(speed=50.0, error_rate=1.0)
+    async with SimServer(config) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        plain = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        stream = await client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}], "stream": True},
+        )
     for resp in (plain, stream):
         assert resp.status_code == 500
         error = resp.json()["error"]
         assert error["type"] == "InternalServerError" and error["code"] == 500
     assert sim.engine.running_count == sim.engine.waiting_count == 0
 
-    async with SimServer(SimConfig(mode="tgi", speed=50.0, error_rate=1.0)) as sim:
-        async with httpx.AsyncClient(base_url=sim.url) as client:
-            tgi = await client.post("/generate_stream", json={"inputs": "x"})
+    config = SimConfig(mode="tgi", speed=50.0, error_rate=1.0)
+    async with SimServer(config) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        tgi = await client.post("/generate_stream", json={"inputs": "x"})
     assert tgi.status_code == 500
     assert tgi.json() == {"error": "Incomplete generation", "error_type": "incomplete_generation"}
 
@@ -94,21 +94,21 @@ async def test_error_rate_is_seeded_and_can_change_at_runtime() -> None:
 
 
 async def test_metrics_failing_then_recovering() -> None:
-    async with SimServer(SimConfig(metrics_fail=True)) as sim:
-        async with httpx.AsyncClient(base_url=sim.url) as client:
-            failing = await client.get("/metrics")
-            sim.config.metrics_fail = False
-            working = await client.get("/metrics")
+    config = SimConfig(metrics_fail=True)
+    async with SimServer(config) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        failing = await client.get("/metrics")
+        sim.config.metrics_fail = False
+        working = await client.get("/metrics")
     assert failing.status_code == 500
     assert working.status_code == 200 and "vllm:num_requests_waiting" in working.text
 
 
 async def test_slow_metrics() -> None:
-    async with SimServer(SimConfig(mode="tgi", metrics_delay=0.2)) as sim:
-        async with httpx.AsyncClient(base_url=sim.url) as client:
-            start = time.monotonic()
-            resp = await client.get("/metrics")
-            elapsed = time.monotonic() - start
+    config = SimConfig(mode="tgi", metrics_delay=0.2)
+    async with SimServer(config) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        start = time.monotonic()
+        resp = await client.get("/metrics")
+        elapsed = time.monotonic() - start
     assert resp.status_code == 200 and elapsed >= 0.2
 
 

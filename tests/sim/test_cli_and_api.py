@@ -1,0 +1,147 @@
+"""The public surface: exported names, the CLI, and the threaded server for sync code."""
+
+from __future__ import annotations
+
+import inspect
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+import fairq_server.sim as sim_pkg
+from fairq_server.sim import SimConfig, SimServer, ThreadedSimServer, create_app
+from fairq_server.sim.cli import build_parser, config_from_args, main
+
+EXPECTED_EXPORTS = {
+    "PROFILES",
+    "Engine",
+    "EngineConfig",
+    "EngineObserver",
+    "FinishReason",
+    "ManualClock",
+    "Measurements",
+    "Profile",
+    "RequestStatus",
+    "SimConfig",
+    "SimMode",
+    "SimRequest",
+    "SimServer",
+    "SimState",
+    "StepPlan",
+    "ThreadedSimServer",
+    "TokenOutput",
+    "calibrate",
+    "create_app",
+    "get_profile",
+    "sim_state",
+}
+
+
+def test_exported_members_are_pinned() -> None:
+    assert set(sim_pkg.__all__) == EXPECTED_EXPORTS
+    for name in sim_pkg.__all__:
+        assert getattr(sim_pkg, name) is not None
+
+
+def test_public_signatures() -> None:
+    assert list(inspect.signature(create_app).parameters) == ["config"]
+    assert list(inspect.signature(main).parameters) == ["argv"]
+    fields = {f for f in SimConfig.__dataclass_fields__}
+    assert {
+        "mode", "model", "profile", "max_num_seqs", "speed", "priority_mode", "max_model_len",
+        "kv_blocks", "block_size", "seed", "startup_delay", "error_rate", "drop_after_tokens",
+        "metrics_fail", "metrics_delay",
+    } <= fields  # fmt: skip
+    defaults = SimConfig()
+    assert (defaults.mode, defaults.model, defaults.profile) == ("vllm", "sim", "tiny-cpu")
+
+
+def test_cli_arguments_map_to_config() -> None:
+    args = build_parser().parse_args(
+        [
+            "--mode", "tgi", "--model", "m", "--profile", "llama-8b-gpu", "--max-num-seqs", "8",
+            "--speed", "3", "--drop-after-tokens", "5", "--error-rate", "0.25", "--metrics-fail",
+            "--startup-delay", "1.5", "--metrics-delay", "0.1", "--max-concurrent-requests", "2",
+        ]
+    )  # fmt: skip
+    config = config_from_args(args)
+    assert (config.mode, config.model, config.profile, config.max_num_seqs) == (
+        "tgi",
+        "m",
+        "llama-8b-gpu",
+        8,
+    )
+    assert (config.speed, config.drop_after_tokens, config.error_rate) == (3.0, 5, 0.25)
+    assert config.metrics_fail and config.startup_delay == 1.5 and not config.priority_mode
+    assert config.max_concurrent_requests == 2
+    priority = config_from_args(build_parser().parse_args(["--scheduling-policy", "priority"]))
+    assert priority.priority_mode
+
+
+def test_cli_rejects_invalid_combination(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--mode", "tgi", "--scheduling-policy", "priority", "--port", "0"])
+    assert info.value.code == 2
+    assert "no priority scheduling" in capsys.readouterr().err
+
+
+def test_cli_serves_until_sigterm() -> None:
+    code = "import sys; from fairq_server.sim.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "--port", "0", "--mode", "tgi", "--model", "cli-model"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        info = httpx.get(f"{url}/info", timeout=10).json()
+        assert info["model_id"] == "cli-model"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_threaded_server_for_synchronous_code() -> None:
+    with ThreadedSimServer(SimConfig(speed=50.0)) as sim:
+        resp = httpx.post(f"{sim.url}/v1/completions", json={"prompt": "x", "max_tokens": 3})
+    assert resp.status_code == 200
+    assert resp.json()["usage"]["completion_tokens"] == 3
+
+
+async def test_sim_server_start_stop_are_explicit_and_idempotent() -> None:
+    server = SimServer(SimConfig(speed=50.0))
+    assert server.url == ""
+    await server.start()
+    try:
+        with pytest.raises(RuntimeError):
+            await server.start()
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"{server.url}/health")).status_code == 200
+    finally:
+        await server.stop()
+    await server.stop()
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"{server.url}/health")
+
+
+async def test_stop_ends_open_streams() -> None:
+    server = SimServer(SimConfig(speed=1.0))
+    await server.start()
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        body = {"prompt": "x", "max_tokens": 400, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            lines = resp.aiter_lines()
+            await anext(lines)
+            await server.stop()
+            rest = [line async for line in lines if line]
+    assert rest[-1] == "data: [DONE]"
+    assert any('"error"' in line for line in rest)
