@@ -207,23 +207,27 @@ async def test_no_healthy_backend_is_unavailable(fairq_factory: FairqFactory) ->
 async def test_cancel_mid_stream_aborts_backend_request(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
-    sim.config.speed = 1.0
+    sim.config.speed = 0.2  # slow enough that the stream is still running when we cancel
     server = await fairq_factory(make_config([sim_backend(sim)]))
     entry = server.core.pool.get("sim-a")
     assert entry is not None
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        call_ = stub.Generate(request(sampling=scheduler_pb2.SamplingParams(max_tokens=2000)))
+        call_ = stub.Generate(request(sampling=scheduler_pb2.SamplingParams(max_tokens=400)))
         async for event in call_:
             if event.WhichOneof("event") == "chunk":
                 break
+        assert sim.engine.running_count == 1
         call_.cancel()
-    await _until(lambda: entry.load.in_flight == 0)
+    async with asyncio.timeout(5):
+        await entry.idle.wait()  # the dispatcher released the backend slot
     await _until(lambda: sim.engine.running_count == 0)
+    assert entry.load.in_flight == 0
+    assert entry.load.awaiting_first_token == 0
 
 
 async def _until(predicate: object, timeout: float = 5.0) -> None:
-    """Wait for a condition driven by other tasks, polling the event loop."""
+    """Wait for a condition in another server's state that has no event to await."""
     async with asyncio.timeout(timeout):
         while not predicate():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # noqa: ASYNC110 - polling foreign state with a deadline

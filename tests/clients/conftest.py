@@ -21,6 +21,9 @@ import pytest
 import pytest_asyncio
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from fairq_server.sim import SimServer
+
+from ..conftest import FairqFactory, make_config, sim_backend
 
 pb = scheduler_pb2
 
@@ -233,12 +236,13 @@ def sync_fake() -> Iterator[SyncFake]:
 
 
 @pytest.fixture
-def fairq_target() -> str:
-    """Address of a running fairq gRPC server (placeholder until the server exists)."""
-    pytest.skip("no fairq server fixture yet")
+async def fairq_target(sim: SimServer, fairq_factory: FairqFactory) -> str:
+    """Address of a running fairq gRPC server in front of the simulated backend."""
+    server = await fairq_factory(make_config([sim_backend(sim)]))
+    return f"127.0.0.1:{server.port}"
 
 
 @pytest.fixture
-def sim_model() -> str:
-    """A model served by the running fairq server's simulated backend (placeholder)."""
-    pytest.skip("no fairq server fixture yet")
+def sim_model(sim: SimServer) -> str:
+    """The model the simulated backend behind ``fairq_target`` serves."""
+    return sim.config.model

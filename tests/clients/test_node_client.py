@@ -12,7 +12,6 @@ keeps serving an in-process server while the child process talks to it.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import shutil
 from pathlib import Path
@@ -33,14 +32,6 @@ needs_node = pytest.mark.skipif(
     NODE is None or not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir(),
     reason="needs node and `npm ci` in clients/node (make node)",
 )
-
-
-def _server_importable() -> bool:
-    try:
-        importlib.import_module("fairq_server.service")
-    except ImportError:
-        return False
-    return True
 
 
 async def run_cli(*args: str) -> tuple[int, list[dict[str, Any]], str]:
@@ -115,7 +106,6 @@ async def test_node_cli_reports_a_python_abort(aio_fake: AioFake) -> None:
 
 
 @needs_node
-@pytest.mark.skipif(not _server_importable(), reason="fairq_server.service is not importable yet")
 async def test_node_cli_against_fairq(fairq_target: str, sim_model: str) -> None:
     code, events, stderr = await run_cli(
         *("--target", fairq_target, "--user", "bob"),
