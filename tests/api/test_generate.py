@@ -229,5 +229,6 @@ async def test_cancel_mid_stream_aborts_backend_request(
 async def _until(predicate: object, timeout: float = 5.0) -> None:
     """Wait for a condition in another server's state that has no event to await."""
     async with asyncio.timeout(timeout):
-        while not predicate():  # type: ignore[operator]
-            await asyncio.sleep(0.01)  # noqa: ASYNC110 - polling foreign state with a deadline
+        # Polling foreign state with a deadline: there is no event to await.
+        while not predicate():  # type: ignore[operator]  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
