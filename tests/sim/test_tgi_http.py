@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
-from fairq_server.sim import SimConfig, SimServer
+from fairq_server.sim import SimConfig, SimServer, tgi_admission
 
 from .helpers import wait_until
 
@@ -211,3 +212,26 @@ async def test_abort_on_disconnect_while_queued() -> None:
             await wait_until(lambda: sim.engine.waiting_count == 0)
             assert sim.engine.running_count == 1
         await wait_until(lambda: sim.engine.running_count == 0 and sim.state.in_flight == 0)
+
+
+async def test_keep_alive_comments_while_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tgi_admission, "KEEP_ALIVE_SECONDS", 0.02)
+    config = SimConfig(mode="tgi", speed=1.0, max_num_seqs=1)
+    async with SimServer(config) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        blocker = asyncio.create_task(
+            client.post("/generate", json={"inputs": "b", "parameters": {"max_new_tokens": 150}})
+        )
+        await wait_until(lambda: sim.engine.running_count == 1)
+        queued = await client.post(
+            "/generate_stream", json={"inputs": "q", "parameters": {"max_new_tokens": 2}}
+        )
+        await blocker
+    blocks = queued.text.split("\n\n")
+    assert blocks[0] == ":"  # axum's keep-alive comment, sent while nothing else is due
+    assert [json.loads(b[6:])["index"] for b in blocks if b.startswith("data: ")] == [1, 2]
+
+
+async def test_unknown_route_is_an_empty_404() -> None:
+    async with SimServer(TGI) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        resp = await client.get("/nope")
+    assert resp.status_code == 404 and resp.content == b""

@@ -251,3 +251,12 @@ async def test_queued_non_streaming_request_aborted_on_disconnect() -> None:
         assert sim.engine.running_count == 1  # the blocker is untouched
         blocker.cancel()
         await wait_until(lambda: sim.engine.running_count == 0)
+
+
+async def test_unknown_route_and_method_as_fastapi_answers() -> None:
+    async with SimServer(FAST) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        missing = await client.get("/v2/nothing")
+        wrong = await client.get("/v1/completions")
+    assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+    assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+    assert sim.state.runner.late_seconds >= 0.0

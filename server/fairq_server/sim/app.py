@@ -55,6 +55,10 @@ def create_app(config: SimConfig) -> Starlette:
         routes=routes,
         lifespan=lifespan,
         middleware=[Middleware(_WarmupMiddleware, state=state)],
+        exception_handlers={
+            404: _not_found if config.mode == "vllm" else _empty_error,
+            405: _not_allowed if config.mode == "vllm" else _empty_error,
+        },
     )
     app.state.sim = state
     return app
@@ -64,6 +68,19 @@ def sim_state(app: Starlette) -> SimState:
     """Return the :class:`SimState` of an app made by :func:`create_app`."""
     state: SimState = app.state.sim
     return state
+
+
+# vLLM is a FastAPI app (JSON "detail" bodies); TGI's axum router answers with empty bodies.
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"detail": "Not Found"}, status_code=404)
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)
+
+
+async def _empty_error(request: Request, exc: Exception) -> Response:
+    return Response(status_code=getattr(exc, "status_code", 404))
 
 
 async def _metrics(request: Request) -> Response:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -20,6 +21,8 @@ from fairq_server.sim.events import TokenOutput
 from fairq_server.sim.request import SimRequest
 
 __all__ = ["EngineClosedError", "EngineRunner", "RequestStream"]
+
+_log = logging.getLogger(__name__)
 
 # Lateness up to this is absorbed by starting the next step at the previous deadline.
 _CATCH_UP_SLACK = 0.010
@@ -87,6 +90,9 @@ class EngineRunner:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.late_seconds = 0.0
+        """Total time steps ended later than modelled: when it grows steadily, the process
+        (HTTP layer, clients on the same cores) cannot keep up with the modelled engine."""
 
     def start(self) -> None:
         """Start the step loop on the running event loop."""
@@ -143,12 +149,16 @@ class EngineRunner:
                     await asyncio.sleep(delay)
                 else:
                     await asyncio.sleep(0)  # let handlers run even when steps are free
+                self.late_seconds += max(0.0, time.monotonic() - deadline - _CATCH_UP_SLACK)
                 for output in self.engine.finish_step(plan):
                     stream = self._streams.get(output.request.request_id)
                     if stream is not None:
                         stream.put(output)
                         if output.finished:
                             del self._streams[output.request.request_id]
+        except Exception:
+            _log.exception("simulated engine loop crashed")
+            raise
         finally:
             # Crash or cancellation: nobody may wait forever for a token.
             self._closed = True
