@@ -1,0 +1,110 @@
+"""The power-user flood: the story fairq exists for, direct FIFO vs fairq in one run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from fairq_server.bench.processes import fairq_process, toml_config
+from fairq_server.bench.report import Progress, RunSummary, markdown_table, summarize
+from fairq_server.bench.targets import direct_sender, fairq_sender, http_client
+from fairq_server.bench.workload import RequestResult, RequestSpec, replay
+
+__all__ = ["FloodComparison", "compare_flood", "flood_workload"]
+
+POWER = "power-user"
+LIGHT = "light-user"
+
+
+def flood_workload(
+    *,
+    power_requests: int = 60,
+    power_tokens: int = 300,
+    light_requests: int = 1,
+    light_tokens: int = 16,
+    light_start: float = 0.5,
+    light_every: float = 1.0,
+) -> list[RequestSpec]:
+    """One user sends ``power_requests`` long requests at once; another, a few short ones later."""
+    specs = [
+        RequestSpec(POWER, f"Write a long report on fair queueing, part {i}.", power_tokens)
+        for i in range(power_requests)
+    ]
+    specs += [
+        RequestSpec(LIGHT, f"Short question {i}?", light_tokens, at=light_start + i * light_every)
+        for i in range(light_requests)
+    ]
+    return specs
+
+
+@dataclass(frozen=True)
+class FloodComparison:
+    """Results of the same workload sent directly and through fairq."""
+
+    direct: list[RequestResult]
+    fairq: list[RequestResult]
+
+    def summaries(self) -> list[RunSummary]:
+        """Light user and power user, direct then fairq."""
+        out = []
+        for label, results in (("direct", self.direct), ("fairq", self.fairq)):
+            out.append(summarize(f"{label} light", results, lambda u: u == LIGHT))
+            out.append(summarize(f"{label} power", results, lambda u: u == POWER))
+            out.append(summarize(f"{label} all", results))
+        return out
+
+    def ratios(self) -> dict[str, float]:
+        """fairq / direct for the headline figures (lower is better for times)."""
+        s = {x.label: x for x in self.summaries()}
+        return {
+            "light_ttft_p50": s["fairq light"].ttft_p50 / s["direct light"].ttft_p50,
+            "light_ttft_max": s["fairq light"].ttft_max / s["direct light"].ttft_max,
+            "power_makespan": s["fairq power"].makespan / s["direct power"].makespan,
+            "throughput": s["fairq all"].tokens_per_second / s["direct all"].tokens_per_second,
+        }
+
+    def table(self) -> str:
+        """Markdown table of both runs side by side, with the fairq/direct ratio."""
+        s = {x.label: x for x in self.summaries()}
+        rows: list[Sequence[object]] = []
+        for name, attr, group in (
+            ("light-user TTFT p50 (s)", "ttft_p50", "light"),
+            ("light-user TTFT max (s)", "ttft_max", "light"),
+            ("power-user makespan (s)", "makespan", "power"),
+            ("backend throughput (tokens/s)", "tokens_per_second", "all"),
+            ("failed requests", "errors", "all"),
+        ):
+            d = getattr(s[f"direct {group}"], attr)
+            f = getattr(s[f"fairq {group}"], attr)
+            ratio = f / d if isinstance(d, float) and d else ""
+            rows.append((name, d, f, f"{ratio:.3f}x" if ratio != "" else "-"))
+        return markdown_table(("metric", "direct (FIFO)", "through fairq", "fairq / direct"), rows)
+
+
+async def compare_flood(
+    backend_url: str,
+    model: str,
+    kind: str,
+    specs: Sequence[RequestSpec],
+    *,
+    fairq_extra_config: str = "",
+    show_progress: bool = True,
+) -> FloodComparison:
+    """Replay ``specs`` straight to the backend, then through a fresh ``fairq serve``."""
+    total = len(specs)
+    async with http_client() as client:
+        direct = await replay(
+            specs,
+            direct_sender(client, backend_url, model, kind),
+            on_done=Progress("direct to backend", total) if show_progress else None,
+        )
+    config = toml_config(backend_url, model, kind, fairq_extra_config)
+    async with fairq_process(config) as target, grpc.aio.insecure_channel(target) as channel:
+        through = await replay(
+            specs,
+            fairq_sender(channel, model),
+            on_done=Progress("through fairq", total) if show_progress else None,
+        )
+    return FloodComparison(direct, through)

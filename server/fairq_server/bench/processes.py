@@ -1,0 +1,95 @@
+"""Running the simulator and fairq as child processes, the way they run in production.
+
+Benchmarks keep the load generator, fairq and the backend in separate processes so that none
+of them steals the other's event loop, and so fairq's cost is measured as a real hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+__all__ = ["fairq_process", "sim_process", "toml_config"]
+
+_READY_TIMEOUT = 60.0
+
+
+async def _start(args: Sequence[str], pattern: str) -> tuple[asyncio.subprocess.Process, str]:
+    """Start a child and wait for the stdout line matching ``pattern``; return group 1."""
+    # stderr goes to a file: a pipe nobody drains would block a chatty child.
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fairq_server", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(_READY_TIMEOUT):
+            while line := (await proc.stdout.readline()).decode():
+                if match := re.search(pattern, line):
+                    return proc, match.group(1)
+    except TimeoutError:
+        pass
+    await _stop(proc)
+    log.seek(0)
+    err = log.read().decode(errors="replace")[-2000:]
+    raise RuntimeError(f"fairq {args[0]} did not start: {err}")
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(10):
+                await proc.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def sim_process(*args: str) -> AsyncIterator[str]:
+    """Run ``fairq sim ARGS --port 0`` and yield its base URL."""
+    proc, url = await _start(["sim", "--port", "0", *args], r"^(http://\S+)")
+    try:
+        yield url
+    finally:
+        await _stop(proc)
+
+
+def toml_config(backend_url: str, model: str, kind: str, extra: str = "") -> str:
+    """A minimal open-mode fairq configuration with one backend, listening on a free port."""
+    return (
+        'listen = "127.0.0.1:0"\n'
+        f"{extra}\n"
+        "[[backends]]\n"
+        'id = "backend-0"\n'
+        f'kind = "{kind}"\n'
+        f'base_url = "{backend_url}"\n'
+        f'models = ["{model}"]\n'
+    )
+
+
+@contextlib.asynccontextmanager
+async def fairq_process(config_text: str) -> AsyncIterator[str]:
+    """Run ``fairq serve`` with ``config_text`` and yield its gRPC target."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fairq.toml"
+        path.write_text(config_text)
+        proc, port = await _start(
+            ["--log-level", "WARNING", "serve", "--config", str(path), "--grace", "2"],
+            r"\(port (\d+)\)",
+        )
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            await _stop(proc)

@@ -1,0 +1,88 @@
+"""Targets a workload can be sent to: a backend directly (the FIFO baseline) or fairq."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+import httpx
+
+from fairq import AsyncClient, Chunk
+from fairq_server.backends.sse import aiter_sse_batches
+from fairq_server.bench.workload import RequestSpec, SendFn
+
+__all__ = ["direct_sender", "fairq_sender", "http_client"]
+
+
+def http_client() -> httpx.AsyncClient:
+    """An HTTP client that never queues on its own side (no pool cap, no read timeout)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(30.0, read=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+    )
+
+
+def direct_sender(client: httpx.AsyncClient, base_url: str, model: str, kind: str) -> SendFn:
+    """Send straight to a vLLM (``/v1/completions``) or TGI (``/generate_stream``) backend."""
+
+    async def send(spec: RequestSpec) -> AsyncIterator[str]:
+        if kind == "tgi":
+            path = "/generate_stream"
+            body: dict[str, object] = {
+                "inputs": spec.prompt,
+                "parameters": {"max_new_tokens": spec.max_tokens},
+            }
+        else:
+            path = "/v1/completions"
+            body = {
+                "model": model,
+                "prompt": spec.prompt,
+                "max_tokens": spec.max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+            }
+        async with client.stream("POST", base_url + path, json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            async for batch in aiter_sse_batches(resp.aiter_text()):
+                for data in batch:
+                    if data == "[DONE]":
+                        return
+                    event = json.loads(data)
+                    if event.get("error"):
+                        raise RuntimeError(str(event["error"]))
+                    token = event.get("token")
+                    if isinstance(token, dict):
+                        if not token.get("special"):
+                            yield str(token.get("text", ""))
+                        continue
+                    for choice in event.get("choices") or ():
+                        if choice.get("text"):
+                            yield str(choice["text"])
+
+    return send
+
+
+def fairq_sender(channel: grpc.aio.Channel, model: str) -> SendFn:
+    """Send through fairq as the request's user (open mode: ``x-fairq-user``).
+
+    One client per user, all on the one shared channel.
+    """
+    clients: dict[str, AsyncClient] = {}
+
+    async def send(spec: RequestSpec) -> AsyncIterator[str]:
+        client = clients.get(spec.user)
+        if client is None:
+            client = clients[spec.user] = AsyncClient("", user=spec.user, channel=channel)
+        events = client.generate(
+            model, spec.prompt, max_tokens=spec.max_tokens, ignore_eos=True, tier=spec.tier
+        )
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, Chunk):
+                    yield event.text
+
+    return send
