@@ -68,7 +68,10 @@ class PrefixCache:
     def add(self, hashes: Sequence[int]) -> None:
         """Remember ``hashes`` as the most recently used prefix."""
         lru = self._lru
-        for h in hashes:
+        # Tail first, so the leading blocks end most recent and are evicted last: only leading
+        # blocks can match, and a chain that lost its head is dead weight (the backend's own
+        # cache also frees a request's blocks tail first).
+        for h in reversed(hashes):
             lru[h] = None
             lru.move_to_end(h)
         while len(lru) > self.capacity:
