@@ -87,6 +87,15 @@ class FloodResult:
         return self.light.ttft_s
 
     @property
+    def light_submit_offset_s(self) -> float:
+        """When the light request actually went out, after the first power submit.
+
+        Should be close to ``config.light_delay_s``; much later means the client itself was
+        starved of CPU and the light user arrived after the flood instead of behind it.
+        """
+        return self.light.submitted - min(r.submitted for r in self.power)
+
+    @property
     def power_makespan_s(self) -> float:
         """First power submit to last power finish."""
         return max(r.finished for r in self.power) - min(r.submitted for r in self.power)

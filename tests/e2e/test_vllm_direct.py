@@ -159,6 +159,7 @@ async def test_fifo_backend_starves_light_user_behind_power_user(vllm_fcfs: Vllm
         f"\n[flood direct] light TTFT alone {alone_s * 1000:.1f} ms; {result.summary()}; "
         f"{ratio:.0f}x alone; peak vllm:num_requests_waiting {peak_waiting:.0f}"
     )
-    # The backend really queued the flood, so the light user waited in vLLM's FIFO.
+    # Preconditions: the light user arrived on time, behind a flood really queued in vLLM.
+    assert result.light_submit_offset_s < config.light_delay_s + 0.5, "client was starved"
     assert peak_waiting >= config.power_requests - 10
     assert result.light_ttft_s > 20 * alone_s

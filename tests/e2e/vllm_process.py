@@ -1,9 +1,11 @@
 """Run a real vLLM OpenAI-compatible server as a child process for end-to-end tests.
 
 The server runs in its own process group (vLLM forks an engine core, a worker and a
-multiprocessing resource tracker), so stopping it signals the whole group: SIGTERM first,
-SIGKILL after a grace period, and :meth:`VllmProcess.stop` only returns once no live member of
-the group is left, so no test run leaves an engine behind.
+multiprocessing resource tracker) but in the caller's session (see ``_start_once``). Stopping
+it signals the whole group: SIGTERM first, SIGKILL after a grace period, and
+:meth:`VllmProcess.stop` only returns once no live member of the group is left, so no test run
+leaves an engine behind. If the test runner itself dies, the server gets SIGTERM from the
+kernel (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -206,7 +208,11 @@ class VllmProcess:
             stderr=subprocess.STDOUT,
             cwd=self.log_path.parent,  # vLLM may drop files in its cwd; keep them out of the repo
             env=self._child_env(),
-            start_new_session=True,  # own process group, so stop() reaches the engine too
+            # Own process group, so stop() reaches the engine too, but the *same session*:
+            # with start_new_session the server lands in its own scheduler autogroup, and on
+            # our 2-vCPU test VM (kernel 6.18, autogroup on) that group starved every other
+            # process, the measuring client included, for 6-8 s during a flood.
+            process_group=0,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self._wait_healthy(started)
