@@ -27,7 +27,10 @@ async def _start(args: Sequence[str], pattern: str) -> tuple[asyncio.subprocess.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "fairq_server", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True,
+        stdout=asyncio.subprocess.PIPE, stderr=log,
+        # Own process group (so stop reaches every child) but not a new session: a new session
+        # is a new scheduler autogroup, which on a small machine starves the measuring client.
+        process_group=0,
     )  # fmt: skip
     assert proc.stdout is not None
     try:
