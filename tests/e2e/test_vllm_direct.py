@@ -87,6 +87,16 @@ async def test_chat_stream_ends_with_done_and_finish_reason(vllm_fcfs: VllmProce
     assert "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
 
 
+async def test_fcfs_server_accepts_priority_field_silently(vllm_fcfs: VllmProcess) -> None:
+    # Why fairq cannot probe for priority support: an fcfs vLLM takes the field with a 200.
+    body = {"model": vllm_fcfs.model, "prompt": "x", "max_tokens": 2, "priority": 5}
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(f"{vllm_fcfs.url}/v1/completions", json=body)
+
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] in {"length", "stop"}
+
+
 async def test_metrics_parse_and_expose_the_series_the_gate_uses(vllm_fcfs: VllmProcess) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
         families = {f.name: f for f in await scrape_metrics(client, vllm_fcfs.url)}
