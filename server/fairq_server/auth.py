@@ -56,10 +56,16 @@ class Authenticator:
     def __init__(self, keys: Iterable[KeyConfig], tier_names: Sequence[str]) -> None:
         self._tier_names = tuple(tier_names)
         self._keys: list[tuple[bytes, Principal]] = []
+        self.update(keys)
+
+    def update(self, keys: Iterable[KeyConfig]) -> None:
+        """Replace the configured keys (configuration reload)."""
+        entries = []
         for key in keys:
             tiers = frozenset(key.tiers or self._tier_names)
             principal = Principal(key.user, tiers, key.admin, key.weight, key.group)
-            self._keys.append((bytes.fromhex(key.sha256), principal))
+            entries.append((bytes.fromhex(key.sha256), principal))
+        self._keys = entries
 
     @property
     def open_mode(self) -> bool:

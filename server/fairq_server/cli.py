@@ -7,15 +7,15 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
 
+from fairq_server.api.server import FairqServer
 from fairq_server.config import ConfigError, load_config
 
 __all__ = ["main"]
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from fairq_server.api.server import FairqServer
-
     try:
         config = load_config(args.config)
     except (OSError, ConfigError) as exc:
@@ -30,12 +30,30 @@ def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[None]] = set()
+        loop.add_signal_handler(
+            signal.SIGHUP, lambda: _spawn(reloads, _reload(server, args.config))
+        )
         await stop.wait()
         logging.getLogger("fairq").info("stopping: draining for %.0f s", args.grace)
         await server.stop(grace=args.grace)
 
     asyncio.run(run())
     return 0
+
+
+async def _reload(server: FairqServer, path: str) -> None:
+    log = logging.getLogger("fairq")
+    try:
+        await server.reload(load_config(path))
+    except (OSError, ConfigError) as exc:
+        log.error("reload of %s refused, configuration unchanged: %s", path, exc)
+
+
+def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[None, None, None]) -> None:
+    task = asyncio.create_task(coro)
+    tasks.add(task)  # keep a reference until it is done
+    task.add_done_callback(tasks.discard)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ import logging
 from fairq_server.backends.base import Backend
 from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.registry import BackendEntry, BackendPool, make_backend
-from fairq_server.config import BackendConfig, Config
+from fairq_server.config import BackendConfig, Config, ConfigError
 from fairq_server.errors import ModelNotFoundError, NoBackendError
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.queue import ModelQueue
@@ -55,6 +55,48 @@ class FairqCore:
         await self.close_queues()
         await self.pool.close()
 
+    async def reconfigure(self, config: Config) -> None:
+        """Apply a reloaded configuration without dropping queued or running requests.
+
+        Tier names and order, ``listen`` and ``metrics_listen`` cannot change at run time.
+        Policies, thresholds, caps and prefix settings apply at once; a change of fairness
+        or ordering policy rebuilds the queues (tickets keep their arrival order; fairness
+        counters start afresh). Backends are added, replaced or removed to match the file;
+        removed ones finish their in-flight requests.
+
+        Raises:
+            ConfigError: the new configuration changes something that cannot change live.
+
+        """
+        old = self.config
+        if tuple(t.name for t in config.tiers) != self.tier_names:
+            raise ConfigError("tiers cannot be renamed, added or reordered at run time")
+        make_fairness(config.scheduler.fairness)
+        ordering = make_ordering(config.scheduler.ordering)
+        rebuild = (config.scheduler.fairness, config.scheduler.ordering) != (
+            old.scheduler.fairness,
+            old.scheduler.ordering,
+        )
+        self.config = config
+        self._ordering = ordering
+        for dispatcher in self._dispatchers.values():
+            dispatcher.reconfigure(
+                config.tiers, config.scheduler, self._new_queue() if rebuild else None
+            )
+        wanted = {b.id: b for b in config.backends}
+        for backend_id in [b.id for b in old.backends if b.id not in wanted]:
+            await self.deregister_backend(backend_id, drain=False)
+        for cfg in config.backends:
+            if cfg not in old.backends or self.pool.get(cfg.id) is None:
+                await self.register_backend(cfg)
+
+    def _new_queue(self) -> ModelQueue:
+        return ModelQueue(
+            len(self.config.tiers),
+            lambda: make_fairness(self.config.scheduler.fairness),
+            self._ordering,
+        )
+
     def dispatcher(self, model: str) -> Dispatcher:
         """Return the dispatcher of ``model``.
 
@@ -79,13 +121,8 @@ class FairqCore:
             backend = make_backend(cfg, timeout=self.config.scheduler.backend_timeout_seconds)
         for model in backend.models:
             if model not in self._dispatchers:
-                queue = ModelQueue(
-                    len(self.config.tiers),
-                    lambda: make_fairness(self.config.scheduler.fairness),
-                    self._ordering,
-                )
                 dispatcher = Dispatcher(
-                    model, queue, self.config.tiers, self.pool, self.config.scheduler,
+                    model, self._new_queue(), self.config.tiers, self.pool, self.config.scheduler,
                     self.telemetry,
                 )  # fmt: skip
                 dispatcher.start()

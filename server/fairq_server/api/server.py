@@ -87,6 +87,26 @@ class FairqServer:
             self.metrics_port = httpd.server_port
         log.info("fairq listening on %s (port %d)", self.config.listen, self.port)
 
+    async def reload(self, config: Config) -> None:
+        """Apply a new configuration without dropping queued or running requests.
+
+        See :meth:`FairqCore.reconfigure` for what may change. Listening addresses are kept;
+        a change to them is logged and ignored.
+
+        Raises:
+            ConfigError: the configuration cannot be applied live; nothing was changed.
+
+        """
+        if (config.listen, config.metrics_listen) != (
+            self.config.listen,
+            self.config.metrics_listen,
+        ):
+            log.warning("listen addresses cannot change on reload; restart to apply them")
+        await self.core.reconfigure(config)
+        self.auth.update(config.keys)
+        self.config = config
+        log.info("configuration reloaded")
+
     async def stop(self, grace: float) -> None:
         """Stop accepting, answer queued requests UNAVAILABLE, let running ones finish.
 

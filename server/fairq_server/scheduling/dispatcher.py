@@ -57,7 +57,14 @@ class _Charge:
     completion_tokens: int
 
 
-_Command = _Submit | _Release | _FirstToken | _Retry | _Charge
+@dataclass(frozen=True)
+class _Reconfigure:
+    tiers: tuple[TierConfig, ...]
+    config: SchedulerConfig
+    queue: ModelQueue | None
+
+
+_Command = _Submit | _Release | _FirstToken | _Retry | _Charge | _Reconfigure
 
 
 class Dispatcher:
@@ -128,6 +135,32 @@ class Dispatcher:
         # No wake-up: a charge changes who goes next, not whether anything may go now.
         self._inbox.append(_Charge(ticket, prompt_tokens, completion_tokens))
 
+    def reconfigure(
+        self, tiers: Sequence[TierConfig], config: SchedulerConfig, queue: ModelQueue | None
+    ) -> None:
+        """Switch to new settings (SIGHUP reload) without losing a queued request.
+
+        Args:
+            tiers: the new tier settings; names and order must be unchanged.
+            config: the new scheduler settings.
+            queue: an empty queue built with new policies, or None to keep the current one.
+                Tickets move over in arrival order; fairness counters start afresh.
+
+        """
+        self._post(_Reconfigure(tuple(tiers), config, queue))
+
+    def _apply_reconfigure(self, command: _Reconfigure) -> None:
+        self.tiers = command.tiers
+        self._config = command.config
+        if command.queue is not None:
+            old, self.queue = self.queue, command.queue
+            moved = []
+            for tier in range(len(old.tiers)):
+                while len(old.tiers[tier]):
+                    moved.append(old.pop(tier))
+            for ticket in sorted(moved, key=lambda t: t.seq):
+                self.queue.push(ticket, front=ticket.retries > 0)
+
     def wake(self) -> None:
         """Re-run dispatch (a scrape landed or the backend set changed)."""
         self._wake.set()
@@ -158,8 +191,8 @@ class Dispatcher:
 
     async def run(self) -> None:
         """Apply commands and dispatch until cancelled."""
-        interval = self._config.poll_interval_seconds
         while True:
+            interval = self._config.poll_interval_seconds
             self._wake.clear()
             self._apply_inbox()
             self._dispatch()
@@ -175,6 +208,9 @@ class Dispatcher:
     def _apply_inbox(self) -> None:
         while self._inbox:
             command = self._inbox.popleft()
+            if isinstance(command, _Reconfigure):
+                self._apply_reconfigure(command)
+                continue
             ticket = command.ticket
             if isinstance(command, _Submit):
                 self._enqueue(ticket)
