@@ -102,6 +102,10 @@ class CounterFairness:
         top = self._clean_top()
         if top is None:
             return []
+        # The dispatcher serves one of these instead of calling select(), so advance the
+        # virtual time here too; otherwise it stays behind and a user arriving at an empty
+        # tier starts below everyone served since, taking that many turns in a burst.
+        self._virtual_time = max(self._virtual_time, top[0])
         bound = top[0] + quantum
         taken: list[tuple[float, int, str]] = []
         while len(taken) < limit:
