@@ -86,7 +86,9 @@ class CounterFairness:
         self._active -= 1
         # Keep the record while it carries a counter above the floor a returning user would
         # get anyway; otherwise forget it so memory follows the number of active users.
-        if state.counter <= self._virtual_time:
+        # A weighted user's record also carries the weight that tokens still streaming for
+        # its running requests must be divided by; a re-created record would charge them at 1.
+        if state.counter <= self._virtual_time and state.weight == 1.0:
             del self._users[user]
 
     def select(self) -> str:
