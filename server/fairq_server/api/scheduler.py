@@ -15,6 +15,7 @@ from fairq_server.api.validation import estimate_tokens, resolve_tier, to_backen
 from fairq_server.auth import Authenticator
 from fairq_server.backends.base import StreamEnd
 from fairq_server.backends.registry import BackendEntry
+from fairq_server.backends.relay import merged
 from fairq_server.core import FairqCore
 from fairq_server.errors import BackendError, SchedulerError, status_for
 from fairq_server.scheduling.dispatcher import Dispatcher
@@ -109,7 +110,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             )
             charged_prompt = charged_completion = pending = 0
             try:
-                stream = entry.backend.stream(ticket.request, priority)
+                stream = merged(entry.backend.stream(ticket.request, priority))
                 async with contextlib.aclosing(stream):
                     async for event in stream:
                         if isinstance(event, StreamEnd):
