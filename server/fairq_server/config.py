@@ -139,6 +139,8 @@ class SchedulerConfig:
         prefix_candidates: at most this many users are compared per pick (bounds the work).
         routing_slack: with several backends, prefix affinity may send a request to a backend
             with at most this many more requests in flight than the least loaded one.
+        stream_coalesce_seconds: text of a fast stream is relayed at most once per this
+            window, merged (the first token is never held; 0 relays every event at once).
 
     """
 
@@ -154,6 +156,7 @@ class SchedulerConfig:
     prefix_cache_blocks: int = 20_000
     prefix_candidates: int = 16
     routing_slack: int = 2
+    stream_coalesce_seconds: float = 0.02
 
 
 @dataclass(frozen=True)

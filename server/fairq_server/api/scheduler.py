@@ -110,7 +110,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             )
             charged_prompt = charged_completion = pending = 0
             try:
-                stream = merged(entry.backend.stream(ticket.request, priority))
+                stream = merged(
+                    entry.backend.stream(ticket.request, priority),
+                    self._core.config.scheduler.stream_coalesce_seconds,
+                )
                 async with contextlib.aclosing(stream):
                     async for event in stream:
                         if isinstance(event, StreamEnd):

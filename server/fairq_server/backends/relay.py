@@ -1,16 +1,18 @@
 """Decoupling a backend stream from the client stream it feeds.
 
 A pump task reads the backend as fast as it answers; the caller takes whatever has
-accumulated since its last write and merges it. When fairq keeps up, every backend event goes
-out on its own, with no added latency; when the client side or the CPU falls behind, text
-merges into fewer, larger messages instead of the relay falling further behind (each gRPC
-message costs about as much as a short one).
+accumulated since its last write and merges it. Each message towards the client costs about
+the same whatever its length, and a relay's CPU goes mostly to per-message work, so a fast
+stream is sent at most once per ``window``: the first token goes out at once, later text
+waits at most one window (20 ms by default, far below what a reader notices) and leaves as
+one chunk. A slow stream, one event per window or less, is relayed event by event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator
 
 from fairq_server.backends.base import StreamEnd, StreamEvent, TextDelta
@@ -20,8 +22,10 @@ __all__ = ["merged"]
 _END = object()
 
 
-async def merged(stream: AsyncGenerator[StreamEvent]) -> AsyncGenerator[StreamEvent]:
-    """Yield ``stream``'s events, merging text deltas that arrived while the caller was busy.
+async def merged(
+    stream: AsyncGenerator[StreamEvent], window: float = 0.0
+) -> AsyncGenerator[StreamEvent]:
+    """Yield ``stream``'s events, merging text that arrives within ``window`` of the last send.
 
     Exceptions of ``stream`` are re-raised here, after the events that preceded them.
     Closing this iterator cancels the pump and closes ``stream`` (aborting the backend
@@ -40,9 +44,13 @@ async def merged(stream: AsyncGenerator[StreamEvent]) -> AsyncGenerator[StreamEv
         queue.put_nowait(_END)
 
     task = asyncio.create_task(pump())
+    last_sent = -window
     try:
         while True:
             items = [await queue.get()]
+            wait = last_sent + window - time.monotonic()
+            if wait > 0 and isinstance(items[0], TextDelta):
+                await asyncio.sleep(wait)  # pacing: let the rest of this window arrive
             while not queue.empty():
                 items.append(queue.get_nowait())
             texts: list[str] = []
@@ -63,6 +71,7 @@ async def merged(stream: AsyncGenerator[StreamEvent]) -> AsyncGenerator[StreamEv
                 yield item
             if texts:
                 yield TextDelta("".join(texts), tokens)
+            last_sent = time.monotonic()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

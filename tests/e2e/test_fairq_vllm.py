@@ -1,0 +1,126 @@
+"""fairq in front of a real vLLM: streaming, cancellation, tiers as priorities, and the flood.
+
+fairq runs as its own process (``fairq serve``), as in production; the test process is the
+client. The flood test measures direct-to-vLLM and through-fairq in the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import httpx
+
+import fairq
+from fairq_server.bench.processes import fairq_process, toml_config
+
+from .flood import FloodConfig, SendFn, run_flood
+from .openai_http import (
+    completions_sender,
+    flood_client,
+    is_idle,
+    metric_value,
+    wait_for_metrics,
+)
+from .vllm_process import VllmProcess
+
+FAST_POLL = "[scheduler]\npoll_interval_seconds = 0.05\n"
+
+
+def fairq_send(channel: grpc.aio.Channel, model: str) -> SendFn:
+    """A flood SendFn through fairq: one client per user on a shared channel."""
+    clients: dict[str, fairq.AsyncClient] = {}
+
+    async def send(user: str, prompt: str, max_tokens: int) -> AsyncIterator[str]:
+        client = clients.setdefault(user, fairq.AsyncClient("", user=user, channel=channel))
+        events = client.generate(model, prompt, max_tokens=max_tokens, ignore_eos=True)
+        finished = None
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, fairq.Chunk):
+                    yield event.text
+                elif isinstance(event, fairq.Finished):
+                    finished = event
+        assert finished is not None and finished.completion_tokens == max_tokens
+
+    return send
+
+
+async def test_streams_completion_and_chat_through_fairq(vllm_fcfs: VllmProcess) -> None:
+    config = toml_config(vllm_fcfs.url, vllm_fcfs.model, "vllm", FAST_POLL)
+    async with fairq_process(config) as target, fairq.AsyncClient(target, user="ann") as client:
+        done = await client.complete(vllm_fcfs.model, "Hello there", max_tokens=12)
+        assert done.text
+        assert done.completion_tokens == 12
+        assert done.finish_reason == "length"
+        assert done.backend_id == "backend-0"
+        chat = await client.complete(
+            vllm_fcfs.model, messages=[("user", "Who goes next?")], max_tokens=8
+        )
+        assert chat.text
+        assert chat.prompt_tokens > 0
+        try:
+            await client.complete("no-such-model", "x", max_tokens=2)
+        except fairq.NotFoundError as exc:
+            assert "no-such-model" in exc.message
+        else:
+            raise AssertionError("unknown model was accepted")
+
+
+async def test_cancel_through_fairq_aborts_the_vllm_request(vllm_fcfs: VllmProcess) -> None:
+    config = toml_config(vllm_fcfs.url, vllm_fcfs.model, "vllm", FAST_POLL)
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        fairq_process(config) as target,
+        fairq.AsyncClient(target, user="cat") as client,
+    ):
+        await wait_for_metrics(http, vllm_fcfs.url, is_idle)
+        events = client.generate(vllm_fcfs.model, "Tell me everything", max_tokens=400)
+        async for event in events:
+            if isinstance(event, fairq.Chunk):
+                break
+        running = await wait_for_metrics(
+            http, vllm_fcfs.url, lambda f: metric_value(f, "vllm:num_requests_running") == 1
+        )
+        assert metric_value(running, "vllm:num_requests_running") == 1
+        await events.aclose()  # the client cancels mid-stream
+        after = await wait_for_metrics(http, vllm_fcfs.url, is_idle)
+        assert metric_value(after, "vllm:num_requests_running") == 0
+
+
+async def _flood(send: SendFn, config: FloodConfig) -> tuple[float, float, float]:
+    result = await run_flood(send, config)
+    assert result.light_submit_offset_s < config.light_delay_s + 0.5, "client was starved"
+    return result.light_ttft_s, result.power_makespan_s, result.throughput_tok_s
+
+
+async def test_flood_light_user_is_served_fast_and_power_user_loses_little(
+    vllm_fcfs: VllmProcess,
+) -> None:
+    config = FloodConfig()
+    url, model = vllm_fcfs.url, vllm_fcfs.model
+    # vLLM's CPU build binds its model worker to core 0 and leaves the rest to everything
+    # else. Keep the load generator and fairq (a child, so it inherits this) off that core,
+    # as a gateway would run on its own CPU in production; both runs get the same treatment.
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, cpus - {0})
+    async with flood_client() as http:
+        await wait_for_metrics(http, url, is_idle)
+        direct = await _flood(completions_sender(http, url, model), config)
+        await wait_for_metrics(http, url, is_idle)
+        fq = toml_config(url, model, "vllm", FAST_POLL)
+        async with fairq_process(fq) as target, grpc.aio.insecure_channel(target) as channel:
+            through = await _flood(fairq_send(channel, model), config)
+    os.sched_setaffinity(0, cpus)
+    ratio: Callable[[int], float] = lambda i: through[i] / direct[i]  # noqa: E731
+    print(
+        f"\n[flood] direct: light TTFT {direct[0]:.3f} s, power makespan {direct[1]:.2f} s, "
+        f"{direct[2]:.0f} tok/s\n[flood] fairq:  light TTFT {through[0]:.3f} s, power makespan "
+        f"{through[1]:.2f} s, {through[2]:.0f} tok/s\n[flood] fairq/direct: light TTFT "
+        f"{ratio(0):.3f}x, makespan {ratio(1):.3f}x, throughput {ratio(2):.3f}x"
+    )
+    assert through[0] <= direct[0] / 10, "light user not served at least 10x sooner"
+    assert through[1] <= direct[1] * 1.15, "power user's makespan grew by more than 15%"
