@@ -72,7 +72,7 @@ class CounterFairness:
         state.weight = weight if weight > 0 else 1.0
         top = self._clean_top()
         floor = top[0] if top is not None else self._virtual_time
-        state.counter = state.counter
+        state.counter = max(state.counter, floor)
         state.active = True
         self._active += 1
         self._push(user, state)
