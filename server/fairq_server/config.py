@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEFAULT_BACKEND_ALLOWLIST",
     "DEFAULT_TIERS",
+    "AdminConfig",
     "BackendConfig",
     "Config",
     "ConfigError",
@@ -48,6 +50,7 @@ __all__ = [
     "Limits",
     "SchedulerConfig",
     "TierConfig",
+    "TlsConfig",
     "load_config",
     "parse_config",
 ]
@@ -123,6 +126,48 @@ class Limits:
     max_tokens: int = 32_768
     max_stop_strings: int = 4
     max_stop_chars: int = 1_000
+    max_metadata_bytes: int = 16_384
+
+
+DEFAULT_BACKEND_ALLOWLIST = (
+    "localhost",
+    "127.0.0.0/8",
+    "::1/128",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "fc00::/7",
+)
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS for the gRPC port; with ``client_ca_file``, clients must present a certificate.
+
+    Attributes:
+        cert_file: PEM certificate chain of the server.
+        key_file: PEM private key of the server.
+        client_ca_file: PEM CA bundle; when set, mutual TLS is required.
+
+    """
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str = ""
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """Limits on what the Admin API may register.
+
+    Attributes:
+        backend_allowlist: hosts (matched by name, case-insensitive, never resolved) and IP
+            networks (matched against literal addresses in the URL) a registered backend may
+            point to. Defaults to loopback and private networks.
+
+    """
+
+    backend_allowlist: tuple[str, ...] = DEFAULT_BACKEND_ALLOWLIST
 
 
 @dataclass(frozen=True)
@@ -130,6 +175,8 @@ class SchedulerConfig:
     """Policy names, dispatch timing, caps and prefix grouping.
 
     Attributes:
+        queue_ttl_seconds: a request still queued after this long is answered
+            DEADLINE_EXCEEDED (None: no limit beyond the client's own deadline).
         prefix_quantum: Q of prefix grouping: the dispatcher may pick a request whose prefix a
             backend served recently only from users whose fairness counter is within Q of the
             minimum (0 = pure fairness; units are the fairness policy's: requests for
@@ -151,6 +198,7 @@ class SchedulerConfig:
     backend_timeout_seconds: float = 600.0
     max_queued_per_user: int = 10_000
     max_queued_total: int = 100_000
+    queue_ttl_seconds: float | None = 600.0
     prefix_quantum: float = 0.0
     prefix_block_chars: int = 128
     prefix_cache_blocks: int = 20_000
@@ -167,6 +215,8 @@ class Config:
     metrics_listen: str = ""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     limits: Limits = field(default_factory=Limits)
+    tls: TlsConfig | None = None
+    admin: AdminConfig = field(default_factory=AdminConfig)
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
@@ -216,6 +266,10 @@ def parse_config(raw: dict[str, Any]) -> Config:
         kwargs["scheduler"] = _build(SchedulerConfig, "scheduler", raw.pop("scheduler"))
     if "limits" in raw:
         kwargs["limits"] = _build(Limits, "limits", raw.pop("limits"))
+    if "tls" in raw:
+        kwargs["tls"] = _build(TlsConfig, "tls", raw.pop("tls"))
+    if "admin" in raw:
+        kwargs["admin"] = _build(AdminConfig, "admin", raw.pop("admin"))
     if "tiers" in raw:
         kwargs["tiers"] = tuple(
             _build(TierConfig, f"tiers[{i}]", t) for i, t in enumerate(raw.pop("tiers"))

@@ -114,11 +114,19 @@ class FairqCore:
         return self._dispatchers[model]
 
     async def register_backend(
-        self, cfg: BackendConfig, *, backend: Backend | None = None
+        self, cfg: BackendConfig, *, backend: Backend | None = None, from_rpc: bool = False
     ) -> BackendEntry:
-        """Validate and register a backend (replacing one with the same id)."""
+        """Validate and register a backend (replacing one with the same id).
+
+        Backends registered over RPC must point inside ``admin.backend_allowlist``; those in
+        the configuration file are the operator's own choice.
+        """
         if backend is None:
-            backend = make_backend(cfg, timeout=self.config.scheduler.backend_timeout_seconds)
+            backend = make_backend(
+                cfg,
+                timeout=self.config.scheduler.backend_timeout_seconds,
+                allowlist=self.config.admin.backend_allowlist if from_rpc else None,
+            )
         for model in backend.models:
             if model not in self._dispatchers:
                 dispatcher = Dispatcher(

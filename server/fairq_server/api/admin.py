@@ -52,7 +52,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 priority_scheduling=b.priority_scheduling,
                 max_in_flight=b.max_in_flight,
             )
-            entry = await self._core.register_backend(cfg)
+            entry = await self._core.register_backend(cfg, from_rpc=True)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))
         return admin_pb2.RegisterBackendResponse(status=_status(entry))

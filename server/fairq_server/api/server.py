@@ -14,11 +14,11 @@ from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grp
 from fairq_server.api.admin import AdminServicer
 from fairq_server.api.scheduler import SchedulerServicer
 from fairq_server.auth import Authenticator
-from fairq_server.config import Config
+from fairq_server.config import Config, TlsConfig
 from fairq_server.core import FairqCore
 from fairq_server.telemetry import Telemetry
 
-__all__ = ["FairqServer"]
+__all__ = ["FairqServer", "server_credentials"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,21 @@ _SERVICES = (
     scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
+
+
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    """TLS credentials for the gRPC port; a client CA makes client certificates mandatory."""
+    with open(tls.key_file, "rb") as f:
+        key = f.read()
+    with open(tls.cert_file, "rb") as f:
+        cert = f.read()
+    client_ca = None
+    if tls.client_ca_file:
+        with open(tls.client_ca_file, "rb") as f:
+            client_ca = f.read()
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 class FairqServer:
@@ -46,6 +61,7 @@ class FairqServer:
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+                ("grpc.max_metadata_size", config.limits.max_metadata_bytes),
                 ("grpc.so_reuseport", 0),
             ]
         )
@@ -72,7 +88,12 @@ class FairqServer:
         reflection.enable_server_reflection(
             (*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
-        self.port = self._server.add_insecure_port(self.config.listen)
+        if self.config.tls is None:
+            self.port = self._server.add_insecure_port(self.config.listen)
+        else:
+            self.port = self._server.add_secure_port(
+                self.config.listen, server_credentials(self.config.tls)
+            )
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self._server.start()

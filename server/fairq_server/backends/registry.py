@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -19,9 +20,28 @@ from fairq_server.errors import InvalidRequestError
 from fairq_server.scheduling.gate import BackendLoad
 from fairq_server.scheduling.prefix import PrefixCache
 
-__all__ = ["BACKEND_KINDS", "BackendEntry", "BackendPool", "make_backend"]
+__all__ = ["BACKEND_KINDS", "BackendEntry", "BackendPool", "host_allowed", "make_backend"]
 
 BACKEND_KINDS: Mapping[str, type[Backend]] = {"vllm": VllmBackend, "tgi": TgiBackend}
+
+
+def host_allowed(host: str, allowlist: Sequence[str]) -> bool:
+    """Whether ``host`` (a URL's hostname) is covered by ``allowlist``.
+
+    Names match names exactly (case-insensitive) and are never resolved, so DNS cannot widen
+    the list; literal addresses match the listed networks.
+    """
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower().rstrip(".") in {a.lower().rstrip(".") for a in allowlist}
+    for entry in allowlist:
+        try:
+            if address in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue  # a name, not a network
+    return False
 
 
 def make_backend(
@@ -29,11 +49,19 @@ def make_backend(
     *,
     timeout: float = 600.0,
     transport: httpx.AsyncBaseTransport | None = None,
+    allowlist: Sequence[str] | None = None,
 ) -> Backend:
     """Validate ``cfg`` and build its adapter.
 
+    Args:
+        cfg: the backend's settings.
+        timeout: HTTP timeout towards the backend.
+        transport: httpx transport (tests).
+        allowlist: if given, the URL's host must be covered by it (see :func:`host_allowed`).
+
     Raises:
-        InvalidRequestError: unknown kind, a URL that is not plain http(s), or no models.
+        InvalidRequestError: unknown kind, a URL that is not plain http(s), a host outside the
+            allow-list, or no models.
 
     """
     if not cfg.id or len(cfg.id) > 128:
@@ -50,6 +78,10 @@ def make_backend(
         )
     if url.query or url.fragment or url.username or url.password:
         raise InvalidRequestError("backend base_url must not carry credentials, query or fragment")
+    if allowlist is not None and not host_allowed(url.hostname, allowlist):
+        raise InvalidRequestError(
+            f"backend host '{url.hostname}' is not in the allow-list (admin.backend_allowlist)"
+        )
     if not cfg.models or any(not m for m in cfg.models):
         raise InvalidRequestError("backend must serve at least one named model")
     return cls(

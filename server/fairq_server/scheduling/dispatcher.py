@@ -19,7 +19,12 @@ from dataclasses import dataclass
 
 from fairq_server.backends.registry import BackendEntry, BackendPool
 from fairq_server.config import SchedulerConfig, TierConfig
-from fairq_server.errors import QueueFullError, SchedulerError, ShuttingDownError
+from fairq_server.errors import (
+    QueueFullError,
+    QueueTimeoutError,
+    SchedulerError,
+    ShuttingDownError,
+)
 from fairq_server.scheduling.gate import GateOutcome, admit, estimated_waiting
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.ticket import Ticket, TicketState
@@ -102,6 +107,8 @@ class Dispatcher:
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._depth = [telemetry.queue_depth.labels(model, t.name) for t in self.tiers]
+        # Tickets in arrival order, for the queue time-to-live (stale entries are skipped).
+        self._arrivals: deque[Ticket] = deque()
         # When each tier last dispatched, or last went from empty to backlogged (aging).
         self._last_served = [clock()] * len(self.tiers)
 
@@ -195,6 +202,7 @@ class Dispatcher:
             interval = self._config.poll_interval_seconds
             self._wake.clear()
             self._apply_inbox()
+            self._expire()
             self._dispatch()
             self._update_depth()
             if self._inbox:
@@ -261,8 +269,31 @@ class Dispatcher:
         if not len(self.queue.tiers[ticket.tier]):
             self._last_served[ticket.tier] = self._clock()
         position = self.queue.push(ticket)
+        if cfg.queue_ttl_seconds is not None:
+            self._arrivals.append(ticket)
         if not ticket.enqueued.done():
             ticket.enqueued.set_result(position)
+
+    def _expire(self) -> None:
+        """Answer DEADLINE_EXCEEDED to tickets queued longer than the queue TTL."""
+        ttl = self._config.queue_ttl_seconds
+        if ttl is None:
+            self._arrivals.clear()
+            return
+        deadline = self._clock() - ttl
+        arrivals = self._arrivals
+        # The head is either no longer queued (dispatched or released: just forget it) or the
+        # oldest queued ticket; stop at the first one still within its time.
+        while arrivals and (
+            arrivals[0].state is not TicketState.QUEUED or arrivals[0].arrival <= deadline
+        ):
+            ticket = arrivals.popleft()
+            if ticket.state is TicketState.QUEUED:
+                self.queue.remove(ticket)
+                self._fail(
+                    ticket,
+                    QueueTimeoutError(f"request waited in the queue longer than {ttl:g} s"),
+                )
 
     def _dispatch(self) -> None:
         now = self._clock()
