@@ -64,3 +64,14 @@ async def fairq_factory() -> AsyncIterator[FairqFactory]:
     yield make
     for server in servers:
         await server.stop(grace=0.5)
+
+
+def freeze_gate(server: FairqServer, backend_id: str = "sim-a") -> None:
+    """Stop polling ``backend_id`` and age its last snapshot: its gate fails closed.
+
+    The backend stays registered and healthy, so requests are accepted and stay queued.
+    """
+    entry = server.core.pool.get(backend_id)
+    assert entry is not None and entry.task is not None and entry.load.snapshot is not None
+    entry.task.cancel()
+    entry.load.snapshot = replace(entry.load.snapshot, taken_at=0.0)

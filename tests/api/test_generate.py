@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 import grpc
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.sim import SimServer
 
-from ..conftest import KEYS, FairqFactory, make_config, sim_backend
+from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
 
 
 def request(**kw: object) -> scheduler_pb2.GenerateRequest:
@@ -168,11 +167,7 @@ async def test_key_ceiling_and_lower_tiers(sim: SimServer, fairq_factory: FairqF
 async def test_queue_cap_is_resource_exhausted(sim: SimServer, fairq_factory: FairqFactory) -> None:
     server = await fairq_factory(make_config([sim_backend(sim)], max_queued_per_user=2))
     dispatcher = server.core.dispatcher("sim")
-    # Freeze the backend's metrics in the past: the gate fails closed and requests stay queued.
-    entry = server.core.pool.get("sim-a")
-    assert entry is not None and entry.task is not None and entry.load.snapshot is not None
-    entry.task.cancel()
-    entry.load.snapshot = replace(entry.load.snapshot, taken_at=0.0)
+    freeze_gate(server)
     md = (("x-fairq-user", "dave"),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
