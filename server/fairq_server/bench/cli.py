@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -69,7 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="suffix of output files (default: backend)")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument("--quick", action="store_true", help="reduced sizes (CI)")
+    parser.add_argument(
+        "--cpus",
+        default="",
+        help="pin the load generator and the fairq/sim children to these CPUs, e.g. '1' "
+        "(keep them off a local backend's cores, as on a real deployment)",
+    )
     args = parser.parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     args.label = args.label or ("sim" if args.backend == "sim" else "backend")
     names = list(SCENARIOS) if args.scenarios in (["all"], []) else args.scenarios
     unknown = [n for n in names if n not in SCENARIOS]
