@@ -5,7 +5,7 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm demo node bench clean
+.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm bench-vllm demo node bench clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
@@ -57,6 +57,9 @@ $(VLLM_VENV)/.installed:
 
 test-vllm: sync $(VLLM_VENV)/.installed
 	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) pytest -q -m vllm tests/e2e
+
+bench-vllm: sync $(VLLM_VENV)/.installed
+	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) python -m tests.e2e.bench_vllm flood
 
 demo: sync
 	$(PY) fairq demo

@@ -46,9 +46,9 @@ async def _flood(args: argparse.Namespace, url: str, out: Path) -> bool:
         f"# Power-user flood — {args.label}\n\n"
         f"One user sends {power} requests of 300 tokens at once; another sends short requests "
         "from t=0.5 s. Same workload straight to the backend (FIFO) and through fairq, in one "
-        f"run. Backend: {args.backend} ({args.kind}).\n\n{result.table()}\n\n"
+        f"run. Backend: {args.describe or args.backend} ({args.kind}).\n\n{result.table()}\n\n"
         f"![TTFT per request]({name}.png)\n\n"
-        f"Reproduce: `fairq bench flood --backend {args.backend} --label {args.label}`\n"
+        f"Reproduce: `{args.reproduce or f'fairq bench flood --backend {args.backend}'}`\n"
     )
     print(result.table())
     # Direction checks: fairq must help the light user and not cost the power user much.
@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="suffix of output files (default: backend)")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument("--quick", action="store_true", help="reduced sizes (CI)")
+    parser.add_argument("--describe", default="", help="backend description for the report")
+    parser.add_argument("--reproduce", default="", help="command shown in the report")
     parser.add_argument(
         "--cpus",
         default="",
