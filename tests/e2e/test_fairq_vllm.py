@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
 import httpx
@@ -27,15 +27,25 @@ from .openai_http import (
 from .vllm_process import VllmProcess
 
 FAST_POLL = "[scheduler]\npoll_interval_seconds = 0.05\n"
+DEEP_STANDARD = "".join(
+    f'[[tiers]]\nname = "{name}"\nmax_backend_waiting = {waiting}\n'
+    for name, waiting in (("interactive", 16), ("standard", 12), ("batch", 0))
+)
 
 
-def fairq_send(channel: grpc.aio.Channel, model: str) -> SendFn:
-    """A flood SendFn through fairq: one client per user on a shared channel."""
+def fairq_send(
+    channel: grpc.aio.Channel, model: str, tiers: Mapping[str, str] | None = None
+) -> SendFn:
+    """A flood SendFn through fairq: one client per user on a shared channel.
+
+    ``tiers`` maps a user to the tier it asks for (default: its ceiling).
+    """
     clients: dict[str, fairq.AsyncClient] = {}
 
     async def send(user: str, prompt: str, max_tokens: int) -> AsyncIterator[str]:
         client = clients.setdefault(user, fairq.AsyncClient("", user=user, channel=channel))
-        events = client.generate(model, prompt, max_tokens=max_tokens, ignore_eos=True)
+        tier = (tiers or {}).get(user, "")
+        events = client.generate(model, prompt, max_tokens=max_tokens, ignore_eos=True, tier=tier)
         finished = None
         async with contextlib.aclosing(events):
             async for event in events:
@@ -124,3 +134,36 @@ async def test_flood_light_user_is_served_fast_and_power_user_loses_little(
     )
     assert through[0] <= direct[0] / 10, "light user not served at least 10x sooner"
     assert through[1] <= direct[1] * 1.15, "power user's makespan grew by more than 15%"
+
+
+async def test_tier_reaches_vllm_as_priority(vllm_priority: VllmProcess) -> None:
+    """With a priority-scheduling vLLM, an interactive request overtakes standard work that
+    fairq already forwarded; registered without priority support, it waits behind it.
+
+    The gates are opened wide (standard: 12 waiting, interactive above that) so plenty of work
+    sits in vLLM's own queue, which is the situation priorities are for.
+    """
+    config = FloodConfig(power_requests=30)
+    tiers = {config.power_user: "standard", config.light_user: "interactive"}
+    url, model = vllm_priority.url, vllm_priority.model
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, cpus - {0})
+    light: dict[bool, float] = {}
+    try:
+        async with flood_client() as http:
+            for priority in (False, True):
+                await wait_for_metrics(http, url, is_idle)
+                fq = toml_config(url, model, "vllm", FAST_POLL + DEEP_STANDARD).replace(
+                    'models = ["tiny"]',
+                    f'models = ["tiny"]\npriority_scheduling = {str(priority).lower()}',
+                )
+                async with fairq_process(fq) as target, grpc.aio.insecure_channel(target) as ch:
+                    result = await run_flood(fairq_send(ch, model, tiers), config)
+                assert result.light_submit_offset_s < config.light_delay_s + 0.5
+                light[priority] = result.light_ttft_s
+    finally:
+        os.sched_setaffinity(0, cpus)
+    print(f"\n[priority] light TTFT via fairq: fcfs-registered {light[False]:.3f} s, "
+          f"priority-registered {light[True]:.3f} s")  # fmt: skip
+    assert light[True] < 0.7 * light[False]
