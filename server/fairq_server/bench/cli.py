@@ -14,6 +14,9 @@ from pathlib import Path
 from fairq_server.bench.flood import compare_flood, flood_workload
 from fairq_server.bench.processes import sim_process
 from fairq_server.bench.report import plot_ttft
+from fairq_server.bench.scenarios import SCENARIOS as MORE_SCENARIOS
+from fairq_server.bench.scenarios import TITLES
+from fairq_server.bench.scenarios.docs import write_readme
 
 __all__ = ["main"]
 
@@ -55,7 +58,14 @@ async def _flood(args: argparse.Namespace, url: str, out: Path) -> bool:
     return ratios["light_ttft_p50"] < 0.5 and ratios["power_makespan"] < 1.25
 
 
-SCENARIOS: dict[str, Scenario] = {"flood": _flood}
+SCENARIOS: dict[str, Scenario] = {"flood": _flood, **MORE_SCENARIOS}
+
+
+def _write_readme(args: argparse.Namespace) -> None:
+    """Summarise every scenario page present in the output folder."""
+    pages = [("1. Power-user flood (FIFO vs fairq)", f"flood-{args.label}.md")]
+    pages += [(TITLES[name], f"{name}.md") for name in MORE_SCENARIOS]
+    write_readme(args.out, pages)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {name}: {'ok' if passed else 'WRONG DIRECTION'} "
                       f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
                 ok &= passed
+        _write_readme(args)
         return ok
 
     return 0 if asyncio.run(run()) else 1

@@ -13,7 +13,7 @@ from fairq import AsyncClient, Chunk
 from fairq_server.backends.sse import aiter_sse_batches
 from fairq_server.bench.workload import RequestSpec, SendFn
 
-__all__ = ["direct_sender", "fairq_sender", "http_client"]
+__all__ = ["direct_sender", "fairq_sender", "http_client", "keyed_sender"]
 
 
 def http_client() -> httpx.AsyncClient:
@@ -78,6 +78,31 @@ def fairq_sender(channel: grpc.aio.Channel, model: str) -> SendFn:
         if client is None:
             client = clients[spec.user] = AsyncClient("", user=spec.user, channel=channel)
         events = client.generate(
+            model, spec.prompt, max_tokens=spec.max_tokens, ignore_eos=True, tier=spec.tier
+        )
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, Chunk):
+                    yield event.text
+
+    return send
+
+
+def keyed_sender(channel: grpc.aio.Channel, model: str, api_keys: dict[str, str]) -> SendFn:
+    """Send through fairq with each user's API key (so configured weights and tiers apply).
+
+    Args:
+        channel: one shared channel.
+        model: the model name.
+        api_keys: user name to API key; every request's user must have one.
+
+    """
+    clients = {
+        user: AsyncClient("", api_key=key, channel=channel) for user, key in api_keys.items()
+    }
+
+    async def send(spec: RequestSpec) -> AsyncIterator[str]:
+        events = clients[spec.user].generate(
             model, spec.prompt, max_tokens=spec.max_tokens, ignore_eos=True, tier=spec.tier
         )
         async with contextlib.aclosing(events):
