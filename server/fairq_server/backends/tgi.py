@@ -70,6 +70,7 @@ class TgiBackend(Backend):
         params = {
             "max_new_tokens": s.max_tokens,
             "temperature": s.temperature or None,  # TGI requires temperature > 0
+            "do_sample": True if s.temperature else None,  # TGI decodes greedily at exactly 1.0
             "top_p": s.top_p if s.top_p is not None and s.top_p < 1.0 else None,
             "seed": s.seed,
             "stop": list(s.stop) or None,
