@@ -90,16 +90,25 @@ class VllmTarget:
 
 
 class RecordingTransport(httpx.AsyncBaseTransport):
-    """Real HTTP, plus a copy of every JSON request body sent (to check what went out)."""
+    """Real HTTP, plus a copy of every JSON POST sent (to check what went out).
+
+    Attributes:
+        posts: ``(path, body)`` of every POST, in order.
+    """
 
     def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
+        self.posts: list[tuple[str, dict[str, Any]]] = []
         self._inner = httpx.AsyncHTTPTransport()
 
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        """The JSON bodies of :attr:`posts`."""
+        return [body for _, body in self.posts]
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Record the body of a POST, then send the request unchanged."""
+        """Record path and body of a POST, then send the request unchanged."""
         if request.method == "POST":
-            self.bodies.append(json.loads(request.content))
+            self.posts.append((request.url.path, json.loads(request.content)))
         return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:
