@@ -31,13 +31,7 @@ from .sim_flood import SIZES, assert_fairq_protects_the_light_user
 MODEL = "tgi-sim"
 SLOTS = 2
 # TGI reports validation and overload errors of a stream as an event on an HTTP 200, so the
-# status code must come from the event's error_type; today it does not (strict xfail: fixing
-# the adapter makes these tests pass, and the marker must then go).
-_ERROR_EVENT_CODES = (
-    "Backend._decode (backends/base.py) raises INTERNAL, not retryable, for every error "
-    "event; TGI's error_type (validation -> INVALID_ARGUMENT, overloaded -> "
-    "RESOURCE_EXHAUSTED, retryable) is ignored"
-)
+# status code must come from the event's error_type.
 
 
 @pytest.fixture
@@ -246,7 +240,6 @@ async def test_chat_validation_error_event_is_a_clear_error(backend: TgiBackend)
     assert not error.retryable
 
 
-@pytest.mark.xfail(strict=True, reason=_ERROR_EVENT_CODES)
 async def test_validation_error_event_is_invalid_argument(backend: TgiBackend) -> None:
     assert (await _error_of(backend, prompt(10_000))).code == grpc.StatusCode.INVALID_ARGUMENT
 
@@ -270,7 +263,6 @@ async def test_overloaded_event_is_a_clear_error(tgi: SimServer, backend: TgiBac
     assert tgi.engine.num_waiting == 0  # refused at the door, never queued
 
 
-@pytest.mark.xfail(strict=True, reason=_ERROR_EVENT_CODES)
 async def test_overloaded_event_is_retryable_resource_exhausted(
     tgi: SimServer, backend: TgiBackend
 ) -> None:

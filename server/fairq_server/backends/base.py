@@ -105,6 +105,17 @@ _STATUS_BY_HTTP: dict[int, grpc.StatusCode] = {
 }
 
 
+# TGI's error_type values (router/src/infer/mod.rs, server.rs).
+_ERROR_TYPES: dict[str, tuple[grpc.StatusCode, bool]] = {
+    "validation": (grpc.StatusCode.INVALID_ARGUMENT, False),
+    "template_error": (grpc.StatusCode.INVALID_ARGUMENT, False),
+    "tool_error": (grpc.StatusCode.INVALID_ARGUMENT, False),
+    "overloaded": (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
+    "generation": (grpc.StatusCode.INTERNAL, False),
+    "incomplete_generation": (grpc.StatusCode.UNAVAILABLE, False),
+}
+
+
 def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
     """Translate a backend's HTTP error answer into a :class:`BackendError`.
 
@@ -248,8 +259,23 @@ class Backend(abc.ABC):
             )
         err = obj.get("error")
         if err:
-            message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-            raise BackendError(
-                f"backend {self.id} failed mid-stream: {message}", grpc.StatusCode.INTERNAL
-            )
+            raise self._error_event(err, obj.get("error_type"))
         return obj
+
+    def _error_event(self, err: object, error_type: object) -> BackendError:
+        """Translate an error sent as a stream event (TGI sends even validation errors so).
+
+        TGI names the kind in ``error_type``; vLLM and the Messages API nest an HTTP status
+        (``code`` / ``http_status_code``) in the error object.
+        """
+        status: object = None
+        if isinstance(err, dict):
+            message = str(err.get("message", err))
+            status = err.get("code", err.get("http_status_code"))
+        else:
+            message = str(err)
+        code, retryable = _ERROR_TYPES.get(str(error_type), (grpc.StatusCode.INTERNAL, False))
+        if error_type is None and isinstance(status, int):
+            code = _STATUS_BY_HTTP.get(status, grpc.StatusCode.INTERNAL)
+            retryable = status == 429 or status >= 500
+        return BackendError(f"backend {self.id} failed: {message}", code, retryable=retryable)
