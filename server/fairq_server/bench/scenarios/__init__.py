@@ -12,7 +12,12 @@ import argparse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from fairq_server.bench.scenarios.backpressure import backpressure
+from fairq_server.bench.scenarios.onoff import on_off
 from fairq_server.bench.scenarios.overload import overload
+from fairq_server.bench.scenarios.prefix import prefix
+from fairq_server.bench.scenarios.priority import priority
+from fairq_server.bench.scenarios.short_long import short_long
 
 __all__ = ["SCENARIOS", "TITLES"]
 
@@ -20,8 +25,18 @@ Scenario = Callable[[argparse.Namespace, str, Path], Awaitable[bool]]
 
 SCENARIOS: dict[str, Scenario] = {
     "overload": overload,
+    "short-long": short_long,
+    "priority": priority,
+    "backpressure": backpressure,
+    "prefix": prefix,
+    "on-off": on_off,
 }
 
 TITLES: dict[str, str] = {
     "overload": "2. Backlogged overload (FIFO vs round-robin vs vtc)",
+    "short-long": "3. Short vs long requests (round-robin vs vtc, weights)",
+    "priority": "4. Priority isolation (interactive vs batch flood, aging)",
+    "backpressure": "5. Backpressure sweep (waiting threshold x TPOT limit)",
+    "prefix": "6. Prefix locality vs fairness (quantum Q)",
+    "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
 }

@@ -105,6 +105,7 @@ class FairqSetup:
             requests carry the key; otherwise open mode (every user weight 1).
         scheduler: further ``[scheduler]`` settings, verbatim TOML values.
         module: how to start fairq (``-m fairq_server`` or a wrapper module).
+        backend: further ``[[backends]]`` settings, verbatim TOML values.
 
     """
 
@@ -113,6 +114,7 @@ class FairqSetup:
     weights: dict[str, float] = field(default_factory=dict)
     scheduler: dict[str, str] = field(default_factory=dict)
     module: tuple[str, ...] = ("-m", "fairq_server")
+    backend: dict[str, str] = field(default_factory=dict)
 
     def toml(self, url: str, speed: float) -> str:
         """The configuration text for a backend at ``url`` running at clock factor ``speed``."""
@@ -143,6 +145,7 @@ class FairqSetup:
             "[[backends]]", 'id = "backend-0"', 'kind = "vllm"', f'base_url = "{url}"',
             f'models = ["{MODEL}"]',
         ]  # fmt: skip
+        lines += [f"{k} = {v}" for k, v in self.backend.items()]
         return "\n".join(lines) + "\n"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 from fairq_server.bench.report import percentile
 from fairq_server.bench.scenarios.common import FairqSetup, SimSetup, run_direct, run_fairq
@@ -26,6 +26,7 @@ class Run:
     speed: float
     duration: float
     weights: dict[str, float] | None = None
+    probe: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.traces, weights=self.weights)
@@ -74,11 +75,13 @@ async def run_all(
     setups: Sequence[tuple[str, FairqSetup | None]],
     duration_sim: float | None,
     weights: dict[str, float] | None = None,
+    probe: Callable[[str], Awaitable[dict[str, float]]] | None = None,
 ) -> list[Run]:
     """Replay the same workload (times in simulated s) once per setup, each on a fresh sim.
 
     ``None`` as the setup means straight to the backend (its FIFO queue). Requests still open
-    at ``duration_sim`` are cancelled (None: wait for all).
+    at ``duration_sim`` are cancelled (None: wait for all). ``probe(url)`` is awaited after
+    each replay, before the simulator stops (to read its metrics).
     """
     specs = scaled(specs_sim, sim.speed)
     stop = duration_sim / sim.speed if duration_sim is not None else None
@@ -90,11 +93,12 @@ async def run_all(
                 traces = await run_direct(url, specs, stop)
             else:
                 traces = await run_fairq(url, setup, specs, sim.speed, stop)
+            probed = await probe(url) if probe is not None else {}
         wall = time.monotonic() - started
         errors = sum(1 for t in traces if t.error)
         print(f"  {label}: {len(traces)} requests, {errors} errors, {wall:.0f} s", flush=True)
         end = stop if stop is not None else max((t.done or 0.0) for t in traces)
-        runs.append(Run(label, traces, sim.speed, end, weights))
+        runs.append(Run(label, traces, sim.speed, end, weights, probed))
     return runs
 
 
