@@ -3,7 +3,8 @@
 Each scenario is ``async (args, backend_url, out_dir) -> bool``: it runs its comparison,
 writes ``<out_dir>/<name>.md`` and plots, and returns True when the result points the right
 way (fairq better than FIFO where it must be). Scenarios that need the simulator start their
-own, sized for the experiment, and ignore ``backend_url``.
+own, sized for the experiment, and ignore ``backend_url``; ``overhead`` also runs against a
+real backend.
 """
 
 from __future__ import annotations
@@ -12,24 +13,29 @@ import argparse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from fairq_server.bench.scenarios.backpressure import backpressure
-from fairq_server.bench.scenarios.onoff import on_off
-from fairq_server.bench.scenarios.overload import overload
-from fairq_server.bench.scenarios.prefix import prefix
-from fairq_server.bench.scenarios.priority import priority
-from fairq_server.bench.scenarios.short_long import short_long
+# Modules, not their functions: a function bound under its module's name would shadow it.
+from fairq_server.bench.scenarios import (
+    backpressure,
+    onoff,
+    overhead,
+    overload,
+    prefix,
+    priority,
+    short_long,
+)
 
 __all__ = ["SCENARIOS", "TITLES"]
 
 Scenario = Callable[[argparse.Namespace, str, Path], Awaitable[bool]]
 
 SCENARIOS: dict[str, Scenario] = {
-    "overload": overload,
-    "short-long": short_long,
-    "priority": priority,
-    "backpressure": backpressure,
-    "prefix": prefix,
-    "on-off": on_off,
+    "overload": overload.overload,
+    "short-long": short_long.short_long,
+    "priority": priority.priority,
+    "backpressure": backpressure.backpressure,
+    "prefix": prefix.prefix,
+    "on-off": onoff.on_off,
+    "overhead": overhead.overhead,
 }
 
 TITLES: dict[str, str] = {
@@ -39,4 +45,5 @@ TITLES: dict[str, str] = {
     "backpressure": "5. Backpressure sweep (waiting threshold x TPOT limit)",
     "prefix": "6. Prefix locality vs fairness (quantum Q)",
     "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
+    "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
 }

@@ -60,6 +60,18 @@ async def _settle(url: str) -> None:
             await asyncio.sleep(0.1)
 
 
+def _salted(specs: list[RequestSpec], run: int) -> list[RequestSpec]:
+    """The same requests with prompts unique to this point (same length).
+
+    Points share one simulator; without this, a point's prompts would all be prefix-cache
+    hits left by the previous point, and prefill (this workload's main cost) would vanish.
+    """
+    return [
+        RequestSpec(s.user, f"{run:07d}|{s.prompt[:-8]}", s.max_tokens, at=s.at, tier=s.tier)
+        for s in specs
+    ]
+
+
 def _label(threshold: int, tpot: float | None) -> str:
     w = "unlimited" if threshold == UNLIMITED else str(threshold)
     t = "off" if tpot is None else f"{tpot * 1000:.0f} ms"
@@ -94,13 +106,13 @@ async def backpressure(args: argparse.Namespace, url: str, out: Path) -> bool:
         stop = duration / sim.speed
         results[load] = []
         async with sim.start() as sim_url:
-            traces = await run_direct(sim_url, specs, stop)
+            traces = await run_direct(sim_url, _salted(specs, 0), stop)
             direct = _point(Run("FIFO (direct)", traces, sim.speed, stop))
             results[load].append(("FIFO (direct)", None, None, direct))
-            for threshold, tpot in points:
+            for k, (threshold, tpot) in enumerate(points, start=1):
                 await _settle(sim_url)
                 setup = FairqSetup("vtc", (Tier("standard", threshold, tpot),))
-                traces = await run_fairq(sim_url, setup, specs, sim.speed, stop)
+                traces = await run_fairq(sim_url, setup, _salted(specs, k), sim.speed, stop)
                 point = _point(Run("", traces, sim.speed, stop))
                 results[load].append((_label(threshold, tpot), threshold, tpot, point))
         print(f"  load {load:g}x: {len(points) + 1} points", flush=True)

@@ -98,7 +98,7 @@ async def priority(args: argparse.Namespace, url: str, out: Path) -> bool:
     sim = SimSetup(
         "llama-8b-gpu", 16, speed=3.0 if quick else 2.0, extra=("--scheduling-policy", "priority")
     )
-    duration, warmup = (40.0, 5.0) if quick else (90.0, 10.0)
+    duration, warmup = (30.0, 5.0) if quick else (90.0, 10.0)
     mixed = workload(sim, duration, 0.3)
     alone_specs = [s for s in mixed if s.user != BATCH]
     setups: list[tuple[str, FairqSetup | None]] = [("FIFO (direct)", None)]
