@@ -175,6 +175,11 @@ class Dispatcher:
     def _post(self, command: _Command) -> None:
         self._inbox.append(command)
         self._wake.set()
+        if self._closed and (self._task is None or self._task.done()):
+            # The loop is gone, so nothing else will apply this, and nothing else writes the
+            # queue any more. A request arriving during shutdown gets its UNAVAILABLE now
+            # instead of waiting out the server's grace period for a loop that never runs.
+            self._evict_all()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -189,6 +194,10 @@ class Dispatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._evict_all()
+
+    def _evict_all(self) -> None:
+        """Apply pending commands, then fail every queued ticket (the loop has stopped)."""
         self._apply_inbox()
         error = ShuttingDownError("fairq is shutting down; the request was not started")
         for tier in range(len(self.tiers)):
