@@ -244,12 +244,14 @@ async def test_validation_error_event_is_invalid_argument(backend: TgiBackend) -
     assert (await _error_of(backend, prompt(10_000))).code == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def _overloaded_error(tgi: SimServer, backend: TgiBackend) -> BackendError:
+async def _overloaded_error(
+    tgi: SimServer, backend: TgiBackend, refused: BackendRequest | None = None
+) -> BackendError:
     tgi.config.max_concurrent_requests = 1
     holder = backend.stream(prompt(400), 0)
     try:
         assert isinstance(await anext(holder), TextDelta)
-        error = await _error_of(backend, prompt(4))
+        error = await _error_of(backend, refused or prompt(4))
         # The request holding the only permit is unaffected.
         assert isinstance(await anext(holder), TextDelta)
     finally:
@@ -267,6 +269,21 @@ async def test_overloaded_event_is_retryable_resource_exhausted(
     tgi: SimServer, backend: TgiBackend
 ) -> None:
     error = await _overloaded_error(tgi, backend)
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.retryable
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="TGI's Messages API sends every in-stream error with http_status_code 422 "
+    "(router/src/infer/mod.rs into_openai_event), so Backend._error_event maps an "
+    "overloaded chat request to INVALID_ARGUMENT; only the message says 'Model is overloaded'",
+)
+async def test_overloaded_chat_event_is_retryable_resource_exhausted(
+    tgi: SimServer, backend: TgiBackend
+) -> None:
+    error = await _overloaded_error(tgi, backend, chat(4))
+    assert "Model is overloaded" in str(error)
     assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.retryable
 
