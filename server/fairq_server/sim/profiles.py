@@ -15,25 +15,31 @@ Two profiles ship:
 ``tiny-cpu``
     The CPU build of vLLM 0.32 with a tiny random Llama on this project's 2-core reference
     machine, ``--max-num-seqs 4``. The three parameters come from :func:`calibrate` applied to
-    the three measurements in :data:`TINY_CPU_MEASUREMENTS`:
+    the three measurements in :data:`TINY_CPU_MEASUREMENTS`, from
+    ``tests/e2e/test_calibration.py`` (real vLLM and this simulator side by side; medians over
+    three calibration runs of three rounds each, since the shared machine is noisy; table
+    and method in ``docs/benchmarks/calibration.md``):
 
-    1. alone, a light user's first token after ~9 ms (one step: ``alpha + beta + gamma * P``
-       with a ~20-token prompt);
-    2. ~10k tokens/s streamed at 32 concurrent requests under default settings (all 32 run:
-       ``alpha + 32 * beta = 32 / 10_000`` s);
-    3. a light user's TTFT of 6.5 s behind 60 queued 300-token requests with 4 slots
-       (``60 * 300 / 4`` decode steps at batch 4, plus the 60 prefills, plus its own step).
+    1. alone, the engine's prefill time for the light request: 3.5 ms (vLLM's
+       ``request_prefill_time_seconds``; one step, ``alpha + beta + gamma * P`` with the
+       simulator's P = 3 tokens for that prompt). Not the end-to-end TTFT (~9 ms): most of
+       that is vLLM's API server and engine IPC, which occupy no engine step;
+    2. 5.6k tokens/s streamed by 32 concurrent requests with 32 slots
+       (``alpha + 32 * beta = 32 / 5_584`` s);
+    3. the light request's first token 7.3 s after a flood of 60 x 300-token requests (14
+       prompt tokens each) started, with 4 slots (``60 * 300 / 4`` decode steps at batch 4,
+       plus the 60 prefills, plus its own step): per run, the real time (7.6-8.2 s) less
+       the simulator's own lateness in that run (0.1-1.0 s), median over the runs.
 
-    Solving gives alpha ~1.07 ms, beta ~0.067 ms per sequence, gamma ~0.39 ms per prefill
-    token. Cross-check with the recorded ``tests/fixtures/metrics-after-requests.txt``: 67
-    requests at ~32 concurrency show a mean prefill time of 9.6 ms for ~15 computed tokens
-    each, the model says 3.2 + 5.9 = 9.1 ms. One figure disagrees: the flood snapshot
-    (``metrics-under-flood.txt``) shows an inter-token latency of ~3 ms at batch 4, where
-    fact 3 implies ~1.4 ms; that snapshot was taken while 60 HTTP streams and a scraper
-    competed with the engine for the two cores. The calibration run is meant to settle it;
-    feed its numbers to :func:`calibrate`. KV size and block size are those the fixture's
-    ``vllm:cache_config_info`` reports (8192 blocks of 128 tokens, 1 GiB), the context length
-    that of ``models.json`` (512).
+    Solving gives alpha ~0.87 ms, beta ~0.15 ms per sequence, gamma ~0.82 ms per prefill
+    token. The linear model has no per-request prefill cost, so ``gamma`` carries vLLM's
+    ~2.5 ms fixed cost of a prefill: short prompts are priced right, long ones too high (a
+    15-token prompt at batch 32: ~18 ms, where ``metrics-after-requests.txt`` shows 9.6 ms),
+    and to keep the flood right a modelled decode step at batch 4 is ~20% shorter than
+    vLLM's inter-token latency (1.47 vs ~1.8 ms; the simulator's own lateness makes up about
+    half of that when it runs). KV size and block size are those the fixture's
+    ``vllm:cache_config_info`` reports (8192 blocks of 128 tokens, 1 GiB), the context
+    length that of ``models.json`` (512).
 
 ``llama-8b-gpu``
     Llama-3-8B in bf16 with vLLM on one 80 GB A100. Derived from hardware figures and the
@@ -131,19 +137,20 @@ class Measurements:
 
 
 TINY_CPU_MEASUREMENTS = Measurements(
-    ttft_alone=0.009,
-    prompt_alone=20,
-    tokens_per_second=10_000.0,
+    ttft_alone=0.00347,
+    prompt_alone=3,
+    tokens_per_second=5_584.0,
     concurrency=32,
-    ttft_behind_flood=6.5,
+    ttft_behind_flood=7.32,
     flood_requests=60,
     flood_output_tokens=300,
-    flood_prompt_tokens=20,
+    flood_prompt_tokens=14,
     flood_slots=4,
 )
 """Reference-machine measurements of vLLM 0.32 CPU with a tiny model (see module docstring).
 
-The prompt sizes (20 tokens) are assumptions about the benchmark's requests, not measurements.
+Prompt sizes are the simulator's token counts of the benchmark's prompts (3 and 14; the tiny
+model's tokenizer makes 5 and 21 of them), since those are what the simulator prices.
 """
 
 
