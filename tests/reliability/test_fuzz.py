@@ -375,11 +375,6 @@ async def test_admin_fuzz(
     assert admin_server.core.pool.entries() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="registry.make_backend/poller let ValueError, httpx.InvalidURL and ExceptionGroup "
-    "escape RegisterBackend (UNKNOWN); they should be InvalidRequestError",
-)
 @pytest.mark.parametrize("url", KNOWN_BAD_URLS)
 async def test_register_backend_with_unusable_url_is_invalid_argument(
     url: str, channels: dict[str, grpc.aio.Channel], admin_server: FairqServer

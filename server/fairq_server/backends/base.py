@@ -244,6 +244,21 @@ class Backend(abc.ABC):
                 retryable=True,
             ) from exc
 
+    def shape_error(self, obj: object, exc: Exception | None = None) -> BackendError:
+        """Return the error for a stream event that is JSON but not shaped as the API says."""
+        return BackendError(
+            f"backend {self.id}: unexpected stream event {str(obj)[:200]!r}"
+            + (f" ({type(exc).__name__}: {exc})" if exc else ""),
+            grpc.StatusCode.INTERNAL,
+        )
+
+    def unfinished(self) -> BackendError:
+        """Return the error for a stream that ended without saying it was complete."""
+        return BackendError(
+            f"backend {self.id} ended the stream before the generation finished",
+            grpc.StatusCode.UNAVAILABLE,
+        )
+
     def _decode(self, data: str) -> dict[str, Any]:
         try:
             obj = json.loads(data)

@@ -54,6 +54,7 @@ class MetricsPoller:
             if self.healthy is not False:
                 log.warning("backend %s unhealthy: %s", self.backend.id, exc)
             self.healthy = False
+            self.load.healthy = False
             self.last_error = str(exc)
             self._on_update(self)
             return
@@ -61,6 +62,7 @@ class MetricsPoller:
         if self.healthy is False:
             log.info("backend %s healthy again", self.backend.id)
         self.healthy = True
+        self.load.healthy = True
         self.last_error = ""
         self.load.snapshot = MetricsSnapshot(
             taken_at=started,

@@ -71,7 +71,13 @@ def make_backend(
         raise InvalidRequestError(
             f"backend kind {cfg.kind!r} unknown; valid: {', '.join(BACKEND_KINDS)}"
         )
-    url = urlsplit(cfg.base_url)
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in cfg.base_url):
+        raise InvalidRequestError("backend base_url contains spaces or control characters")
+    try:
+        url = urlsplit(cfg.base_url)
+        url.port  # noqa: B018 - raises ValueError for a port that is not 0-65535
+    except ValueError as exc:
+        raise InvalidRequestError(f"backend base_url is not a valid URL: {exc}") from None
     if url.scheme not in ("http", "https") or not url.hostname:
         raise InvalidRequestError(
             f"backend base_url must be http(s)://host[:port], not {cfg.base_url!r}"
@@ -84,15 +90,18 @@ def make_backend(
         )
     if not cfg.models or any(not m for m in cfg.models):
         raise InvalidRequestError("backend must serve at least one named model")
-    return cls(
-        cfg.id,
-        cfg.base_url,
-        cfg.models,
-        priority_scheduling=cfg.priority_scheduling,
-        max_in_flight=cfg.max_in_flight,
-        timeout=timeout,
-        transport=transport,
-    )
+    try:
+        return cls(
+            cfg.id,
+            cfg.base_url,
+            cfg.models,
+            priority_scheduling=cfg.priority_scheduling,
+            max_in_flight=cfg.max_in_flight,
+            timeout=timeout,
+            transport=transport,
+        )
+    except httpx.InvalidURL as exc:
+        raise InvalidRequestError(f"backend base_url is not a valid URL: {exc}") from None
 
 
 @dataclass

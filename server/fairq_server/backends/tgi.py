@@ -89,31 +89,53 @@ class TgiBackend(Backend):
         async for batch in self._sse(path, body):
             texts: list[str] = []
             for obj in batch:
-                token = obj.get("token")
-                if isinstance(token, dict):
-                    if token.get("text") and not token.get("special"):
-                        texts.append(str(token["text"]))
+                try:
+                    reason, usage = self._read_event(obj, texts)
+                except (AttributeError, TypeError, ValueError) as exc:
+                    raise self.shape_error(obj, exc) from exc
+                if reason:
+                    finish = _FINISH.get(reason, reason)
+                if usage is not None:
+                    prompt_tokens, completion_tokens = usage
+                elif "token" in obj:
                     completion_tokens += 1
-                    details = obj.get("details")
-                    if isinstance(details, dict):
-                        reason = str(details.get("finish_reason") or "")
-                        finish = _FINISH.get(reason, reason)
-                        prompt_tokens = int(details.get("input_length") or 0)
-                        completion_tokens = int(
-                            details.get("generated_tokens") or completion_tokens
-                        )
-                    continue
-                for choice in obj.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    if delta.get("content"):
-                        texts.append(str(delta["content"]))
-                    if choice.get("finish_reason"):
-                        reason = str(choice["finish_reason"])
-                        finish = _FINISH.get(reason, reason)
-                usage = obj.get("usage")
-                if usage:
-                    prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                    completion_tokens = int(usage.get("completion_tokens") or 0)
             if texts:
                 yield TextDelta("".join(texts), len(texts))
-        yield StreamEnd(finish or "stop", prompt_tokens, completion_tokens)
+        if not finish:
+            raise self.unfinished()
+        yield StreamEnd(finish, prompt_tokens, completion_tokens)
+
+    @staticmethod
+    def _read_event(obj: dict[str, Any], texts: list[str]) -> tuple[str, tuple[int, int] | None]:
+        """Append the event's text to ``texts``; return its finish reason and final usage.
+
+        Handles both ``/generate_stream`` token events and Messages API chunks.
+        """
+        token = obj.get("token")
+        if token is not None:
+            text = token["text"]
+            if not isinstance(text, str):
+                raise TypeError("token text is not a string")
+            if text and not token.get("special"):
+                texts.append(text)
+            details = obj.get("details")
+            if isinstance(details, dict):
+                counts = (int(details.get("input_length") or 0), int(details["generated_tokens"]))
+                return str(details.get("finish_reason") or ""), counts
+            return "", None
+        reason = ""
+        for choice in obj.get("choices") or ():
+            content = (choice.get("delta") or {}).get("content")
+            if content is not None and not isinstance(content, str):
+                raise TypeError("content is not a string")
+            if content:
+                texts.append(content)
+            if choice.get("finish_reason"):
+                reason = str(choice["finish_reason"])
+        usage = obj.get("usage")
+        if usage:
+            return reason, (
+                int(usage.get("prompt_tokens") or 0),
+                int(usage.get("completion_tokens") or 0),
+            )
+        return reason, None

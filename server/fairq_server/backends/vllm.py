@@ -89,17 +89,26 @@ class VllmBackend(Backend):
         async for batch in self._sse(path, body):
             texts: list[str] = []
             for obj in batch:
-                for choice in obj.get("choices") or ():
-                    delta = choice.get("delta")
-                    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                    if text:
-                        texts.append(text)
-                    if choice.get("finish_reason"):
-                        finish = str(choice["finish_reason"])
-                usage = obj.get("usage")
-                if usage:
-                    prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                    completion_tokens = int(usage.get("completion_tokens") or 0)
+                try:
+                    for choice in obj.get("choices") or ():
+                        delta = choice.get("delta")
+                        text = (
+                            delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                        )
+                        if text is not None and not isinstance(text, str):
+                            raise TypeError("text is not a string")
+                        if text:
+                            texts.append(text)
+                        if choice.get("finish_reason"):
+                            finish = str(choice["finish_reason"])
+                    usage = obj.get("usage")
+                    if usage:
+                        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                        completion_tokens = int(usage.get("completion_tokens") or 0)
+                except (AttributeError, TypeError, ValueError) as exc:
+                    raise self.shape_error(obj, exc) from exc
             if texts:
                 yield TextDelta("".join(texts), len(texts))
-        yield StreamEnd(finish or "stop", prompt_tokens, completion_tokens)
+        if not finish:
+            raise self.unfinished()
+        yield StreamEnd(finish, prompt_tokens, completion_tokens)

@@ -245,6 +245,8 @@ class Dispatcher:
             elif isinstance(command, _Retry):
                 if ticket.state is TicketState.RUNNING:
                     entry = self._release(ticket)
+                    # Suspect until its next successful scrape: no more work meanwhile.
+                    entry.load.healthy = False
                     ticket.retries += 1
                     ticket.excluded |= {entry.backend.id}
                     self._telemetry.retries.labels(entry.backend.id).inc()
@@ -320,14 +322,24 @@ class Dispatcher:
             tier = self._aged_tier(first, now)
             tier_queue = self.queue.tiers[tier]
             if tier_queue.has_retries:
-                ticket = self.queue.pop(tier)
+                ticket = tier_queue.peek_retry()
                 preferred = [e for e in candidates if e.backend.id not in ticket.excluded]
+                if not preferred and self._another_backend(ticket):
+                    return  # first in line: wait for a backend it has not failed on
+                self.queue.pop(tier)
                 entry = self._route(ticket, preferred or candidates)
             else:
                 user, entry = self._pick(tier, candidates)
                 ticket = self.queue.pop(tier, user)
             self._last_served[tier] = now
             self._start(ticket, entry, now)
+
+    def _another_backend(self, ticket: Ticket) -> bool:
+        """Whether a healthy backend of the model exists that ``ticket`` has not failed on."""
+        return any(
+            e.backend.id not in ticket.excluded and e.load.healthy and not e.load.draining
+            for e in self._pool.for_model(self.model)
+        )
 
     def _near(self, candidates: list[BackendEntry]) -> list[BackendEntry]:
         """Backends loaded at most ``routing_slack`` requests above the least loaded one."""

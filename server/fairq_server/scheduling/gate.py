@@ -24,6 +24,7 @@ class GateOutcome(enum.Enum):
 
     ADMIT = "admit"
     NO_METRICS = "no_metrics"
+    UNHEALTHY = "unhealthy"
     STALE = "stale"
     WAITING = "waiting"
     TPOT = "tpot"
@@ -62,7 +63,8 @@ class BackendLoad:
     """Live load of one backend, as the gate sees it.
 
     ``dispatched`` and ``finished`` only grow; the dispatcher writes them, the poller writes
-    ``snapshot``.
+    ``snapshot``. ``healthy`` goes False when a scrape fails or a request could not reach the
+    backend, and True again with the next successful scrape.
     """
 
     snapshot: MetricsSnapshot | None = None
@@ -70,6 +72,7 @@ class BackendLoad:
     finished: int = 0
     in_flight: int = 0
     awaiting_first_token: int = 0
+    healthy: bool = True
     max_in_flight: int = 0
     draining: bool = False
 
@@ -88,6 +91,8 @@ def admit(load: BackendLoad, tier: TierConfig, now: float, stale_after: float) -
     """Decide whether ``load``'s backend may take one more request of ``tier`` at ``now``."""
     if load.draining:
         return GateOutcome.DRAINING
+    if not load.healthy:
+        return GateOutcome.UNHEALTHY
     if load.max_in_flight and load.in_flight >= load.max_in_flight:
         return GateOutcome.IN_FLIGHT
     snap = load.snapshot

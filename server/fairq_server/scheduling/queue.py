@@ -83,6 +83,10 @@ class TierQueue:
             del self._flows[ticket.user]
             self.fairness.deactivate(ticket.user)
 
+    def peek_retry(self) -> Ticket:
+        """Return the first retried ticket without removing it."""
+        return self._front[0]
+
     @property
     def has_retries(self) -> bool:
         """True while retried tickets wait at the front of the tier."""

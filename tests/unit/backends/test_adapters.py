@@ -62,7 +62,7 @@ async def test_payload_sends_priority_only_to_priority_backends() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(json.loads(request.content))
-        return sse_response(b"data: [DONE]\n\n")
+        return sse_response(b'data: {"choices":[{"text":"x","finish_reason":"length"}]}\n\n')
 
     await collect(vllm_with(httpx.MockTransport(handler)), PROMPT)
     await collect(vllm_with(httpx.MockTransport(handler), priority_scheduling=True), PROMPT)
@@ -157,3 +157,23 @@ async def test_tgi_422_error_body() -> None:
         await collect(tgi, PROMPT)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "too long" in str(info.value)
+
+
+async def test_stream_ending_without_a_finish_reason_is_an_error() -> None:
+    body = b'data: {"choices":[{"text":"partial"}]}\n\n'
+    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
+    with pytest.raises(BackendError, match="before the generation finished") as info:
+        await collect(backend, PROMPT)
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    "event",
+    [b'{"choices":"abc"}', b'{"choices":[null]}', b'{"choices":[{"text":5}]}',
+     b'{"choices":[{"text":"a"}],"usage":{"prompt_tokens":"many"}}'],
+)  # fmt: skip
+async def test_wrongly_shaped_events_are_clear_errors(event: bytes) -> None:
+    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(b"data: " + event + b"\n\n")))
+    with pytest.raises(BackendError, match="unexpected stream event") as info:
+        await collect(backend, PROMPT)
+    assert info.value.code == grpc.StatusCode.INTERNAL

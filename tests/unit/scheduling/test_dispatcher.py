@@ -121,6 +121,7 @@ class Harness:
                 dispatched_mark=load.dispatched,
                 finished_mark=load.finished,
             )
+            load.healthy = True  # a successful scrape clears a suspected failure
         self.d.wake()
 
     def ticket(self, user: str, tier: int = 0, prefix: tuple[int, ...] = ()) -> Ticket:
@@ -378,6 +379,8 @@ async def test_retry_goes_ahead_of_its_tier_and_prefers_another_backend() -> Non
         assert r.state is TicketState.QUEUED
         assert (r.retries, r.excluded) == (1, frozenset({"b0"}))
         assert x.load.in_flight == 0 and x.load.finished == 1
+        # x is suspect until its next scrape succeeds: nothing goes there meanwhile.
+        assert not x.load.healthy
         # y can take exactly one request; x could take more and is less loaded, but failed.
         h.scrape(x, waiting=0)
         h.scrape(y, waiting=2)
