@@ -273,12 +273,6 @@ async def test_overloaded_event_is_retryable_resource_exhausted(
     assert error.retryable
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TGI's Messages API sends every in-stream error with http_status_code 422 "
-    "(router/src/infer/mod.rs into_openai_event), so Backend._error_event maps an "
-    "overloaded chat request to INVALID_ARGUMENT; only the message says 'Model is overloaded'",
-)
 async def test_overloaded_chat_event_is_retryable_resource_exhausted(
     tgi: SimServer, backend: TgiBackend
 ) -> None:

@@ -111,9 +111,21 @@ _ERROR_TYPES: dict[str, tuple[grpc.StatusCode, bool]] = {
     "template_error": (grpc.StatusCode.INVALID_ARGUMENT, False),
     "tool_error": (grpc.StatusCode.INVALID_ARGUMENT, False),
     "overloaded": (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
+    "missing_template_variable": (grpc.StatusCode.INVALID_ARGUMENT, False),
     "generation": (grpc.StatusCode.INTERNAL, False),
-    "incomplete_generation": (grpc.StatusCode.UNAVAILABLE, False),
+    "incomplete_generation": (grpc.StatusCode.UNAVAILABLE, True),
+    "incomplete_generation_stream": (grpc.StatusCode.UNAVAILABLE, True),
+    "stream_serialization_error": (grpc.StatusCode.INTERNAL, False),
 }
+# TGI's Messages API puts every stream error under http_status_code 422 without a type, so
+# the kind is read from the message prefix TGI uses (router/src/infer/mod.rs).
+_TGI_MESSAGE_KINDS = (
+    ("Model is overloaded", "overloaded"),
+    ("Input validation error", "validation"),
+    ("Template error", "template_error"),
+    ("Tool error", "tool_error"),
+    ("Incomplete generation", "incomplete_generation"),
+)
 
 
 def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
@@ -289,6 +301,8 @@ class Backend(abc.ABC):
             status = err.get("code", err.get("http_status_code"))
         else:
             message = str(err)
+        if error_type is None:
+            error_type = next((t for p, t in _TGI_MESSAGE_KINDS if message.startswith(p)), None)
         code, retryable = _ERROR_TYPES.get(str(error_type), (grpc.StatusCode.INTERNAL, False))
         if error_type is None and isinstance(status, int):
             code = _STATUS_BY_HTTP.get(status, grpc.StatusCode.INTERNAL)
