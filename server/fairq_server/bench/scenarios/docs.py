@@ -9,6 +9,7 @@ from pathlib import Path
 __all__ = ["Report", "write_readme"]
 
 RESULT_PREFIX = "**Result:**"
+NOTES_MARKER = "<!-- notes: kept when the table above is regenerated -->"
 
 
 @dataclass
@@ -97,5 +98,9 @@ def write_readme(out: Path, order: list[tuple[str, str]]) -> Path:
         if path.name not in listed and path.name != "README.md":
             rows.append(f"| {path.stem} | [{path.name}]({path.name}) | {_result_line(path)} |")
     readme = out / "README.md"
-    readme.write_text(_INTRO + "\n".join(rows) + "\n")
+    # Hand-written notes (findings, caveats) below the marker survive regeneration.
+    notes = ""
+    if readme.exists() and NOTES_MARKER in (old := readme.read_text()):
+        notes = "\n" + old[old.index(NOTES_MARKER) :]
+    readme.write_text(_INTRO + "\n".join(rows) + "\n" + notes)
     return readme
