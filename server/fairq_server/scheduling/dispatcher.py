@@ -253,7 +253,7 @@ class Dispatcher:
                     self.queue.push(ticket, front=True)
             else:
                 self.queue.tiers[ticket.tier].fairness.charge_tokens(
-                    ticket.user, command.prompt_tokens, command.completion_tokens
+                    ticket.user, command.prompt_tokens, command.completion_tokens, ticket.weight
                 )
 
     def _enqueue(self, ticket: Ticket) -> None:

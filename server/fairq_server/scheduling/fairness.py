@@ -42,6 +42,10 @@ class CounterFairness:
         self._stamps = itertools.count()
         self._virtual_time = 0.0
         self._active = 0
+        # Idle users whose counter was above the virtual time when they went idle: forgotten
+        # once the virtual time passes them (a returning user is lifted that far anyway), so
+        # memory follows active users, not every user name ever seen.
+        self._idle: list[tuple[float, str]] = []
 
     def _push(self, user: str, state: _UserState) -> None:
         state.stamp = next(self._stamps)
@@ -84,20 +88,36 @@ class CounterFairness:
             return
         state.active = False
         self._active -= 1
-        # Keep the record while it carries a counter above the floor a returning user would
-        # get anyway; otherwise forget it so memory follows the number of active users.
-        # A weighted user's record also carries the weight that tokens still streaming for
-        # its running requests must be divided by; a re-created record would charge them at 1.
-        if state.counter <= self._virtual_time and state.weight == 1.0:
+        self._forget_or_park(user, state)
+
+    def _forget_or_park(self, user: str, state: _UserState) -> None:
+        # Keep an idle record only while it carries a counter above the floor a returning
+        # user would get anyway. Charges arriving later carry their own weight.
+        if state.counter <= self._virtual_time:
             del self._users[user]
+        else:
+            heapq.heappush(self._idle, (state.counter, user))
+
+    def _prune(self) -> None:
+        idle = self._idle
+        while idle and idle[0][0] <= self._virtual_time:
+            _, user = heapq.heappop(idle)
+            state = self._users.get(user)
+            if state is not None and not state.active:
+                self._forget_or_park(user, state)
 
     def select(self) -> str:
         """See :meth:`FairnessPolicy.select`."""
         top = self._clean_top()
         if top is None:
             raise IndexError("select from a fairness policy with no active user")
-        self._virtual_time = max(self._virtual_time, top[0])
+        self._advance(top[0])
         return top[2]
+
+    def _advance(self, counter: float) -> None:
+        if counter > self._virtual_time:
+            self._virtual_time = counter
+            self._prune()
 
     def candidates(self, quantum: float, limit: int) -> list[str]:
         """See :meth:`FairnessPolicy.candidates`."""
@@ -107,7 +127,7 @@ class CounterFairness:
         # The dispatcher serves one of these instead of calling select(), so advance the
         # virtual time here too; otherwise it stays behind and a user arriving at an empty
         # tier starts below everyone served since, taking that many turns in a burst.
-        self._virtual_time = max(self._virtual_time, top[0])
+        self._advance(top[0])
         bound = top[0] + quantum
         taken: list[tuple[float, int, str]] = []
         while len(taken) < limit:
@@ -129,16 +149,21 @@ class CounterFairness:
         top = self._clean_top()
         return top[0] if top is not None else 0.0
 
-    def _charge(self, user: str, amount: float) -> None:
+    def _charge(self, user: str, amount: float, weight: float | None = None) -> None:
         state = self._users.get(user)
         if state is None:
             state = self._users[user] = _UserState(counter=self._virtual_time)
-        state.counter += amount / state.weight
+            # Created for an idle user by a late charge: make it prunable like the others.
+            heapq.heappush(self._idle, (state.counter, user))
+        w = weight if weight is not None and weight > 0 else state.weight
+        state.counter += amount / w
 
     def charge_dispatch(self, ticket: Ticket) -> None:
         """See :meth:`FairnessPolicy.charge_dispatch`. Charges nothing by default."""
 
-    def charge_tokens(self, user: str, prompt_tokens: int, completion_tokens: int) -> None:
+    def charge_tokens(
+        self, user: str, prompt_tokens: int, completion_tokens: int, weight: float | None = None
+    ) -> None:
         """See :meth:`FairnessPolicy.charge_tokens`. Charges nothing by default."""
 
 
@@ -162,6 +187,8 @@ class VtcFairness(CounterFairness):
 
     OUTPUT_WEIGHT = 2.0
 
-    def charge_tokens(self, user: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """Charge processed tokens to ``user``'s counter."""
-        self._charge(user, prompt_tokens + self.OUTPUT_WEIGHT * completion_tokens)
+    def charge_tokens(
+        self, user: str, prompt_tokens: int, completion_tokens: int, weight: float | None = None
+    ) -> None:
+        """Charge processed tokens to ``user``'s counter, divided by the request's weight."""
+        self._charge(user, prompt_tokens + self.OUTPUT_WEIGHT * completion_tokens, weight)

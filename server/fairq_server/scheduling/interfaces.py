@@ -57,8 +57,14 @@ class FairnessPolicy(Protocol):
         """Account for ``ticket`` having been dispatched."""
         ...
 
-    def charge_tokens(self, user: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """Account for tokens the backend processed for ``user``."""
+    def charge_tokens(
+        self, user: str, prompt_tokens: int, completion_tokens: int, weight: float | None = None
+    ) -> None:
+        """Account for tokens the backend processed for ``user``.
+
+        ``weight`` is the weight of the request they belong to (None: the user's current one);
+        it travels with the charge because the user may have gone idle meanwhile.
+        """
         ...
 
     def counter(self, user: str) -> float:

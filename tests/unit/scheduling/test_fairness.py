@@ -67,3 +67,28 @@ async def test_vtc_lifts_returning_user_to_min_backlogged_counter() -> None:
     vtc.activate("c", 1.0)  # new user, backlogged minimum is a's 300
     assert vtc.counter("c") == 300
     assert vtc.min_counter() == 300
+
+
+@pytest.mark.parametrize("name", sorted(FAIRNESS_POLICIES))
+async def test_memory_follows_active_users_not_every_name_ever_seen(name: str) -> None:
+    policy = make_fairness(name)
+    policy.activate("steady", 1.0)
+    for i in range(5000):
+        one_off = f"user-{i}"
+        policy.activate(one_off, 1.0)
+        t = ticket(one_off)
+        policy.charge_dispatch(t)
+        policy.charge_tokens(one_off, 10, 10, 2.0)
+        policy.deactivate(one_off)
+        policy.select()
+        policy.charge_dispatch(ticket("steady"))
+        policy.charge_tokens("steady", 10, 10)
+    assert len(policy._users) < 50  # type: ignore[attr-defined]
+
+
+async def test_late_charges_use_the_request_weight_after_the_user_went_idle() -> None:
+    vtc = VtcFairness()
+    vtc.activate("w", 4.0)
+    vtc.deactivate("w")
+    vtc.charge_tokens("w", 40, 0, 4.0)
+    assert vtc.counter("w") == pytest.approx(10.0)

@@ -456,12 +456,13 @@ async def test_vtc_grouping_bound_2u_plus_2q_is_reached() -> None:
 
 async def test_vtc_tokens_streaming_after_the_queue_emptied_are_weighted() -> None:
     """Regression: a user whose last queued request was dispatched is idle while that request
-    streams, and its tokens are still divided by the user's weight."""
+    streams, and its tokens are still divided by the request's weight (the dispatcher passes
+    it with every charge, so the idle user's record need not be kept for it)."""
     q = make_queue("vtc", tiers=1)
     fair = q.tiers[0].fairness
     q.push(ticket("w", weight=2.0))
     q.pop(0)
-    fair.charge_tokens("w", 100, 50)
+    fair.charge_tokens("w", 100, 50, 2.0)
     assert fair.counter("w") == (100 + 2 * 50) / 2.0
 
 
