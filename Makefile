@@ -5,7 +5,7 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm bench-vllm demo node bench clean
+.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm bench-vllm calibrate demo node bench clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
@@ -56,7 +56,10 @@ $(VLLM_VENV)/.installed:
 	touch $@
 
 test-vllm: sync $(VLLM_VENV)/.installed
-	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) pytest -q -m vllm tests/e2e
+	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) pytest -q -m "vllm and not calibration" tests/e2e
+
+calibrate: sync $(VLLM_VENV)/.installed
+	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) pytest -q -s -m calibration tests/e2e
 
 bench-vllm: sync $(VLLM_VENV)/.installed
 	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) python -m tests.e2e.bench_vllm flood

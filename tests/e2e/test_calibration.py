@@ -287,6 +287,7 @@ def calibration_input(
     )
 
 
+@pytest.mark.calibration
 async def test_sim_tiny_cpu_matches_real_vllm(
     vllm_fcfs: VllmProcess, vllm32: VllmProcess, sims: tuple[str, str]
 ) -> None:
