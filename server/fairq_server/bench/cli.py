@@ -65,7 +65,8 @@ SCENARIOS: dict[str, Scenario] = {"flood": _flood, **MORE_SCENARIOS}
 
 def _write_readme(args: argparse.Namespace) -> None:
     """Summarise every scenario page present in the output folder."""
-    pages = [("1. Power-user flood (FIFO vs fairq)", f"flood-{args.label}.md")]
+    floods = dict.fromkeys([f"flood-{args.label}.md", "flood-sim.md", "flood-vllm.md"])
+    pages = [(f"1. Power-user flood ({page[6:-3]})", page) for page in floods]
     pages += [(TITLES[name], f"{name}.md") for name in MORE_SCENARIOS]
     write_readme(args.out, pages)
 

@@ -124,6 +124,25 @@ async def throughput(
     }
 
 
+_PACKAGES = (
+    "h11", "httpcore", "httpx", "anyio", "asyncio", "grpc", "google/protobuf", "json",
+    "fairq_server", "fairq/",
+)  # fmt: skip
+
+
+def _profile_by_package(path: Path) -> str:
+    """Own time grouped by the library it is spent in (builtins count as "C / builtins")."""
+    entries = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in entries.values()) or 1.0
+    groups: dict[str, float] = {}
+    for (file, _, _), (_, _, tottime, _, _) in entries.items():
+        name = next((pkg for pkg in _PACKAGES if f"/{pkg}" in file), "")
+        name = name or ("C / builtins" if file == "~" else "other Python")
+        groups[name] = groups.get(name, 0.0) + tottime
+    rows = [[k, f"{v / total:.1%}"] for k, v in sorted(groups.items(), key=lambda kv: -kv[1])]
+    return markdown_table(["where", "own time"], rows)
+
+
 def _profile_top(path: Path, n: int = 14) -> str:
     stats = pstats.Stats(str(path))
     rows = []
@@ -168,7 +187,7 @@ async def overhead(args: argparse.Namespace, url: str, out: Path) -> bool:
                 await throughput(
                     source, args.model, args.kind, int(best["streams"]), seconds, module
                 )
-                profile_md = _profile_top(prof)
+                profile_md = _profile_by_package(prof) + "\n\n" + _profile_top(prof)
 
     rows_l = [
         ["straight to the backend", p(d, 50) * 1000, p(d, 99) * 1000],
