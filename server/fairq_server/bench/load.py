@@ -622,6 +622,8 @@ class LoadSize:
         soak_seconds: length of the soak, in rounds of ``round_seconds``.
         round_seconds: one round of soak traffic and one fault.
         soak_rate: soak arrivals per second.
+        soak_speed: the soak's simulators' clock factor.
+        churn_users: after the soak, this many requests each from a new user (0: skip).
         channels: client channels (TCP connections) to fairq.
 
     """
@@ -634,6 +636,8 @@ class LoadSize:
     soak_seconds: float = 180.0
     round_seconds: float = 15.0
     soak_rate: float = 40.0
+    soak_speed: float = 1.0
+    churn_users: int = 20_000
     channels: int = 16
 
 
@@ -646,6 +650,7 @@ QUICK = LoadSize(
     soak_seconds=30.0,
     round_seconds=10.0,
     soak_rate=25.0,
+    churn_users=2_000,
     channels=4,
 )
 
@@ -946,7 +951,7 @@ async def soak(size: LoadSize, log: Callable[[str], None] = print, seed: int = 1
     """Open-loop traffic in rounds, each with one fault; fairq must be quiet after each."""
     rng = random.Random(seed)
     result = SoakResult(size)
-    backends = [_Backend("sim-a", size.speed), _Backend("sim-b", size.speed)]
+    backends = [_Backend("sim-a", size.soak_speed), _Backend("sim-b", size.soak_speed)]
     for backend in backends:
         await backend.start()
     urls = [(b.name, f"http://127.0.0.1:{b.port}") for b in backends]
@@ -1014,12 +1019,13 @@ async def soak(size: LoadSize, log: Callable[[str], None] = print, seed: int = 1
                     f"{dict(tally.codes)}, RSS {rss / 2**20:.1f} MiB, "
                     f"probe max {round_result.probe.max * 1000:.0f} ms"
                 )
-            result.churn_users = size.users * 10
-            result.churn_rss_delta = await _churn(http, fairq, chans, result.churn_users)
-            log(
-                f"soak: {result.churn_users} one-request users: RSS "
-                f"{result.churn_rss_delta / 2**20:+.1f} MiB"
-            )
+            if size.churn_users:
+                result.churn_users = size.churn_users
+                result.churn_rss_delta = await _churn(http, fairq, chans, size.churn_users)
+                log(
+                    f"soak: {result.churn_users} one-request users: RSS "
+                    f"{result.churn_rss_delta / 2**20:+.1f} MiB"
+                )
     finally:
         for chan in chans:
             await chan.close()
