@@ -70,11 +70,6 @@ async def test_soak_with_faults_leaves_nothing_behind() -> None:
     assert result.rss_growth < 24 * 2**20, result.rss_growth
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="grpc core rejects new calls (CANCELLED) once >1000 wait to be accepted "
-    "(grpc.server.max_pending_requests, hard limit 3000); api/server.py keeps the defaults",
-)
 async def test_a_burst_of_new_requests_is_queued_not_cancelled(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
@@ -103,12 +98,6 @@ async def _first_event(call: GenerateCall) -> str:
     return response.WhichOneof("event") or ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fairness.py: RoundRobin/Vtc keep a _UserState for every user ever served "
-    "(charge_dispatch runs before deactivate; charge_tokens re-creates records), so memory "
-    "grows with user churn (~300 B per distinct user)",
-)
 async def test_per_user_fairness_state_does_not_outlive_its_users(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:

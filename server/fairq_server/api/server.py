@@ -62,6 +62,10 @@ class FairqServer:
             options=[
                 ("grpc.max_receive_message_length", 8 * 1024 * 1024),
                 ("grpc.max_metadata_size", config.limits.max_metadata_bytes),
+                # gRPC core cancels new calls once ~1000 wait to be accepted; a burst of
+                # clients is what fairq's own queue (and its caps) exist to absorb.
+                ("grpc.server.max_pending_requests", config.scheduler.max_queued_total),
+                ("grpc.server.max_pending_requests_hard_limit", config.scheduler.max_queued_total),
                 ("grpc.so_reuseport", 0),
             ]
         )

@@ -88,6 +88,16 @@ class CounterFairness:
             return
         state.active = False
         self._active -= 1
+        if self._active == 0:
+            # Nobody is backlogged: counters only matter relative to backlogged users, so the
+            # history can go. Everyone who comes back is lifted to the highest counter seen,
+            # which takes credit away from no one and keeps memory at zero between bursts.
+            self._virtual_time = max(
+                self._virtual_time, *(u.counter for u in self._users.values())
+            )
+            self._users.clear()
+            self._idle.clear()
+            return
         self._forget_or_park(user, state)
 
     def _forget_or_park(self, user: str, state: _UserState) -> None:
@@ -152,6 +162,8 @@ class CounterFairness:
     def _charge(self, user: str, amount: float, weight: float | None = None) -> None:
         state = self._users.get(user)
         if state is None:
+            if self._active == 0:
+                return  # nobody to be fair against: see deactivate()
             state = self._users[user] = _UserState(counter=self._virtual_time)
             # Created for an idle user by a late charge: make it prunable like the others.
             heapq.heappush(self._idle, (state.counter, user))
@@ -172,10 +184,7 @@ class RoundRobinFairness(CounterFairness):
 
     def charge_dispatch(self, ticket: Ticket) -> None:
         """Charge one unit per dispatched request, regardless of weight."""
-        state = self._users.get(ticket.user)
-        if state is None:
-            state = self._users[ticket.user] = _UserState(counter=self._virtual_time)
-        state.counter += 1.0
+        self._charge(ticket.user, 1.0, weight=1.0)
 
 
 class VtcFairness(CounterFairness):

@@ -88,7 +88,19 @@ async def test_memory_follows_active_users_not_every_name_ever_seen(name: str) -
 
 async def test_late_charges_use_the_request_weight_after_the_user_went_idle() -> None:
     vtc = VtcFairness()
+    vtc.activate("x", 1.0)  # backlogged: charges to others matter relative to x
     vtc.activate("w", 4.0)
     vtc.deactivate("w")
     vtc.charge_tokens("w", 40, 0, 4.0)
     assert vtc.counter("w") == pytest.approx(10.0)
+
+
+async def test_an_empty_tier_forgets_everyone_and_lifts_returners_to_the_top() -> None:
+    vtc = VtcFairness()
+    vtc.activate("a", 1.0)
+    vtc.charge_tokens("a", 30, 0)
+    vtc.deactivate("a")
+    vtc.charge_tokens("late", 5, 5)  # nobody backlogged: nothing to be fair against
+    assert vtc._users == {}  # type: ignore[attr-defined]
+    vtc.activate("b", 1.0)
+    assert vtc.counter("b") == 30
