@@ -108,7 +108,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     request_id=ticket.request.request_id,
                 )
             )
-            charged_prompt = charged_completion = pending = 0
+            # The queue charged the estimated prompt at dispatch (vtc); settled at the end.
+            charged_prompt = ticket.prompt_tokens
+            charged_completion = pending = 0
             try:
                 stream = merged(
                     entry.backend.stream(ticket.request, priority),
@@ -125,8 +127,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                             telemetry.ttft.labels(tier_cfg.name).observe(
                                 first_token_at - ticket.arrival
                             )
-                            charged_prompt = ticket.prompt_tokens
-                            dispatcher.charge(ticket, charged_prompt, 0)
                         pending += event.tokens
                         if pending >= _CHARGE_EVERY:
                             dispatcher.charge(ticket, 0, pending)

@@ -196,6 +196,15 @@ class VtcFairness(CounterFairness):
 
     OUTPUT_WEIGHT = 2.0
 
+    def charge_dispatch(self, ticket: Ticket) -> None:
+        """Charge the (estimated) prompt on admission, as VTC does.
+
+        Without it, one dispatch pass would hand every free slot to the same user, since no
+        token has been counted yet; the servicer settles the estimate against the backend's
+        own count when the request ends.
+        """
+        self._charge(ticket.user, float(ticket.prompt_tokens), ticket.weight)
+
     def charge_tokens(
         self, user: str, prompt_tokens: int, completion_tokens: int, weight: float | None = None
     ) -> None:

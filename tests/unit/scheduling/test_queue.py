@@ -146,3 +146,15 @@ async def test_push_marks_ticket_queued() -> None:
     t = ticket("a")
     q.push(t)
     assert t.state is TicketState.QUEUED
+
+
+async def test_vtc_does_not_give_every_free_slot_to_one_user() -> None:
+    from fairq_server.scheduling.fairness import VtcFairness
+
+    q = ModelQueue(1, VtcFairness, FifoOrdering())
+    for user in "abc":
+        for _ in range(4):
+            q.push(ticket(user, prompt="x" * 40))
+    # One dispatch pass with six free slots: the prompt is charged on admission, so the
+    # slots go round the users instead of all to the first.
+    assert [q.pop(0).user for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
