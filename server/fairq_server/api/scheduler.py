@@ -92,12 +92,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def _serve(self, ticket: Ticket, dispatcher: Dispatcher) -> AsyncIterator[Response]:
         telemetry = self._core.telemetry
         tier_cfg = self._core.config.tiers[ticket.tier]
-        priority = tier_cfg.priority if tier_cfg.priority is not None else ticket.tier
         position = await ticket.enqueued
         yield Response(queued=scheduler_pb2.Queued(position=position))
         first_token_at: float | None = None
         while True:
             entry = await ticket.assigned
+            priority = self._priority(ticket)
             started_at = time.monotonic()
             queue_seconds = started_at - ticket.arrival
             yield Response(
@@ -168,6 +168,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 ),
             )
         )
+
+    def _priority(self, ticket: Ticket) -> int:
+        """Return the backend priority to send: the tier's, or the overtaken tier's if aged."""
+        index = ticket.priority_tier if ticket.priority_tier is not None else ticket.tier
+        cfg = self._core.config.tiers[index]
+        return cfg.priority if cfg.priority is not None else index
 
     @staticmethod
     def _loop_future() -> asyncio.Future[BackendEntry]:

@@ -332,6 +332,9 @@ class Dispatcher:
                 user, entry = self._pick(tier, candidates)
                 ticket = self.queue.pop(tier, user)
             self._last_served[tier] = now
+            # An aged request is sent with the priority of the tier it overtook, so a
+            # priority-scheduling backend does not let later higher-tier work pass it again.
+            ticket.priority_tier = first
             self._start(ticket, entry, now)
 
     def _another_backend(self, ticket: Ticket) -> bool:

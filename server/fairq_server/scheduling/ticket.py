@@ -62,6 +62,7 @@ class Ticket:
     retries: int = 0
     excluded: frozenset[str] = frozenset()
     prefix: tuple[int, ...] = ()
+    priority_tier: int | None = None  # whose backend priority to send (set at dispatch)
     entry: BackendEntry | None = None
     enqueued: asyncio.Future[int] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()

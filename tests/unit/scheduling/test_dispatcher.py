@@ -439,8 +439,12 @@ async def test_aging_lets_batch_overtake_once_per_interval_and_not_before() -> N
             return h.order[-1]
 
         assert (await finish_one_at(9.9)).tier == 0
-        # Due: batch goes under the interactive gate (its own would refuse: 2 are waiting).
+        # Due: batch goes under the interactive gate (its own would refuse: 2 are waiting),
+        # and is sent with interactive's backend priority so later interactive work cannot
+        # overtake it again inside a priority-scheduling backend.
         assert await finish_one_at(10.0) is b1
+        assert b1.priority_tier == 0
+        assert inter[0].priority_tier == 0
         assert (await finish_one_at(19.9)).tier == 0
         assert await finish_one_at(20.0) is b2
         assert (await finish_one_at(40.0)).tier == 0  # no batch left to age
