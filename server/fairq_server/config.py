@@ -84,6 +84,7 @@ class TierConfig:
     kv_usage_limit: float | None = None
     priority: int | None = None
     aging_seconds: float | None = None
+    max_in_flight: int = 0
 
 
 DEFAULT_TIERS: tuple[TierConfig, ...] = (

@@ -414,6 +414,8 @@ class Dispatcher:
         load = entry.load
         load.dispatched += 1
         load.in_flight += 1
+        name = self.tiers[ticket.tier].name
+        load.tier_in_flight[name] = load.tier_in_flight.get(name, 0) + 1
         load.awaiting_first_token += 1
         ticket.generating = False
         entry.idle.clear()
@@ -437,6 +439,7 @@ class Dispatcher:
         load = entry.load
         load.in_flight -= 1
         load.finished += 1
+        load.tier_in_flight[self.tiers[ticket.tier].name] -= 1
         if not ticket.generating:
             load.awaiting_first_token -= 1
         self._telemetry.backend_in_flight.labels(entry.backend.id).set(load.in_flight)

@@ -12,7 +12,7 @@ has no token yet). Missing or stale metrics count as saturated (fail closed).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fairq_server.config import TierConfig
 
@@ -30,6 +30,7 @@ class GateOutcome(enum.Enum):
     TPOT = "tpot"
     KV_CACHE = "kv_cache"
     IN_FLIGHT = "in_flight"
+    TIER_IN_FLIGHT = "tier_in_flight"
     DRAINING = "draining"
 
 
@@ -73,6 +74,7 @@ class BackendLoad:
     in_flight: int = 0
     awaiting_first_token: int = 0
     healthy: bool = True
+    tier_in_flight: dict[str, int] = field(default_factory=dict)
     max_in_flight: int = 0
     draining: bool = False
 
@@ -95,6 +97,8 @@ def admit(load: BackendLoad, tier: TierConfig, now: float, stale_after: float) -
         return GateOutcome.UNHEALTHY
     if load.max_in_flight and load.in_flight >= load.max_in_flight:
         return GateOutcome.IN_FLIGHT
+    if tier.max_in_flight and load.tier_in_flight.get(tier.name, 0) >= tier.max_in_flight:
+        return GateOutcome.TIER_IN_FLIGHT
     snap = load.snapshot
     if snap is None:
         return GateOutcome.NO_METRICS

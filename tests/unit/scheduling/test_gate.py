@@ -82,3 +82,13 @@ def test_in_flight_cap_and_draining() -> None:
         admit(load(0, in_flight=4, max_in_flight=4), INTERACTIVE, NOW, 1.0) is GateOutcome.IN_FLIGHT
     )
     assert admit(load(0, draining=True), INTERACTIVE, NOW, 1.0) is GateOutcome.DRAINING
+
+
+def test_tier_in_flight_cap_keeps_slots_for_higher_tiers() -> None:
+    batch = TierConfig("batch", max_backend_waiting=0, max_in_flight=3)
+    state = load(0)
+    state.tier_in_flight = {"batch": 3, "interactive": 1}
+    assert admit(state, batch, NOW, 1.0) is GateOutcome.TIER_IN_FLIGHT
+    assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.ADMIT
+    state.tier_in_flight["batch"] = 2
+    assert admit(state, batch, NOW, 1.0) is GateOutcome.ADMIT
