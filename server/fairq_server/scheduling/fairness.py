@@ -92,9 +92,7 @@ class CounterFairness:
             # Nobody is backlogged: counters only matter relative to backlogged users, so the
             # history can go. Everyone who comes back is lifted to the highest counter seen,
             # which takes credit away from no one and keeps memory at zero between bursts.
-            self._virtual_time = max(
-                self._virtual_time, *(u.counter for u in self._users.values())
-            )
+            self._virtual_time = max(self._virtual_time, *(u.counter for u in self._users.values()))
             self._users.clear()
             self._idle.clear()
             return
