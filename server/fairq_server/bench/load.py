@@ -454,6 +454,7 @@ class Outcome:
     """
 
     code: str = "OK"
+    details: str = ""
     events: int = 0
     queued: int = 0
     started: int = 0
@@ -478,6 +479,7 @@ class Tally:
         self.violations: list[Outcome] = []
         self.repeated_started = 0
         self.unavailable: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}  # the first message seen for each error status
         self.reached_server = 0
         self.progress: Counter[str] = Counter()
         self._changed = asyncio.Condition()
@@ -485,6 +487,8 @@ class Tally:
     def add(self, outcome: Outcome) -> None:
         """Record a finished request."""
         self.codes[outcome.code] += 1
+        if outcome.code not in ("OK", "CLIENT_CANCELLED") and outcome.code not in self.examples:
+            self.examples[outcome.code] = outcome.details
         self.repeated_started += outcome.started > 1
         # When UNAVAILABLE struck. Dispatched but failed before any text is what the design
         # retries on another backend, so with a healthy one available it should be rare.
@@ -572,7 +576,7 @@ async def send(
             elif kind == "finished":
                 out.finished += 1
     except grpc.aio.AioRpcError as exc:
-        out.code = exc.code().name
+        out.code, out.details = exc.code().name, exc.details() or ""
     except asyncio.CancelledError:
         call.cancel()
         raise
@@ -631,7 +635,7 @@ class LoadSize:
     streams: int = 2_000
     queued: int = 20_000
     users: int = 1_000
-    hold_seconds: float = 60.0
+    hold_seconds: float = 150.0
     speed: float = 0.25
     soak_seconds: float = 180.0
     round_seconds: float = 15.0
@@ -855,6 +859,7 @@ class RoundResult:
     repeated_started: int
     rss: int
     probe: ProbeStats
+    examples: dict[str, str] = field(default_factory=dict)
 
     @property
     def counted_ok(self) -> bool:
@@ -870,6 +875,7 @@ class SoakResult:
     rounds: list[RoundResult] = field(default_factory=list)
     quiet_every_round: bool = True
     churn_users: int = 0
+    churn_rss_known: int = 0
     churn_rss_delta: int = 0
 
     @property
@@ -1011,6 +1017,7 @@ async def soak(size: LoadSize, log: Callable[[str], None] = print, seed: int = 1
                     tally.repeated_started,
                     rss,
                     prober.stats(started, time.monotonic()),
+                    tally.examples,
                 )
                 before = served
                 result.rounds.append(round_result)
@@ -1021,7 +1028,9 @@ async def soak(size: LoadSize, log: Callable[[str], None] = print, seed: int = 1
                 )
             if size.churn_users:
                 result.churn_users = size.churn_users
-                result.churn_rss_delta = await _churn(http, fairq, chans, size.churn_users)
+                result.churn_rss_known, result.churn_rss_delta = await _churn(
+                    http, fairq, chans, size.churn_users
+                )
                 log(
                     f"soak: {result.churn_users} one-request users: RSS "
                     f"{result.churn_rss_delta / 2**20:+.1f} MiB"
@@ -1038,36 +1047,33 @@ async def soak(size: LoadSize, log: Callable[[str], None] = print, seed: int = 1
 
 async def _churn(
     http: httpx.AsyncClient, fairq: ChildProcess, chans: Sequence[grpc.aio.Channel], users: int
-) -> int:
-    """RSS growth of a quiet fairq after ``users`` requests, each from a user never seen
-    before: state kept per user after its last request leaks with user churn."""
+) -> tuple[int, int]:
+    """RSS growth of a quiet fairq over a batch of ``users`` requests from 8 known users, and
+    over a batch of as many requests each from a user never seen before.
+
+    The first batch runs twice and the second run is the one reported: any batch of this
+    size grows the allocator's pools once. State kept per user after its last request would
+    show as the difference between the two figures.
+    """
     tally = Tally()
     admission = asyncio.Semaphore(ADMISSION_WINDOW)
 
-    async def one(i: int) -> Outcome:
-        spec = Spec(f"churn-{i}", 1)
-        return await send(chans[i % len(chans)], spec, tally, prompt_for(spec.user, i), admission)
-
-    await fairq_quiet(http, fairq)
-    # Warm the allocator with as many requests from a handful of users first, so that what
-    # remains is per-user state and not pools that any burst of this size would grow.
-    await asyncio.gather(
-        *(
-            send(
-                chans[i % len(chans)],
-                Spec(f"warm-{i % 8}", 1),
-                tally,
-                prompt_for("warm", i),
-                admission,
+    async def batch(user: Callable[[int], str]) -> int:
+        await fairq_quiet(http, fairq)
+        before = fairq.rss_bytes()
+        await asyncio.gather(
+            *(
+                send(chans[i % len(chans)], Spec(user(i), 1), tally, prompt_for(user(i), i),
+                     admission)
+                for i in range(users)
             )
-            for i in range(users)
-        )
-    )
-    await fairq_quiet(http, fairq)
-    before = fairq.rss_bytes()
-    await asyncio.gather(*(one(i) for i in range(users)))
-    await fairq_quiet(http, fairq)
-    return fairq.rss_bytes() - before
+        )  # fmt: skip
+        await fairq_quiet(http, fairq)
+        return fairq.rss_bytes() - before
+
+    await batch(lambda i: f"known-{i % 8}")
+    known = await batch(lambda i: f"known-{i % 8}")
+    return known, await batch(lambda i: f"churn-{i}")
 
 
 async def _delayed(seconds: float, coro: Coroutine[None, None, None]) -> None:
@@ -1080,6 +1086,10 @@ async def _delayed(seconds: float, coro: Coroutine[None, None, None]) -> None:
 
 def _ms(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value * 1000:.0f} ms"
+
+
+def _examples(examples: dict[str, str]) -> str:
+    return "; ".join(f"{code}: {text[:160]}" for code, text in sorted(examples.items())) or "-"
 
 
 def _probe(p: ProbeStats) -> str:
@@ -1121,6 +1131,7 @@ def capacity_table(r: CapacityResult) -> str:
             f"{r.fairq_cpu_seconds:.0f} s ({r.fairq_cpu_seconds / max(r.total_seconds, 1e-9):.2f})",
         ),
         ("requests: outcomes", codes),
+        ("  first message per error status", _examples(r.tally.examples)),
         ("requests without exactly one terminal event", len(r.tally.violations)),
         ("requests counted by fairq's fairq_requests_total", f"{r.server_outcomes:.0f}"),
         ("queue and in-flight back to 0 after", "yes" if r.quiet_after else "NO"),
@@ -1162,12 +1173,15 @@ def soak_table(r: SoakResult) -> str:
         f"RSS growth first -> last round: {r.rss_growth / 2**20:+.1f} MiB; "
         f"queue and in-flight back to 0 after every round: "
         f"{'yes' if r.quiet_every_round else 'NO'}",
+        "",
+        *(f"- round {x.index}, first messages: {_examples(x.examples)}" for x in r.rounds),
     ]
     if r.churn_users:
         lines.append(
-            f"User churn: {r.churn_users} requests from as many new users grew fairq's quiet "
-            f"RSS by {r.churn_rss_delta / 2**20:+.1f} MiB "
-            f"({r.churn_rss_delta / r.churn_users:+.0f} bytes per user)"
+            f"User churn: {r.churn_users} requests grew fairq's quiet RSS by "
+            f"{r.churn_rss_known / 2**20:+.1f} MiB from 8 known users and by "
+            f"{r.churn_rss_delta / 2**20:+.1f} MiB from as many new users "
+            f"({(r.churn_rss_delta - r.churn_rss_known) / r.churn_users:+.0f} bytes per new user)"
         )
     return "\n".join(lines)
 
