@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 
 from fairq_server.api.server import FairqServer
 from fairq_server.config import ConfigError, load_config
+from fairq_server.errors import SchedulerError
 
 __all__ = ["main"]
 
@@ -38,7 +39,13 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("fairq").info("stopping: draining for %.0f s", args.grace)
         await server.stop(grace=args.grace)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except (ConfigError, SchedulerError, OSError, ValueError) as exc:
+        # A configuration that parses but cannot work (bad backend URL, unknown policy,
+        # missing TLS files, port in use): one line, no traceback.
+        print(f"fairq: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

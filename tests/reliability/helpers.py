@@ -172,6 +172,27 @@ def generate(
     )
 
 
+async def send_raw(port: int, data: bytes, window: float = 1.0) -> bytes:
+    """Send ``data`` on a fresh TCP connection; return what the server answered until it
+    closed the connection (or ``window`` seconds passed: then we close it)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    received = b""
+    try:
+        writer.write(data)
+        await writer.drain()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(window):
+                while chunk := await reader.read(65536):
+                    received += chunk
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    return received
+
+
 # -- a raw, scripted HTTP backend ---------------------------------------------------------
 
 VLLM_IDLE_METRICS = (
@@ -215,13 +236,14 @@ def raw_reply(data: bytes) -> Reply:
 class ScriptedBackend:
     """A minimal HTTP/1.1 server posing as a vLLM backend, answering what the test scripts.
 
-    ``GET /metrics`` always answers an idle vLLM (so fairq's gate admits); every ``POST`` is
-    recorded in :attr:`requests` (its JSON body) and answered by :attr:`reply`, which may
-    write anything at all, including bytes that are not HTTP.
+    ``GET /metrics`` answers :attr:`metrics` (by default an idle vLLM, so fairq's gate
+    admits); every ``POST`` is recorded in :attr:`requests` (its JSON body) and answered by
+    :attr:`reply`, which may write anything at all, including bytes that are not HTTP.
     """
 
     def __init__(self, reply: Reply) -> None:
         self.reply = reply
+        self.metrics = VLLM_IDLE_METRICS  # what /metrics answers; a test may change it
         self.requests: list[dict[str, object]] = []
         self.url = ""
         self._server: asyncio.Server | None = None
@@ -255,7 +277,7 @@ class ScriptedBackend:
                 }
                 raw = await reader.readexactly(int(headers.get("content-length", "0")))
                 if method == "GET" and path == "/metrics":
-                    body = VLLM_IDLE_METRICS.encode()
+                    body = self.metrics.encode()
                     writer.write(
                         b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n"
                         b"content-length: %d\r\n\r\n%s" % (len(body), body)

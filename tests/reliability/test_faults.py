@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -650,3 +652,36 @@ async def test_sim_child_restart_on_same_port_is_picked_up_again(
     finally:
         await second.stop()
     assert out.code is OK and out.backends == ["phoenix"], out
+
+
+# -- start-up with a configuration that cannot work -----------------------------------------
+
+UNUSABLE_CONFIGS = {
+    "unknown-policy": '[scheduler]\nfairness = "nope"\n',
+    "backend-bad-port": (
+        '[[backends]]\nid = "x"\nkind = "vllm"\nbase_url = "http://127.0.0.1:abc"\nmodels = ["m"]\n'
+    ),
+    "backend-ftp": (
+        '[[backends]]\nid = "x"\nkind = "vllm"\nbase_url = "ftp://127.0.0.1:1"\nmodels = ["m"]\n'
+    ),
+    "tls-files-missing": '[tls]\ncert_file = "/nonexistent.crt"\nkey_file = "/nonexistent.key"\n',
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSABLE_CONFIGS))
+async def test_serve_refuses_an_unusable_configuration_with_a_message(
+    case: str, tmp_path: Path
+) -> None:
+    """`fairq serve` with a configuration that cannot work exits 2 with one line saying why,
+    as it does for a file it cannot parse; not with a Python traceback."""
+    path = tmp_path / "fairq.toml"
+    path.write_text('listen = "127.0.0.1:0"\n' + UNUSABLE_CONFIGS[case])
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fairq_server", "serve", "--config", str(path),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, process_group=0,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2, err.decode()[-500:]
+    assert b"Traceback" not in err
+    assert err.decode().startswith("fairq: ")

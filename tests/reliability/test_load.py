@@ -115,5 +115,5 @@ async def test_per_user_fairness_state_does_not_outlive_its_users(
     dispatcher = server.core.dispatcher("sim")
     assert len(dispatcher.queue) == 0
     # White-box on purpose: no public figure exposes per-user records.
-    remembered = sum(len(tier.fairness._users) for tier in dispatcher.queue.tiers)  # type: ignore[attr-defined]
+    remembered = sum(len(tier.fairness._users) for tier in dispatcher.queue.tiers)  # type: ignore[attr-defined,misc]
     assert remembered == 0

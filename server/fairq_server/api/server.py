@@ -61,7 +61,9 @@ class FairqServer:
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+                # Both limits: above the soft one gRPC refuses only some requests at random.
                 ("grpc.max_metadata_size", config.limits.max_metadata_bytes),
+                ("grpc.absolute_max_metadata_size", config.limits.max_metadata_bytes),
                 # gRPC core cancels new calls once ~1000 wait to be accepted; a burst of
                 # clients is what fairq's own queue (and its caps) exist to absorb.
                 ("grpc.server.max_pending_requests", config.scheduler.max_queued_total),

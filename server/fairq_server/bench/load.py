@@ -318,6 +318,7 @@ class ProbeStats:
     control_max: float = math.nan
     excess_p99: float = math.nan
     excess_max: float = math.nan
+    worst: tuple[tuple[float, float], ...] = ()  # (seconds into the window, latency), top 3
 
 
 class Prober:
@@ -373,6 +374,7 @@ class Prober:
             control_max=control[-1],
             excess_p99=percentile(excess, 99),
             excess_max=excess[-1],
+            worst=tuple((x[0] - start, x[1]) for x in sorted(window, key=lambda x: -x[1])[:3]),
         )
 
     async def stop(self) -> None:
@@ -679,6 +681,7 @@ class CapacityResult:
     probe: ProbeStats | None = None
     probe_queue_fill: ProbeStats | None = None
     quiet_after: bool = False
+    first_wave_seconds: float = math.nan
 
     @property
     def bytes_per_queued(self) -> float:
@@ -764,7 +767,7 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
     prober = await Prober.start(fairq.address)
     chans = channels(fairq.address, size.channels)
     tasks: list[asyncio.Task[Outcome]] = []
-    watch: asyncio.Task[None] | None = None
+    helpers: list[asyncio.Task[None]] = []  # the watcher and the first-wave marker
     try:
         async with httpx.AsyncClient() as http:
             warm = Tally()
@@ -777,7 +780,7 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
             result.rss_idle = fairq.rss_bytes()
             cpu0, t0 = fairq.cpu_seconds(), time.monotonic()
             urls = (fairq.metrics_url, sim.address + "/metrics")
-            watch = asyncio.create_task(_watch(http, urls, result, log))
+            helpers.append(asyncio.create_task(_watch(http, urls, result, log)))
             log(
                 f"capacity: {size.streams} streams of {hold_tokens} tokens "
                 f"(~{hold_tokens * step:.0f} s each)"
@@ -798,6 +801,12 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
                 f"capacity: {size.streams} running after {result.stream_start_seconds:.1f} s; "
                 f"queueing {size.queued} from {size.users} users"
             )
+
+            async def first_wave() -> None:
+                await result.tally.wait_for("started", size.streams + 1, timeout=3600)
+                result.first_wave_seconds = time.monotonic() - t0
+
+            helpers.append(asyncio.create_task(first_wave()))
             t_fill = time.monotonic()
             for i in range(size.queued):
                 launch(size.streams + i, Spec(f"user-{i % size.users}", SHORT_TOKENS))
@@ -817,7 +826,8 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
             await asyncio.gather(*tasks)
             result.total_seconds = time.monotonic() - t0
             result.fairq_cpu_seconds = fairq.cpu_seconds() - cpu0
-            watch.cancel()
+            for helper in helpers:
+                helper.cancel()
             samples = await fairq_quiet(http, fairq)
             result.quiet_after = True
             # fairq's own count of finalized requests, minus the warm-up ones.
@@ -827,9 +837,9 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
         result.probe = prober.stats(t0, t0 + result.total_seconds)
         result.probe_queue_fill = prober.stats(t_fill, fill_end)
     finally:
-        for task in [*tasks, *([watch] if watch else [])]:
+        for task in [*tasks, *helpers]:
             task.cancel()
-        await asyncio.gather(*tasks, *([watch] if watch else []), return_exceptions=True)
+        await asyncio.gather(*tasks, *helpers, return_exceptions=True)
         for chan in chans:
             await chan.close()
         await prober.stop()
@@ -1126,6 +1136,11 @@ def capacity_table(r: CapacityResult) -> str:
             f"{_ms(probe.excess_p99)} / {_ms(probe.excess_max)}",
         ),
         ("health probes (failed)", f"{probe.count} ({probe.failures})"),
+        (
+            "  slowest probes (s into the run: latency)",
+            ", ".join(f"{at:.0f} s: {_ms(lat)}" for at, lat in probe.worst) or "-",
+        ),
+        ("  streams ended, first wave of queued work started at", f"{r.first_wave_seconds:.0f} s"),
         (
             "fairq CPU (avg cores)",
             f"{r.fairq_cpu_seconds:.0f} s ({r.fairq_cpu_seconds / max(r.total_seconds, 1e-9):.2f})",

@@ -251,6 +251,9 @@ class Dispatcher:
                     ticket.excluded |= {entry.backend.id}
                     self._telemetry.retries.labels(entry.backend.id).inc()
                     self.queue.push(ticket, front=True)
+                    if self._config.queue_ttl_seconds is not None:
+                        # Among the oldest by arrival, so it goes in front for the TTL too.
+                        self._arrivals.appendleft(ticket)
             else:
                 self.queue.tiers[ticket.tier].fairness.charge_tokens(
                     ticket.user, command.prompt_tokens, command.completion_tokens, ticket.weight
