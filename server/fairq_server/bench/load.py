@@ -470,7 +470,17 @@ class Outcome:
         """Exactly one terminal event: a ``finished`` and a clean end, or an error status."""
         if self.code == "OK":
             return self.finished == 1 and self.after_finished == 0
-        return self.finished == 0
+        return self.finished == 0 or self.deadline_race
+
+    @property
+    def deadline_race(self) -> bool:
+        """``finished`` came, then the call's own deadline struck before the OK status did.
+
+        gRPC sends the last message and the status separately, and the client's deadline
+        timer may fire between them: the client reports DEADLINE_EXCEEDED although the
+        request completed. Counted apart, not as a violation of fairq's contract.
+        """
+        return self.code == "DEADLINE_EXCEEDED" and self.finished == 1 and not self.after_finished
 
 
 class Tally:
@@ -480,6 +490,7 @@ class Tally:
         self.codes: Counter[str] = Counter()
         self.violations: list[Outcome] = []
         self.repeated_started = 0
+        self.deadline_races = 0  # see Outcome.deadline_race
         self.unavailable: Counter[str] = Counter()
         self.examples: dict[str, str] = {}  # the first message seen for each error status
         self.reached_server = 0
@@ -505,6 +516,7 @@ class Tally:
             "CLIENT_CANCELLED",
             "CANCELLED",
         )
+        self.deadline_races += outcome.deadline_race
         if not outcome.terminal_ok or (outcome.events and outcome.first != "queued"):
             self.violations.append(outcome)
 
@@ -870,6 +882,8 @@ class RoundResult:
     rss: int
     probe: ProbeStats
     examples: dict[str, str] = field(default_factory=dict)
+    deadline_races: int = 0
+    violation_examples: tuple[Outcome, ...] = ()
 
     @property
     def counted_ok(self) -> bool:
@@ -1028,6 +1042,8 @@ async def soak(size: LoadSize, log: Callable[[str], None] = print, seed: int = 1
                     rss,
                     prober.stats(started, time.monotonic()),
                     tally.examples,
+                    tally.deadline_races,
+                    tuple(tally.violations[:3]),
                 )
                 before = served
                 result.rounds.append(round_result)
@@ -1148,6 +1164,7 @@ def capacity_table(r: CapacityResult) -> str:
         ("requests: outcomes", codes),
         ("  first message per error status", _examples(r.tally.examples)),
         ("requests without exactly one terminal event", len(r.tally.violations)),
+        ("  e.g.", "; ".join(str(v) for v in r.tally.violations[:2]) or "-"),
         ("requests counted by fairq's fairq_requests_total", f"{r.server_outcomes:.0f}"),
         ("queue and in-flight back to 0 after", "yes" if r.quiet_after else "NO"),
         ("wall time", f"{r.total_seconds:.0f} s"),
@@ -1190,6 +1207,13 @@ def soak_table(r: SoakResult) -> str:
         f"{'yes' if r.quiet_every_round else 'NO'}",
         "",
         *(f"- round {x.index}, first messages: {_examples(x.examples)}" for x in r.rounds),
+        f"- finished, then the client's own deadline (see Outcome.deadline_race): "
+        f"{sum(x.deadline_races for x in r.rounds)}",
+        *(
+            f"- round {x.index}, not one terminal event: {v}"
+            for x in r.rounds
+            for v in x.violation_examples
+        ),
     ]
     if r.churn_users:
         lines.append(
