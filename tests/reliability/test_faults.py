@@ -20,6 +20,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq.v1.scheduler_pb2 import GenerateResponse
 from fairq_server.api.server import FairqServer
 from fairq_server.bench.load import ChildProcess, process_group_alive, start_fairq, start_sim
@@ -266,9 +267,27 @@ async def test_failure_before_first_token_is_retried_once_on_the_other_backend(
         out = await run_call(generate(ch, gen_request(max_tokens=5), metadata=user("a")))
     assert out.code is OK and out.finished is not None, out
     assert out.finished.usage.completion_tokens == 5
-    assert out.backends[0] == "failing" and out.backends[-1] == "good", out
+    assert out.backends[-1] == "good", out
     assert fairq_metric(server, "fairq_retries_total", backend="failing") == 1
     assert await sim_requests_seen(slow_sim) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="api/scheduler.py _serve yields a Started event per attempt; scheduler.proto "
+    "promises one `started` (fix the code, or document one per attempt and drop this test)",
+)
+async def test_a_retried_request_still_sends_one_started_event(
+    failing_sim: SimServer, slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    slow_sim.config.speed = 5.0
+    config = make_config([sim_backend(failing_sim, "failing"), sim_backend(slow_sim, "good")])
+    server = await fairq_factory(config)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        out = await run_call(generate(ch, gen_request(max_tokens=5), metadata=user("a")))
+    assert out.code is OK and fairq_metric(server, "fairq_retries_total", backend="failing") == 1
+    assert out.kinds.count("started") == 1, out
+    assert out.backends == ["good"]
 
 
 async def test_retry_happens_once_then_the_error_reaches_the_client(
@@ -479,6 +498,29 @@ async def test_slow_metrics_fail_closed_without_stalling_the_dispatcher(
     assert elapsed < 3.0, elapsed
     assert refused > 0
     assert fairq_metric(server, "fairq_dispatches_total", backend="slow", tier="interactive") == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="api/admin.py _status reports healthy = poller.healthy (last scrape succeeded); "
+    "admin.proto promises 'succeeded and is fresh', and a stale backend gets no work",
+)
+async def test_list_backends_reports_a_backend_with_stale_metrics_as_not_healthy(
+    slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """An operator asking ListBackends sees what the gate sees: a backend whose metrics
+    always arrive later than stale_after is not healthy, though each scrape succeeds."""
+    config = make_config([sim_backend(slow_sim, "slow")], stale_after_seconds=0.3)
+    server = await fairq_factory(config)
+    slow_sim.config.metrics_delay = 0.6  # > stale_after, < the 1 s scrape timeout
+    await until(lambda: snapshot_age(server, "slow") > 0.3, what="slow snapshot stale")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        listed = await admin_pb2_grpc.AdminStub(ch).ListBackends(
+            admin_pb2.ListBackendsRequest(), timeout=10
+        )
+    slow_sim.config.metrics_delay = 0.0
+    assert [b.backend.id for b in listed.backends] == ["slow"]
+    assert not listed.backends[0].healthy
 
 
 async def test_metrics_slower_than_the_scrape_timeout_mark_the_backend_unhealthy(
