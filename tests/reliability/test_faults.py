@@ -555,6 +555,40 @@ async def test_all_backends_failing_metrics_rejects_new_requests_unavailable(
     assert "no healthy backend serves model 'sim'" in out.details
 
 
+async def test_a_hung_backend_absorbs_at_most_its_gate_and_the_rest_go_elsewhere(
+    slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """A backend that accepts requests and never answers them, while its metrics look idle
+    (an engine hang behind a live HTTP server): fairq's own count of requests without a first
+    token closes its gate after `max_backend_waiting` (3), so every other request is served
+    by the healthy backend, and the stuck ones end with the client's deadline."""
+    hang = asyncio.Event()
+
+    async def never(body: dict[str, object], writer: asyncio.StreamWriter) -> None:
+        await hang.wait()  # released only at the end of the test
+
+    slow_sim.config.speed = 5.0
+    async with ScriptedBackend(never) as hung:
+        config = make_config(
+            [BackendConfig("hung", "vllm", hung.url, ("sim",)), sim_backend(slow_sim, "well")]
+        )
+        server = await fairq_factory(config)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            calls = [
+                generate(ch, gen_request(), metadata=user(f"u{i}"), timeout=2) for i in range(12)
+            ]
+            outs = await asyncio.gather(*(run_call(c) for c in calls))
+        entry = server.core.pool.get("hung")
+        assert entry is not None
+        await until(lambda: entry.load.in_flight == 0, what="stuck slots released")
+        hang.set()
+    stuck = [o for o in outs if o.code is not OK]
+    assert len(hung.requests) == 3, hung.requests
+    assert len(stuck) == 3 and all(o.backends == ["hung"] for o in stuck), stuck
+    assert all(o.code == grpc.StatusCode.DEADLINE_EXCEEDED for o in stuck), stuck
+    assert all(o.backends == ["well"] for o in outs if o.code is OK)
+
+
 # -- a backend that answers garbage -------------------------------------------------------
 
 
