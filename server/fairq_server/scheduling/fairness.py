@@ -20,6 +20,8 @@ from fairq_server.scheduling.ticket import Ticket
 
 __all__ = ["CounterFairness", "RoundRobinFairness", "VtcFairness"]
 
+_FRESH = 1 << 62
+
 
 @dataclass
 class _UserState:
@@ -33,7 +35,11 @@ class CounterFairness:
     """Shared machinery: serve the active user with the smallest counter.
 
     Ties go to the user whose entry was pushed first, which makes equal counters rotate in
-    round-robin order. Subclasses decide what a dispatch and a token cost.
+    round-robin order. A user lifted on becoming backlogged goes before users who reached
+    that counter by being served: it joins the rotation next, as in round-robin, instead of
+    after one more turn of everyone already there (a user that was not lifted had its turn
+    at this counter and queues behind as usual). Subclasses decide what a dispatch and a
+    token cost.
     """
 
     def __init__(self) -> None:
@@ -47,8 +53,9 @@ class CounterFairness:
         # memory follows active users, not every user name ever seen.
         self._idle: list[tuple[float, str]] = []
 
-    def _push(self, user: str, state: _UserState) -> None:
-        state.stamp = next(self._stamps)
+    def _push(self, user: str, state: _UserState, *, fresh: bool = False) -> None:
+        # Activation stamps sort before every stamp given after a charge, in arrival order.
+        state.stamp = next(self._stamps) - (_FRESH if fresh else 0)
         heapq.heappush(self._heap, (state.counter, state.stamp, user))
 
     def _clean_top(self) -> tuple[float, int, str] | None:
@@ -70,16 +77,19 @@ class CounterFairness:
         """See :meth:`FairnessPolicy.activate`."""
         state = self._users.get(user)
         if state is None:
-            state = self._users[user] = _UserState()
+            # New, or forgotten at a counter <= the virtual time: it starts there, so a user
+            # served moments ago and forgotten is not mistaken for one that was never served.
+            state = self._users[user] = _UserState(counter=self._virtual_time)
         if state.active:
             return
         state.weight = weight if weight > 0 else 1.0
         top = self._clean_top()
         floor = top[0] if top is not None else self._virtual_time
+        lifted = state.counter < floor
         state.counter = max(state.counter, floor)
         state.active = True
         self._active += 1
-        self._push(user, state)
+        self._push(user, state, fresh=lifted)
 
     def deactivate(self, user: str) -> None:
         """See :meth:`FairnessPolicy.deactivate`."""

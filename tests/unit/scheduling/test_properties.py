@@ -314,7 +314,10 @@ async def test_round_robin_serves_nobody_twice_between_two_turns_of_a_backlogged
     B before A's next needs B at c and then at c + 1 with B ahead of A on the tie at c + 1. But
     A's heap entry is refreshed to c + 1 by the very next heap access after A's service (it is
     the minimum entry), before B is served at c, so A's tie-break stamp is older and A wins.
-    That also covers users that go idle and come back inside the window.
+    That also covers users that go idle and come back inside the window. A user lifted on
+    return wins ties, but only a user whose counter (or, if forgotten, the virtual time) is
+    below the minimum is lifted; one served inside the window has reached c + 1 already, and
+    forgetting it needs a selection at c + 1, so neither is lifted past A.
     """
     q = make_queue("round-robin")
     m = Model()

@@ -75,10 +75,11 @@ async def test_returning_user_cannot_bank_idle_time() -> None:
     push("b0", "b")
     assert names([q.pop(0), q.pop(0), q.pop(0)], labels) == ["a0", "b0", "a1"]
     # b was idle while a was served; on return b is lifted to a's counter (2), so it gets no
-    # burst for the turn it missed. On the tie, a goes first: it has been backlogged longer.
+    # burst for the turn it missed. On the tie b goes first, as it would in a round-robin
+    # rotation: a reached 2 by being served just now, b was lifted there without a turn.
     push("b1", "b")
     push("b2", "b")
-    assert names(drain(q), labels) == ["a2", "b1", "a3", "b2"]
+    assert names(drain(q), labels) == ["b1", "a2", "b2", "a3"]
 
 
 async def test_removed_tickets_are_skipped_and_counts_stay_exact() -> None:
