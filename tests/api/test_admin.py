@@ -10,7 +10,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.sim import SimServer
 
-from ..conftest import KEYS, FairqFactory, make_config
+from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
 
 ROOT = (("authorization", "Bearer root-key"),)
 ALICE = (("authorization", "Bearer alice-key"),)
@@ -62,6 +62,24 @@ async def test_register_list_generate_deregister(
                 admin_pb2.DeregisterBackendRequest(id="sim-b"), metadata=ROOT
             )
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_list_backends_healthy_needs_fresh_metrics(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """admin.proto: healthy = the last scrape succeeded *and* is fresh. A backend whose last
+    scrape succeeded but is older than stale_after (the gate refuses it) is not healthy."""
+    server = await fairq_factory(make_config([sim_backend(sim)]))
+    entry = server.core.pool.get("sim-a")
+    assert entry is not None
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        admin = admin_pb2_grpc.AdminStub(ch)
+        before = await admin.ListBackends(admin_pb2.ListBackendsRequest())
+        freeze_gate(server)  # no more scrapes; the last one is aged far past stale_after
+        after = await admin.ListBackends(admin_pb2.ListBackendsRequest())
+    assert before.backends[0].healthy
+    assert entry.poller.healthy is True  # the last scrape did succeed
+    assert not after.backends[0].healthy
 
 
 @pytest.mark.parametrize(

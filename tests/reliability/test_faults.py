@@ -500,27 +500,30 @@ async def test_slow_metrics_fail_closed_without_stalling_the_dispatcher(
     assert fairq_metric(server, "fairq_dispatches_total", backend="slow", tier="interactive") == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api/admin.py _status reports healthy = poller.healthy (last scrape succeeded); "
-    "admin.proto promises 'succeeded and is fresh', and a stale backend gets no work",
-)
 async def test_list_backends_reports_a_backend_with_stale_metrics_as_not_healthy(
     slow_sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
     """An operator asking ListBackends sees what the gate sees: a backend whose metrics
-    always arrive later than stale_after is not healthy, though each scrape succeeds."""
+    always arrive later than stale_after is not healthy, though each scrape succeeds; once
+    its metrics are fresh again it is listed healthy again."""
     config = make_config([sim_backend(slow_sim, "slow")], stale_after_seconds=0.3)
     server = await fairq_factory(config)
-    slow_sim.config.metrics_delay = 0.6  # > stale_after, < the 1 s scrape timeout
-    await until(lambda: snapshot_age(server, "slow") > 0.3, what="slow snapshot stale")
+    entry = server.core.pool.get("slow")
+    assert entry is not None
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        listed = await admin_pb2_grpc.AdminStub(ch).ListBackends(
-            admin_pb2.ListBackendsRequest(), timeout=10
-        )
-    slow_sim.config.metrics_delay = 0.0
-    assert [b.backend.id for b in listed.backends] == ["slow"]
-    assert not listed.backends[0].healthy
+        admin = admin_pb2_grpc.AdminStub(ch)
+        slow_sim.config.metrics_delay = 0.6  # > stale_after, < the 1 s scrape timeout
+        await until(lambda: snapshot_age(server, "slow") > 0.3, what="slow snapshot stale")
+        stale = await admin.ListBackends(admin_pb2.ListBackendsRequest(), timeout=10)
+        scrapes_succeeding = entry.poller.healthy is True and entry.poller.failures == 0
+        slow_sim.config.metrics_delay = 0.0
+        # Polled every 50 ms: well under stale_after by the time the answer is built.
+        await until(lambda: snapshot_age(server, "slow") < 0.1, what="snapshot fresh again")
+        fresh = await admin.ListBackends(admin_pb2.ListBackendsRequest(), timeout=10)
+    assert [b.backend.id for b in stale.backends] == ["slow"]
+    assert scrapes_succeeding  # not the scrape's failure: only its age
+    assert not stale.backends[0].healthy
+    assert fresh.backends[0].healthy
 
 
 async def test_metrics_slower_than_the_scrape_timeout_mark_the_backend_unhealthy(

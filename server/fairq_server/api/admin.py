@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
@@ -55,7 +57,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             entry = await self._core.register_backend(cfg, from_rpc=True)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))
-        return admin_pb2.RegisterBackendResponse(status=_status(entry))
+        return admin_pb2.RegisterBackendResponse(status=self._status(entry))
 
     async def DeregisterBackend(
         self,
@@ -76,13 +78,23 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         """List every backend with its live state."""
         await self._authorize(context)  # type: ignore[arg-type]
         return admin_pb2.ListBackendsResponse(
-            backends=[_status(e) for e in self._core.pool.entries()]
+            backends=[self._status(e) for e in self._core.pool.entries()]
         )
 
+    def _status(self, entry: BackendEntry) -> admin_pb2.BackendStatus:
+        return _status(entry, self._core.config.scheduler.stale_after_seconds, time.monotonic())
 
-def _status(entry: BackendEntry) -> admin_pb2.BackendStatus:
+
+def _status(entry: BackendEntry, stale_after: float, now: float) -> admin_pb2.BackendStatus:
+    """Return the backend's live state.
+
+    ``healthy`` is what admin.proto promises: the last scrape succeeded and its snapshot is
+    fresh by the gate's own measure (at most ``stale_after`` seconds old at ``now``), so a
+    backend the gate refuses as stale is not listed as healthy.
+    """
     b, load = entry.backend, entry.load
     snap = load.snapshot
+    fresh = snap is not None and now - snap.taken_at <= stale_after
     return admin_pb2.BackendStatus(
         backend=admin_pb2.Backend(
             id=b.id,
@@ -92,7 +104,7 @@ def _status(entry: BackendEntry) -> admin_pb2.BackendStatus:
             priority_scheduling=b.priority_scheduling,
             max_in_flight=b.max_in_flight,
         ),
-        healthy=entry.poller.healthy is True,
+        healthy=entry.poller.healthy is True and fresh,
         in_flight=load.in_flight,
         waiting=snap.waiting if snap else 0.0,
         running=snap.running if snap else 0.0,
