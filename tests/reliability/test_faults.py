@@ -272,22 +272,19 @@ async def test_failure_before_first_token_is_retried_once_on_the_other_backend(
     assert await sim_requests_seen(slow_sim) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api/scheduler.py _serve yields a Started event per attempt; scheduler.proto "
-    "promises one `started` (fix the code, or document one per attempt and drop this test)",
-)
-async def test_a_retried_request_still_sends_one_started_event(
+async def test_a_retried_request_sends_one_started_event_per_attempt(
     failing_sim: SimServer, slow_sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
+    """As scheduler.proto says: a `started` per backend attempt, the last naming the backend
+    that serves, and no text before it."""
     slow_sim.config.speed = 5.0
     config = make_config([sim_backend(failing_sim, "failing"), sim_backend(slow_sim, "good")])
     server = await fairq_factory(config)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         out = await run_call(generate(ch, gen_request(max_tokens=5), metadata=user("a")))
     assert out.code is OK and fairq_metric(server, "fairq_retries_total", backend="failing") == 1
-    assert out.kinds.count("started") == 1, out
-    assert out.backends == ["good"]
+    assert out.backends == ["failing", "good"], out
+    assert out.kinds[: out.kinds.index("chunk")].count("started") == 2, out
 
 
 async def test_retry_happens_once_then_the_error_reaches_the_client(
@@ -374,12 +371,6 @@ async def test_retry_waits_for_the_other_backend_instead_of_the_failing_one(
     assert not failed, f"{len(failed)} of {len(outs)} failed, e.g. {failed[0]}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatcher.py _dispatch returns while a retried ticket at the head of its tier "
-    "waits for a backend it has not failed on, so the backend it failed on stays idle even "
-    "for the requests queued behind it (and every lower tier waits too)",
-)
 async def test_a_retry_waiting_for_another_backend_does_not_idle_the_first_one(
     slow_sim: SimServer,
 ) -> None:

@@ -1,7 +1,8 @@
 """Typed events of a ``Generate`` stream and the completion they add up to.
 
-A stream carries zero or more :class:`Queued`, one :class:`Started`, zero or
-more :class:`Chunk` and one :class:`Finished`; a failure ends it with a gRPC
+A stream carries zero or more :class:`Queued`, one :class:`Started` (a second
+one when fairq retried the request on another backend before any output), zero
+or more :class:`Chunk` and one :class:`Finished`; a failure ends it with a gRPC
 status instead of :class:`Finished`.
 """
 

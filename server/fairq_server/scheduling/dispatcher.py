@@ -324,16 +324,18 @@ class Dispatcher:
                 return
             tier = self._aged_tier(first, now)
             tier_queue = self.queue.tiers[tier]
-            if tier_queue.has_retries:
-                ticket = tier_queue.peek_retry()
-                preferred = [e for e in candidates if e.backend.id not in ticket.excluded]
-                if not preferred and self._another_backend(ticket):
-                    return  # first in line: wait for a backend it has not failed on
-                self.queue.pop(tier)
+            retry = tier_queue.peek_retry() if tier_queue.has_retries else None
+            preferred = [e for e in candidates if retry and e.backend.id not in retry.excluded]
+            if retry is not None and (preferred or not self._another_backend(retry)):
+                ticket = self.queue.pop(tier)
                 entry = self._route(ticket, preferred or candidates)
-            else:
+            elif tier_queue.active_users:
+                # A retry, if any, waits for a backend it has not failed on; the backends
+                # admitting now serve the requests behind it meanwhile.
                 user, entry = self._pick(tier, candidates)
                 ticket = self.queue.pop(tier, user)
+            else:
+                return  # only a waiting retry: strict tiers keep lower ones behind it
             self._last_served[tier] = now
             # An aged request is sent with the priority of the tier it overtook, so a
             # priority-scheduling backend does not let later higher-tier work pass it again.

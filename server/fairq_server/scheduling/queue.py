@@ -93,11 +93,12 @@ class TierQueue:
         return bool(self._front)
 
     def pop(self, user: str | None = None) -> Ticket:
-        """Remove and return the next ticket (a retry first, if any).
+        """Remove and return the next ticket: a retry first, if any, else the fair choice.
 
         Args:
-            user: whose ticket to pop; defaults to the fairness policy's choice. It must have
-                queued tickets in this tier.
+            user: pop this user's next ticket instead, passing over any retries (they may be
+                waiting for a backend the caller is not dispatching to). It must have queued
+                tickets in this tier.
 
         Raises:
             IndexError: the tier is empty.
@@ -106,9 +107,9 @@ class TierQueue:
         if self._len == 0:
             raise IndexError("pop from an empty tier queue")
         self._len -= 1
-        if self._front:
-            return self._front.popleft()
         if user is None:
+            if self._front:
+                return self._front.popleft()
             user = self.fairness.select()
         flow = self._flows[user]
         while True:

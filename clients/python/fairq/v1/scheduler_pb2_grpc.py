@@ -53,6 +53,8 @@ class SchedulerServicer:
     def Generate(self, request, context):
         """Generate queues one request and streams its lifecycle: zero or more
         `queued` updates, one `started`, zero or more `chunk`s and one `finished`.
+        A backend that fails before its first output is retried once on another:
+        the client then sees a second `started` naming the backend that serves.
         Errors end the stream with a gRPC status instead of `finished`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -39,6 +39,8 @@ class SchedulerStub:
     Generate: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.GenerateRequest, _scheduler_pb2.GenerateResponse]
     """Generate queues one request and streams its lifecycle: zero or more
     `queued` updates, one `started`, zero or more `chunk`s and one `finished`.
+    A backend that fails before its first output is retried once on another:
+    the client then sees a second `started` naming the backend that serves.
     Errors end the stream with a gRPC status instead of `finished`.
     """
 
@@ -53,6 +55,8 @@ class SchedulerAsyncStub(SchedulerStub):
     Generate: _aio.UnaryStreamMultiCallable[_scheduler_pb2.GenerateRequest, _scheduler_pb2.GenerateResponse]  # type: ignore[assignment]
     """Generate queues one request and streams its lifecycle: zero or more
     `queued` updates, one `started`, zero or more `chunk`s and one `finished`.
+    A backend that fails before its first output is retried once on another:
+    the client then sees a second `started` naming the backend that serves.
     Errors end the stream with a gRPC status instead of `finished`.
     """
 
@@ -70,6 +74,8 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.GenerateResponse], _abc.AsyncIterator[_scheduler_pb2.GenerateResponse]]:
         """Generate queues one request and streams its lifecycle: zero or more
         `queued` updates, one `started`, zero or more `chunk`s and one `finished`.
+        A backend that fails before its first output is retried once on another:
+        the client then sees a second `started` naming the backend that serves.
         Errors end the stream with a gRPC status instead of `finished`.
         """
 
