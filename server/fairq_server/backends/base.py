@@ -189,7 +189,10 @@ class Backend(abc.ABC):
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout, connect=5.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            # Keep every idle connection (until httpx's 5 s expiry): when thousands of
+            # streams end and as many start, new TCP connections would cost each its
+            # handshake on fairq's event loop and the backend's.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
             transport=transport,
         )
 

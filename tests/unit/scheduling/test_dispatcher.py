@@ -21,7 +21,7 @@ from fairq_server.backends.registry import BackendEntry, BackendPool
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import SchedulerConfig, TierConfig
 from fairq_server.errors import QueueFullError, ShuttingDownError
-from fairq_server.scheduling.dispatcher import Dispatcher
+from fairq_server.scheduling.dispatcher import DISPATCH_BATCH, Dispatcher
 from fairq_server.scheduling.gate import MetricsSnapshot
 from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.queue import ModelQueue
@@ -266,6 +266,28 @@ async def test_dispatch_stops_at_the_threshold_and_resumes_on_release_and_first_
 
 
 # -- caps, release, close ------------------------------------------------------------------
+
+
+async def test_a_large_admission_is_started_in_batches_with_the_loop_free_between() -> None:
+    """When many slots open at once, other tasks run after every DISPATCH_BATCH starts."""
+    wide = (TierConfig("interactive", max_backend_waiting=10_000),)
+    async with Harness(tiers=wide) as h:
+        h.scrape(waiting=10_000)  # closed while the tickets queue up
+        count = 5 * DISPATCH_BATCH + 3
+        await h.submit(*(h.ticket(f"u{i}") for i in range(count)))
+        assert h.order == []
+        seen: list[int] = []
+
+        async def observer() -> None:
+            while len(h.order) < count:
+                seen.append(len(h.order))
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(observer())
+        h.scrape(waiting=0)  # every slot opens at once
+        await asyncio.wait_for(task, timeout=5)
+    steps = sorted(set(seen) - {0})
+    assert steps == [DISPATCH_BATCH * k for k in range(1, 6)], steps
 
 
 async def test_queue_caps_reject_with_queue_full() -> None:
