@@ -10,6 +10,7 @@ Example::
     ordering = "fifo"                       # or "shortest-first"
     poll_interval_seconds = 0.1
     stale_after_seconds = 1.0
+    unhealthy_after_failures = 2            # consecutive failed scrapes
     max_queued_per_user = 10000
     max_queued_total = 100000
 
@@ -176,6 +177,12 @@ class SchedulerConfig:
     """Policy names, dispatch timing, caps and prefix grouping.
 
     Attributes:
+        unhealthy_after_failures: a backend that has answered before is marked unhealthy (no
+            new work; UNAVAILABLE when no backend of its model is healthy) only after this
+            many consecutive failed scrapes, so one scrape timing out during a momentary stall
+            does not take it out. A failed scrape still leaves the old snapshot to go stale,
+            so the gate fails closed after ``stale_after_seconds`` regardless. A backend that
+            has not answered any scrape yet is unhealthy from its first failure.
         queue_ttl_seconds: a request still queued after this long is answered
             DEADLINE_EXCEEDED (None: no limit beyond the client's own deadline).
         prefix_quantum: Q of prefix grouping: the dispatcher may pick a request whose prefix a
@@ -196,6 +203,7 @@ class SchedulerConfig:
     ordering: str = "fifo"
     poll_interval_seconds: float = 0.1
     stale_after_seconds: float = 1.0
+    unhealthy_after_failures: int = 2
     backend_timeout_seconds: float = 600.0
     max_queued_per_user: int = 10_000
     max_queued_total: int = 100_000
@@ -206,6 +214,13 @@ class SchedulerConfig:
     prefix_candidates: int = 16
     routing_slack: int = 2
     stream_coalesce_seconds: float = 0.02
+
+    def __post_init__(self) -> None:
+        n = self.unhealthy_after_failures
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(
+                f"scheduler.unhealthy_after_failures must be an integer >= 1, not {n!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class FairqCore:
             poll_interval=config.scheduler.poll_interval_seconds,
             on_update=self._on_scrape,
             prefix_cache_blocks=config.scheduler.prefix_cache_blocks,
+            unhealthy_after_failures=config.scheduler.unhealthy_after_failures,
         )
         self._dispatchers: dict[str, Dispatcher] = {}
 
@@ -79,6 +80,7 @@ class FairqCore:
         )
         self.config = config
         self._ordering = ordering
+        self.pool.set_unhealthy_after_failures(config.scheduler.unhealthy_after_failures)
         for dispatcher in self._dispatchers.values():
             dispatcher.reconfigure(
                 config.tiers, config.scheduler, self._new_queue() if rebuild else None
@@ -153,7 +155,7 @@ class FairqCore:
         if poller is not None:
             t, bid = self.telemetry, poller.backend.id
             t.backend_healthy.labels(bid).set(1 if poller.healthy else 0)
-            if poller.healthy is False:
+            if poller.consecutive_failures:  # this update is a failed scrape
                 t.scrape_failures.labels(bid).inc()
             snap = poller.load.snapshot
             if snap is not None:

@@ -79,8 +79,8 @@ class Telemetry:
             registry=r,
         )  # fmt: skip
         self.backend_healthy = Gauge(
-            "fairq_backend_healthy", "1 while the backend's metrics scrape succeeds.", ["backend"],
-            registry=r,
+            "fairq_backend_healthy", "0 while failed scrapes have marked the backend unhealthy.",
+            ["backend"], registry=r,
         )  # fmt: skip
         self.scrape_failures = Counter(
             "fairq_backend_scrape_failures_total", "Failed scrapes of a backend's /metrics.",

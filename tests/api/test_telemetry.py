@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import grpc
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fairq_server.api.server import FairqServer
+from fairq_server.backends.vllm import VllmBackend
+from fairq_server.config import BackendConfig
 from fairq_server.sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
+
+IDLE_VLLM = (
+    "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+    "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+)
 
 
 async def test_metrics_endpoint_reports_requests_dispatches_and_backend_state(
@@ -44,3 +54,38 @@ async def test_metrics_endpoint_reports_requests_dispatches_and_backend_state(
     assert ("fairq_queue_depth", (("model", "sim"), ("tier", "batch"))) in samples
     # No label carries a user name or a request id.
     assert not any(v in ("a", "b") for _, labels in samples for _, v in labels)
+
+
+def _sample(server: FairqServer, name: str) -> float:
+    value = server.core.telemetry.registry.get_sample_value(name, {"backend": "flaky"})
+    return value if value is not None else 0.0  # a counter never incremented has no sample
+
+
+@pytest.mark.parametrize(("threshold", "gauge_after_failure"), [(2, 1.0), (1, 0.0)])
+async def test_a_single_scrape_timeout_is_counted_and_marks_unhealthy_only_at_the_threshold(
+    fairq_factory: FairqFactory, threshold: int, gauge_after_failure: float
+) -> None:
+    """scheduler.unhealthy_after_failures end to end: the second scrape of a backend times
+    out, the rest answer. Every failure is counted in fairq_backend_scrape_failures_total;
+    fairq_backend_healthy drops to 0 only where one failure reaches the threshold."""
+    server = await fairq_factory(make_config(unhealthy_after_failures=threshold))
+    seen: list[tuple[float, float]] = []  # (healthy, failures) as of each scrape's start
+    fourth = asyncio.Event()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((_sample(server, "fairq_backend_healthy"),
+                     _sample(server, "fairq_backend_scrape_failures_total")))  # fmt: skip
+        if len(seen) == 4:
+            fourth.set()
+        if len(seen) == 2:
+            raise httpx.ReadTimeout("stalled", request=request)
+        return httpx.Response(200, text=IDLE_VLLM)
+
+    backend = VllmBackend("flaky", "http://flaky", ["m"], transport=httpx.MockTransport(handler))
+    await server.core.register_backend(
+        BackendConfig("flaky", "vllm", "http://flaky", ("m",)), backend=backend
+    )
+    async with asyncio.timeout(10):
+        await fourth.wait()
+    # As of scrape 2 (after the good first one), 3 (after the timeout), 4 (after recovery).
+    assert seen[1:4] == [(1.0, 0.0), (gauge_after_failure, 1.0), (1.0, 1.0)]

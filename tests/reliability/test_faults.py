@@ -427,9 +427,10 @@ async def test_a_retry_waiting_for_another_backend_does_not_idle_the_first_one(
 async def test_failing_metrics_fail_closed_for_that_backend_only(
     slow_sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
-    """A backend whose /metrics answers 500 gets no work (the gate refuses it as unhealthy
-    from the first failed scrape) while the other backend serves everything; it gets work
-    again once it recovers."""
+    """A backend whose /metrics answers 500 gets no work (its snapshot goes stale from the
+    first failed scrape; after `unhealthy_after_failures` (2) in a row the gate refuses it as
+    unhealthy) while the other backend serves everything; it gets work again once it
+    recovers."""
     slow_sim.config.speed = 5.0
     async with SimServer(SimConfig(model="sim", speed=5.0)) as sick:
         config = make_config(

@@ -23,6 +23,12 @@ def test_defaults() -> None:
     assert [t.max_backend_waiting for t in config.tiers] == [3, 3, 0]
     assert config.scheduler.fairness == "round-robin"
     assert config.tiers[0].tpot_limit_seconds == 0.150
+    assert config.scheduler.unhealthy_after_failures == 2
+
+
+def test_unhealthy_after_failures_is_read() -> None:
+    config = parse_config({"scheduler": {"unhealthy_after_failures": 1}})
+    assert config.scheduler.unhealthy_after_failures == 1
 
 
 @pytest.mark.parametrize(
@@ -38,6 +44,10 @@ def test_defaults() -> None:
         ),
         ({"backends": [{"id": "x"}]}, "backends[0]"),
         ({"keys": [{"user": "u", "sha256": "00", "tiers": ["gold"]}]}, "unknown tiers ['gold']"),
+        ({"scheduler": {"unhealthy_after_failures": 0}}, "unhealthy_after_failures must be"),
+        ({"scheduler": {"unhealthy_after_failures": -1}}, "integer >= 1, not -1"),
+        ({"scheduler": {"unhealthy_after_failures": 1.5}}, "unhealthy_after_failures must be"),
+        ({"scheduler": {"unhealthy_after_failures": True}}, "unhealthy_after_failures must be"),
     ],
 )
 def test_invalid_configs_name_the_problem(raw: dict[str, object], needle: str) -> None:

@@ -22,6 +22,11 @@ class MetricsPoller:
     Time per output token is measured over the last window as the difference of two
     cumulative histogram scrapes, so one slow request long ago does not hold the gate shut.
     A failed scrape leaves the old snapshot in place to go stale: the gate then fails closed.
+
+    A backend that has answered before is marked unhealthy only after
+    ``unhealthy_after_failures`` consecutive failed scrapes: one scrape that times out while
+    the event loop stalls for a moment must not take a working backend out of dispatch and
+    retry routing. One that has never answered is unhealthy from its first failure.
     """
 
     def __init__(
@@ -31,14 +36,17 @@ class MetricsPoller:
         *,
         interval: float,
         on_update: Callable[[MetricsPoller], None] = lambda poller: None,
+        unhealthy_after_failures: int = 2,
     ) -> None:
         self.backend = backend
         self.load = load
         self.interval = interval
+        self.unhealthy_after_failures = unhealthy_after_failures
         self.healthy: bool | None = None  # None until the first scrape answered
         self.last_error = ""
         self.scrapes = 0
         self.failures = 0
+        self.consecutive_failures = 0  # > 0 exactly when the last scrape failed
         self._on_update = on_update
         self._previous: MetricsSample | None = None
         self._last_tpot: float | None = None
@@ -51,14 +59,31 @@ class MetricsPoller:
             sample = await self.backend.scrape(timeout=max(self.interval * 5, 1.0))
         except BackendError as exc:
             self.failures += 1
-            if self.healthy is not False:
-                log.warning("backend %s unhealthy: %s", self.backend.id, exc)
-            self.healthy = False
-            self.load.healthy = False
+            self.consecutive_failures += 1
             self.last_error = str(exc)
+            if self.healthy is not False:
+                n, limit = self.consecutive_failures, self.unhealthy_after_failures
+                if self.healthy is None or n >= limit:
+                    log.warning(
+                        "backend %s unhealthy after %d failed scrape(s): %s",
+                        self.backend.id,
+                        n,
+                        exc,
+                    )
+                    self.healthy = False
+                    self.load.healthy = False
+                else:
+                    log.warning(
+                        "backend %s: scrape failed (%d of %d before it counts as unhealthy): %s",
+                        self.backend.id,
+                        n,
+                        limit,
+                        exc,
+                    )
             self._on_update(self)
             return
         self.scrapes += 1
+        self.consecutive_failures = 0
         if self.healthy is False:
             log.info("backend %s healthy again", self.backend.id)
         self.healthy = True

@@ -117,7 +117,7 @@ class BackendEntry:
 
     @property
     def healthy(self) -> bool:
-        """False once a scrape has failed, until one succeeds again."""
+        """False once the poller counts it unhealthy, until a scrape succeeds again."""
         return self.poller.healthy is not False
 
 
@@ -130,12 +130,20 @@ class BackendPool:
         poll_interval: float,
         on_update: Callable[[MetricsPoller | None], None],
         prefix_cache_blocks: int = 20_000,
+        unhealthy_after_failures: int = 2,
     ) -> None:
         self._prefix_cache_blocks = prefix_cache_blocks
+        self._unhealthy_after_failures = unhealthy_after_failures
         self._entries: dict[str, BackendEntry] = {}
         self._poll_interval = poll_interval
         self._on_update = on_update
         self._closing: set[asyncio.Task[None]] = set()
+
+    def set_unhealthy_after_failures(self, failures: int) -> None:
+        """Apply a new consecutive-failure threshold to every poller, now and later ones."""
+        self._unhealthy_after_failures = failures
+        for entry in self._entries.values():
+            entry.poller.unhealthy_after_failures = failures
 
     def entries(self) -> list[BackendEntry]:
         """Return all registered backends."""
@@ -164,7 +172,11 @@ class BackendPool:
             await self._retire(old)
         load = BackendLoad(max_in_flight=backend.max_in_flight)
         poller = MetricsPoller(
-            backend, load, interval=self._poll_interval, on_update=self._on_update
+            backend,
+            load,
+            interval=self._poll_interval,
+            on_update=self._on_update,
+            unhealthy_after_failures=self._unhealthy_after_failures,
         )
         entry = BackendEntry(backend, load, poller, PrefixCache(self._prefix_cache_blocks))
         entry.idle.set()
