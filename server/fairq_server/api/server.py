@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -18,7 +19,7 @@ from fairq_server.config import Config, TlsConfig
 from fairq_server.core import FairqCore
 from fairq_server.telemetry import Telemetry
 
-__all__ = ["FairqServer", "server_credentials"]
+__all__ = ["FairqServer", "server_credentials", "server_options"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,44 @@ _SERVICES = (
     scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
+
+
+# gRPC core cancels a call the application has not accepted (requested) within
+# grpc.server_max_unrequested_time_in_server seconds, 30 by default. A burst, or a stall of the
+# event loop, can keep calls that long in gRPC's own pending queue; fairq's queue (with its TTL
+# and caps) is the place that should decide how long a request may wait, so the bound is kept
+# well above the TTL.
+UNREQUESTED_MIN_SECONDS = 3600
+_INT_ARG_MAX = 2**31 - 1  # gRPC channel arguments are C ints
+
+
+def server_options(config: Config) -> list[tuple[str, int]]:
+    """Return the options of fairq's ``grpc.aio`` server for ``config``.
+
+    ``grpc.server_max_unrequested_time_in_server`` (seconds) is twice the queue TTL, at least
+    :data:`UNREQUESTED_MIN_SECONDS` (also the bound without a TTL). It is fixed when the server
+    is built: a reload that raises the TTL does not change it.
+    """
+    ttl = config.scheduler.queue_ttl_seconds
+    unrequested = UNREQUESTED_MIN_SECONDS
+    if ttl is not None:
+        twice = 2 * ttl
+        if not math.isfinite(twice):  # TOML allows `inf`
+            unrequested = _INT_ARG_MAX
+        else:
+            unrequested = min(max(unrequested, math.ceil(twice)), _INT_ARG_MAX)
+    return [
+        ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+        # Both limits: above the soft one gRPC refuses only some requests at random.
+        ("grpc.max_metadata_size", config.limits.max_metadata_bytes),
+        ("grpc.absolute_max_metadata_size", config.limits.max_metadata_bytes),
+        # gRPC core cancels new calls once ~1000 wait to be accepted; a burst of
+        # clients is what fairq's own queue (and its caps) exist to absorb.
+        ("grpc.server.max_pending_requests", config.scheduler.max_queued_total),
+        ("grpc.server.max_pending_requests_hard_limit", config.scheduler.max_queued_total),
+        ("grpc.server_max_unrequested_time_in_server", unrequested),
+        ("grpc.so_reuseport", 0),
+    ]
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
@@ -58,19 +97,7 @@ class FairqServer:
         self.auth = Authenticator(config.keys, self.core.tier_names)
         self.port = 0
         self.metrics_port = 0
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 8 * 1024 * 1024),
-                # Both limits: above the soft one gRPC refuses only some requests at random.
-                ("grpc.max_metadata_size", config.limits.max_metadata_bytes),
-                ("grpc.absolute_max_metadata_size", config.limits.max_metadata_bytes),
-                # gRPC core cancels new calls once ~1000 wait to be accepted; a burst of
-                # clients is what fairq's own queue (and its caps) exist to absorb.
-                ("grpc.server.max_pending_requests", config.scheduler.max_queued_total),
-                ("grpc.server.max_pending_requests_hard_limit", config.scheduler.max_queued_total),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
+        self._server = grpc.aio.server(options=server_options(config))
         self._health = health.aio.HealthServicer()
         self._metrics_http: object | None = None
 
