@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import copy
+import heapq
 
-from fairq_server.scheduling.fairness import VtcFairness
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairq_server.scheduling.fairness import CounterFairness, VtcFairness
 from fairq_server.scheduling.registry import (
     FAIRNESS_POLICIES,
     ORDERING_POLICIES,
@@ -104,3 +109,68 @@ async def test_an_empty_tier_forgets_everyone_and_lifts_returners_to_the_top() -
     assert vtc._users == {}  # type: ignore[attr-defined]
     vtc.activate("b", 1.0)
     assert vtc.counter("b") == 30
+
+
+# -- candidates() against the obvious implementation ---------------------------------------
+
+
+def _candidates_by_popping(policy: CounterFairness, quantum: float, limit: int) -> list[str]:
+    """Reference: pop valid entries off a copy of the heap (re-keying stale ones as select()
+    does) until ``limit`` or the bound; ``candidates`` must return exactly these, in order."""
+    probe = copy.deepcopy(policy)
+    top = probe._clean_top()
+    if top is None:
+        return []
+    bound, taken = top[0] + quantum, []
+    while len(taken) < limit:
+        entry = probe._clean_top()
+        if entry is None or entry[0] > bound:
+            break
+        taken.append(heapq.heappop(probe._heap)[2])
+    return taken
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["activate", "deactivate", "charge", "select"]),
+        st.sampled_from([f"u{i}" for i in range(12)]),
+        st.integers(0, 3),  # small whole charges: many equal counters, so ties matter
+    ),
+    max_size=120,
+)
+
+
+@pytest.mark.parametrize("name", sorted(FAIRNESS_POLICIES))
+@settings(max_examples=200, deadline=None)
+@given(ops=_OPS, quantum=st.sampled_from([0.0, 1.0, 3.0, 50.0]), limit=st.integers(1, 8))
+def test_candidates_match_popping_the_heap(
+    name: str, ops: list[tuple[str, str, int]], quantum: float, limit: int
+) -> None:
+    policy = make_fairness(name)
+    assert isinstance(policy, CounterFairness)
+    for op, user, amount in ops:
+        if op == "activate":
+            policy.activate(user, 1.0)
+        elif op == "deactivate":
+            policy.deactivate(user)
+        elif op == "charge":
+            policy._charge(user, float(amount))
+        elif policy._clean_top() is not None:
+            policy.select()
+        expected = _candidates_by_popping(policy, quantum, limit)
+        assert policy.candidates(quantum, limit) == expected
+
+
+@pytest.mark.parametrize("name", sorted(FAIRNESS_POLICIES))
+def test_candidates_rank_an_entry_charged_in_place_after_an_equal_counter(name: str) -> None:
+    """u1 was charged to 2 while deep in the heap; u4 came back at 2 since. select() would
+    re-key u1 when it surfaces, with a newer stamp than u4's, so u4 ranks first."""
+    policy = make_fairness(name)
+    assert isinstance(policy, CounterFairness)
+    for user in ("u3", "u1", "u4"):
+        policy.activate(user, 1.0)
+    policy._charge("u4", 2.0)
+    policy.deactivate("u4")
+    policy._charge("u1", 2.0)
+    policy.activate("u4", 1.0)
+    assert policy.candidates(5.0, 8) == ["u3", "u4", "u1"] == _candidates_by_popping(policy, 5.0, 8)
