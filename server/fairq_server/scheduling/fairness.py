@@ -21,8 +21,6 @@ from fairq_server.scheduling.ticket import Ticket
 __all__ = ["CounterFairness", "RoundRobinFairness", "VtcFairness"]
 
 _FRESH = 1 << 62
-# Tie-breaks for entries re-keyed in candidates(): after every stamp handed out.
-_REFRESHED = 1 << 63
 
 
 @dataclass
@@ -140,15 +138,7 @@ class CounterFairness:
             self._prune()
 
     def candidates(self, quantum: float, limit: int) -> list[str]:
-        """See :meth:`FairnessPolicy.candidates`.
-
-        Walks the heap as a tree instead of popping and re-pushing: a node's children are no
-        smaller than it, so a small frontier heap of the nodes reached so far yields entries
-        in heap order while visiting only about ``limit`` nodes and their children; the
-        fairness heap itself is not touched. An entry charged since it was pushed is taken at
-        its current counter, after the valid entries of equal counter, as ``select`` would
-        (it re-pushes such an entry with a newer stamp when it surfaces).
-        """
+        """See :meth:`FairnessPolicy.candidates`."""
         top = self._clean_top()
         if top is None:
             return []
@@ -157,31 +147,15 @@ class CounterFairness:
         # tier starts below everyone served since, taking that many turns in a burst.
         self._advance(top[0])
         bound = top[0] + quantum
-        heap, users, size = self._heap, self._users, len(self._heap)
-        refreshed = itertools.count(_REFRESHED)
-        # (counter, tie-break, heap index or -1, user for a re-keyed entry)
-        frontier: list[tuple[float, int, int, str]] = [(top[0], top[1], 0, "")]
-        taken: list[str] = []
-        while frontier and len(taken) < limit:
-            counter, _, index, rekeyed = heapq.heappop(frontier)
-            if counter > bound:
-                break  # everything left in the frontier is at least this large
-            if index < 0:
-                taken.append(rekeyed)
-                continue
-            for child in (2 * index + 1, 2 * index + 2):
-                if child < size:
-                    c_counter, c_stamp, _ = heap[child]
-                    heapq.heappush(frontier, (c_counter, c_stamp, child, ""))
-            _, stamp, user = heap[index]
-            state = users.get(user)
-            if state is None or not state.active or stamp != state.stamp:
-                continue  # dead entry; its children may still qualify
-            if counter < state.counter:
-                heapq.heappush(frontier, (state.counter, next(refreshed), -1, user))
-            else:
-                taken.append(user)
-        return taken
+        taken: list[tuple[float, int, str]] = []
+        while len(taken) < limit:
+            entry = self._clean_top()
+            if entry is None or entry[0] > bound:
+                break
+            taken.append(heapq.heappop(self._heap))
+        for entry in taken:
+            heapq.heappush(self._heap, entry)
+        return [user for _, _, user in taken]
 
     def counter(self, user: str) -> float:
         """See :meth:`FairnessPolicy.counter`."""

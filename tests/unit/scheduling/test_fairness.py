@@ -121,7 +121,8 @@ def _candidates_by_popping(policy: CounterFairness, quantum: float, limit: int) 
     top = probe._clean_top()
     if top is None:
         return []
-    bound, taken = top[0] + quantum, []
+    bound = top[0] + quantum
+    taken: list[str] = []
     while len(taken) < limit:
         entry = probe._clean_top()
         if entry is None or entry[0] > bound:
