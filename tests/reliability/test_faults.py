@@ -675,6 +675,63 @@ async def test_stream_cut_cleanly_without_done_is_not_reported_as_finished(
     assert out.code != OK, out
 
 
+async def test_an_endless_line_fails_that_client_only_and_fairq_hangs_up(
+    slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """A backend that starts an SSE line and never ends it, as fast as the socket takes it
+    (unbounded, it would grow fairq's memory until the deadline): that client gets INTERNAL
+    naming the backend and the line limit, fairq closes the connection once the line passes
+    the limit, and the other backend's clients finish normally."""
+    slow_sim.config.speed = 5.0
+    hung_up = asyncio.Event()
+    sent = 0
+
+    async def endless(body: dict[str, object], writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        head = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        )
+        start = _data({"choices": [{"text": "a"}]}) + b'data: {"choices":[{"text":"'
+        writer.write(head + b"%x\r\n%s\r\n" % (len(start), start))
+        piece = b"x" * 65536
+        try:
+            while True:
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+                sent += len(piece)
+        except ConnectionError:
+            hung_up.set()
+
+    async with ScriptedBackend(endless) as bad:
+        config = make_config(
+            [BackendConfig("bad", "vllm", bad.url, ("bad",)), sim_backend(slow_sim, "good")]
+        )
+        server = await fairq_factory(config)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            good_calls = [
+                generate(ch, gen_request(max_tokens=30), metadata=user(f"g{i}")) for i in range(3)
+            ]
+            bad_out, *good_outs = await asyncio.gather(
+                run_call(generate(ch, gen_request(model="bad"), metadata=user("b"),
+                                  timeout=20)),
+                *(run_call(c) for c in good_calls),
+            )  # fmt: skip
+        async with asyncio.timeout(10):
+            await hung_up.wait()
+        entry = server.core.pool.get("bad")
+        assert entry is not None
+        await until(lambda: entry.load.in_flight == 0, what="bad backend slot released")
+    assert bad_out.code == grpc.StatusCode.INTERNAL, bad_out
+    assert "backend bad" in bad_out.details and "1048576 characters" in bad_out.details
+    assert bad_out.text == "a" and bad_out.finished is None  # what came before was relayed
+    # fairq stopped reading after ~1 MiB; what else was sent sat in socket buffers.
+    assert sent < 64 * 1024 * 1024, sent
+    for out in good_outs:
+        assert out.code is OK and out.finished is not None, out
+        assert out.finished.usage.completion_tokens == 30
+
+
 # -- SIGTERM on `fairq serve` -------------------------------------------------------------
 
 

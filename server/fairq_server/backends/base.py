@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import httpx
 
-from fairq_server.backends.sse import aiter_sse_batches
+from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
 from fairq_server.errors import BackendError
 
 __all__ = [
@@ -257,6 +257,13 @@ class Backend(abc.ABC):
                 f"backend {self.id}: connection failed: {exc!r}",
                 grpc.StatusCode.UNAVAILABLE,
                 retryable=True,
+            ) from exc
+        except SseLimitError as exc:
+            # Leaving the `async with` above has closed the stream: the backend aborts.
+            raise BackendError(
+                f"backend {self.id}: malformed stream: a line or event exceeds the limit of "
+                f"{exc.limit} characters",
+                grpc.StatusCode.INTERNAL,
             ) from exc
 
     def shape_error(self, obj: object, exc: Exception | None = None) -> BackendError:

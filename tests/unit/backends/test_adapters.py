@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -10,6 +11,7 @@ import httpx
 import pytest
 
 from fairq_server.backends.base import BackendRequest, Sampling, StreamEnd, TextDelta
+from fairq_server.backends.sse import MAX_EVENT_CHARS
 from fairq_server.backends.tgi import TgiBackend
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.errors import BackendError
@@ -177,3 +179,47 @@ async def test_wrongly_shaped_events_are_clear_errors(event: bytes) -> None:
     with pytest.raises(BackendError, match="unexpected stream event") as info:
         await collect(backend, PROMPT)
     assert info.value.code == grpc.StatusCode.INTERNAL
+
+
+class EndlessBody(httpx.AsyncByteStream):
+    """A response body that starts an event and never ends its line; records closing."""
+
+    def __init__(self, first: bytes = b"") -> None:
+        self.first = first
+        self.sent = 0
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first + b'data: {"choices":[{"text":"'
+        while True:
+            self.sent += 65536
+            yield b"x" * 65536
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("kind", ["vllm", "tgi"])
+async def test_an_endless_line_is_an_internal_error_naming_backend_and_limit(kind: str) -> None:
+    """A backend streaming one line without end: the request fails INTERNAL once the line
+    passes the limit (memory stays bounded), and the HTTP stream is closed."""
+    body = EndlessBody(b'data: {"choices":[{"text":"a"}]}\n\n' if kind == "vllm" else b"")
+    transport = httpx.MockTransport(
+        lambda r: httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
+    )
+    backend: VllmBackend | TgiBackend = (
+        vllm_with(transport) if kind == "vllm" else TgiBackend("v", "http://tgi", ["m"],
+                                                               transport=transport)
+    )  # fmt: skip
+    events: list[object] = []
+    with pytest.raises(BackendError) as info:
+        async for event in backend.stream(PROMPT, 0):
+            events.append(event)
+    assert info.value.code == grpc.StatusCode.INTERNAL
+    assert not info.value.retryable
+    assert "backend v" in str(info.value)
+    assert f"{MAX_EVENT_CHARS} characters" in str(info.value)
+    assert body.sent <= MAX_EVENT_CHARS + 65536  # read up to the limit, not on and on
+    assert body.closed
+    if kind == "vllm":
+        assert events == [TextDelta("a")]  # what came before is still relayed

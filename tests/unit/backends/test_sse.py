@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from fairq_server.backends.sse import aiter_sse_batches
+import pytest
+
+from fairq_server.backends.sse import MAX_EVENT_CHARS, SseLimitError, aiter_sse_batches
 
 
 async def feed(*chunks: str) -> AsyncIterator[str]:
@@ -12,8 +14,21 @@ async def feed(*chunks: str) -> AsyncIterator[str]:
         yield chunk
 
 
-async def batches(*chunks: str) -> list[list[str]]:
-    return [b async for b in aiter_sse_batches(feed(*chunks))]
+async def batches(*chunks: str, max_chars: int = MAX_EVENT_CHARS) -> list[list[str]]:
+    return [b async for b in aiter_sse_batches(feed(*chunks), max_chars)]
+
+
+class Endless:
+    """An endless stream: ``head``, then ``piece`` forever; counts the chunks taken."""
+
+    def __init__(self, head: str, piece: str) -> None:
+        self.head, self.piece, self.taken = head, piece, 0
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        yield self.head
+        while True:
+            self.taken += 1
+            yield self.piece
 
 
 async def test_events_of_one_read_arrive_together() -> None:
@@ -35,3 +50,55 @@ async def test_multi_line_data_and_unterminated_final_event() -> None:
 
 async def test_unicode_line_separators_stay_inside_data() -> None:
     assert await batches("data: a\u2028b\x0bc\n\n") == [["a\u2028b\x0bc"]]
+
+
+def test_the_default_limit_is_one_mebibyte() -> None:
+    assert MAX_EVENT_CHARS == 1024 * 1024
+
+
+async def test_an_endless_line_is_refused_once_it_passes_the_limit() -> None:
+    """A backend that never sends a newline: refused after the limit, not read forever."""
+    stream = Endless('data: {"choices": [{"text": "', "x" * 65536)
+    got: list[list[str]] = []
+    with pytest.raises(SseLimitError) as info:
+        async for batch in aiter_sse_batches(stream.__aiter__()):
+            got.append(batch)
+    assert info.value.limit == MAX_EVENT_CHARS
+    assert str(MAX_EVENT_CHARS) in str(info.value)
+    assert got == []
+    # Stopped at the first read that took it past the limit (the head is 29 characters).
+    assert stream.taken == MAX_EVENT_CHARS // 65536
+
+
+async def test_events_before_an_endless_line_are_delivered_first() -> None:
+    stream = Endless("data: a\n\ndata: b\n\n: keep-alive without end ", "y" * 40)
+    got: list[list[str]] = []
+    with pytest.raises(SseLimitError):
+        async for batch in aiter_sse_batches(stream.__aiter__(), max_chars=100):
+            got.append(batch)
+    assert got == [["a", "b"]]
+    assert stream.taken == 2  # 25 + 40 + 40 characters pending
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        ("data: " + "x" * 101 + "\n\n",),  # one complete line, in one read
+        ("data: " + "x" * 60, "x" * 41 + "\n\n"),  # completed by a later read
+        ("data: " + "x" * 60 + "\n" + "data: " + "x" * 40 + "\n\n",),  # 60 + 1 + 40 joined
+        ("data: " + "x" * 60 + "\ndata: " + "x" * 40,),  # the unterminated final event
+    ],
+    ids=["line", "split-line", "multi-line-event", "final-event"],
+)
+async def test_lines_and_events_over_the_limit_are_refused(chunks: tuple[str, ...]) -> None:
+    with pytest.raises(SseLimitError):
+        await batches(*chunks, max_chars=100)
+
+
+async def test_lines_and_events_at_the_limit_pass() -> None:
+    line = "data: " + "x" * 94  # 100 characters
+    assert await batches(line + "\n\n", max_chars=100) == [["x" * 94]]
+    event = "data: " + "x" * 60 + "\ndata: " + "x" * 39 + "\n\n"  # joined: 60 + 1 + 39
+    assert await batches(event, max_chars=100) == [["x" * 60 + "\n" + "x" * 39]]
+    # The count starts again with each event.
+    assert await batches(event, event, max_chars=100) == [[event[6:66] + "\n" + "x" * 39]] * 2
