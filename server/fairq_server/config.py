@@ -76,6 +76,13 @@ class TierConfig:
         kv_usage_limit: hold while the backend's KV-cache usage (0-1) exceeds this.
         priority: value passed as vLLM's ``priority`` (lower runs earlier); defaults to the
             tier's index.
+        aging_seconds: serve this tier at least once per interval, even over higher tiers.
+        max_in_flight: at most this many of the tier's requests in flight per backend (0: no
+            cap).
+        max_backend_in_flight: forward this tier only while the backend has fewer than this
+            many requests in flight from fairq, of any tier (0: no cap). Set below the
+            backend's running slots, it keeps the rest free for higher tiers: a higher-tier
+            request then starts at once instead of waiting for a lower-tier one to finish.
 
     """
 
@@ -86,6 +93,7 @@ class TierConfig:
     priority: int | None = None
     aging_seconds: float | None = None
     max_in_flight: int = 0
+    max_backend_in_flight: int = 0
 
 
 DEFAULT_TIERS: tuple[TierConfig, ...] = (
@@ -211,7 +219,7 @@ class SchedulerConfig:
     prefix_quantum: float = 0.0
     prefix_block_chars: int = 128
     prefix_cache_blocks: int = 20_000
-    prefix_candidates: int = 16
+    prefix_candidates: int = 8
     routing_slack: int = 2
     stream_coalesce_seconds: float = 0.02
 

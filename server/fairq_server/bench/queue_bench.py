@@ -8,8 +8,9 @@ state in which every step pops one request and pushes a new one, so the queue st
 - *pop*: ``first_tier`` + ``ModelQueue.pop`` + the token charge the dispatch causes
   (``charge_tokens`` with the request's prompt and output bound: VTC moves the counter, and
   the re-heap that follows is paid by the next pop; round-robin charges inside ``pop``);
-- *grouped pop*: a prefix-grouping pick: ``candidates(Q, 16)`` then ``pop`` of a random
-  candidate, plus the charge; Q is large enough that all 16 places fill (the costliest
+- *grouped pop*: a prefix-grouping pick: ``candidates(Q, k)`` (k = the default
+  ``prefix_candidates``, 8) then ``pop`` of a random candidate, plus the charge; Q is large
+  enough that all k places fill (the costliest
   case). Its ``candidates()`` share is shown on its own, and so is ``head_of`` of every
   candidate, which the dispatcher adds on top to compare the candidates' prefixes.
 
@@ -38,13 +39,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairq_server.backends.base import BackendRequest, Sampling
+from fairq_server.config import SchedulerConfig
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.registry import make_fairness, make_ordering
 from fairq_server.scheduling.ticket import Ticket
 
 __all__ = ["Case", "Result", "main", "run_case"]
 
-CANDIDATES = 16
+#: As the dispatcher compares by default (``[scheduler] prefix_candidates``).
+CANDIDATES = SchedulerConfig().prefix_candidates
 TARGET_US = 20.0
 MAX_PROMPT = 2048
 MAX_OUTPUT = 1024

@@ -31,6 +31,7 @@ class GateOutcome(enum.Enum):
     KV_CACHE = "kv_cache"
     IN_FLIGHT = "in_flight"
     TIER_IN_FLIGHT = "tier_in_flight"
+    RESERVED = "reserved"
     DRAINING = "draining"
 
 
@@ -99,6 +100,8 @@ def admit(load: BackendLoad, tier: TierConfig, now: float, stale_after: float) -
         return GateOutcome.IN_FLIGHT
     if tier.max_in_flight and load.tier_in_flight.get(tier.name, 0) >= tier.max_in_flight:
         return GateOutcome.TIER_IN_FLIGHT
+    if tier.max_backend_in_flight and load.in_flight >= tier.max_backend_in_flight:
+        return GateOutcome.RESERVED  # the remaining slots are kept for higher tiers
     snap = load.snapshot
     if snap is None:
         return GateOutcome.NO_METRICS

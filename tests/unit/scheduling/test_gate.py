@@ -92,3 +92,15 @@ def test_tier_in_flight_cap_keeps_slots_for_higher_tiers() -> None:
     assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.ADMIT
     state.tier_in_flight["batch"] = 2
     assert admit(state, batch, NOW, 1.0) is GateOutcome.ADMIT
+
+
+def test_backend_in_flight_bound_reserves_the_remaining_slots_for_higher_tiers() -> None:
+    """Batch goes only while fewer than 12 requests of any tier are in flight; interactive,
+    without the bound, may take the 4 slots that leaves."""
+    batch = TierConfig("batch", max_backend_waiting=0, max_backend_in_flight=12)
+    state = load(0, in_flight=12)
+    state.tier_in_flight = {"interactive": 2, "batch": 10}
+    assert admit(state, batch, NOW, 1.0) is GateOutcome.RESERVED
+    assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.ADMIT
+    state.in_flight = 11
+    assert admit(state, batch, NOW, 1.0) is GateOutcome.ADMIT

@@ -87,6 +87,8 @@ class Tier:
     max_backend_waiting: int = 3
     tpot_limit: float | None = 0.150
     aging: float | None = None
+    #: Forward this tier only while the backend has fewer requests in flight (0 = no cap).
+    max_backend_in_flight: int = 0
 
 
 def api_key(user: str) -> str:
@@ -135,6 +137,8 @@ class FairqSetup:
             lines.append(f"tpot_limit_seconds = {tpot:g}")
             if tier.aging is not None:
                 lines.append(f"aging_seconds = {tier.aging / speed:g}")
+            if tier.max_backend_in_flight:
+                lines.append(f"max_backend_in_flight = {tier.max_backend_in_flight}")
         names = ", ".join(f'"{t.name}"' for t in self.tiers)
         for user, weight in self.weights.items():
             lines += [

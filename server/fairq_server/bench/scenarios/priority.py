@@ -28,6 +28,11 @@ NAME = "priority"
 SEED = 11
 BATCH = "batch-user"
 AGING = 20.0
+#: The batch tier is forwarded only while fewer requests than this run on the backend (of its
+#: 16 slots), keeping the rest for interactive work.
+RESERVE_AT = 8
+#: Target: interactive TTFT p99 under the flood, as a multiple of alone, with slots kept free.
+ISOLATION = 1.5
 
 
 def workload(sim: SimSetup, duration: float, interactive_load: float) -> list[RequestSpec]:
@@ -45,10 +50,10 @@ def workload(sim: SimSetup, duration: float, interactive_load: float) -> list[Re
     return specs
 
 
-def _fairq(aging: float | None) -> FairqSetup:
+def _fairq(aging: float | None, batch_below: int = 0) -> FairqSetup:
     tiers = (
         Tier("interactive", max_backend_waiting=3),
-        Tier("batch", max_backend_waiting=0, aging=aging),
+        Tier("batch", max_backend_waiting=0, aging=aging, max_backend_in_flight=batch_below),
     )
     return FairqSetup("vtc", tiers, backend={"priority_scheduling": "true"})
 
@@ -103,6 +108,7 @@ async def priority(args: argparse.Namespace, url: str, out: Path) -> bool:
     alone_specs = [s for s in mixed if s.user != BATCH]
     setups: list[tuple[str, FairqSetup | None]] = [("FIFO (direct)", None)]
     setups.append(("fairq tiers, aging off", _fairq(None)))
+    setups.append((f"fairq tiers, batch below {RESERVE_AT} in flight", _fairq(None, RESERVE_AT)))
     if not quick:
         setups.append((f"fairq tiers, aging {AGING:g} s", _fairq(AGING)))
     print("  interactive alone:", flush=True)
@@ -123,8 +129,11 @@ async def priority(args: argparse.Namespace, url: str, out: Path) -> bool:
         )
         sat_rows = [_row(r, None, warmup) for r in sat_runs]
 
-    fifo, tiers = rows[1], rows[2]
-    ok = float(tiers[2]) < 0.5 * float(fifo[2])  # type: ignore[arg-type]
+    fifo, tiers, reserved = rows[1], rows[2], rows[3]
+    # Tiers beat FIFO by far, and keeping slots free beats the tiers alone by far. The p99 of
+    # a quick run rests on its slowest one or two interactive requests, too few to hold
+    # ISOLATION in CI; the full run reports it.
+    ok = float(tiers[2]) < 0.5 * float(fifo[2]) and float(reserved[2]) < 0.5 * float(tiers[2])  # type: ignore[arg-type]
 
     panels = [
         Panel(
@@ -159,8 +168,10 @@ async def priority(args: argparse.Namespace, url: str, out: Path) -> bool:
     report.result = (
         f"interactive TTFT p99 {rows[0][2]:.3f} s alone, {fifo[2]:.2f} s under a batch flood "
         f"sent straight to the backend (FIFO), {tiers[2]:.3f} s through fairq's tiers "
-        f"({tiers[3]:.1f}x alone; target 1.2-1.5x); TPOT p99 {tiers[6]:.2f}x alone; batch "
-        f"still streams {tiers[7]:.0f} tok/s from the leftover capacity"
+        f"({tiers[3]:.1f}x alone), {reserved[2]:.3f} s ({reserved[3]:.2f}x alone; target "
+        f"{ISOLATION:g}x) when the batch tier is forwarded only below {RESERVE_AT} requests in "
+        f"flight; TPOT p99 {reserved[6]:.2f}x alone; batch still streams {tiers[7]:.0f} tok/s "
+        f"from the leftover capacity, {reserved[7]:.0f} tok/s with slots kept free"
         + (
             f"; saturated by interactive work, the longest gap between batch starts is "
             f"{sat_rows[0][9]:.0f} s without aging and {sat_rows[1][9]:.0f} s with a "
@@ -202,13 +213,18 @@ lets it.
 Straight to the backend, interactive requests queue behind every batch job sent before them.
 Through fairq the batch tier is only forwarded while the backend's queue is empty and
 interactive requests go first, so interactive TTFT stays within a slot's turnover of its
-value alone. It does not come back to the alone figure: the batch tier fills every running
-slot the backend has (its gate looks at the backend's *waiting* queue, not at how many batch
-requests run), so a new interactive request waits in the backend until some batch request
-finishes. With vLLM's priority scheduling it is first in line, but it still waits for a
-slot. The isolation target (1.2-1.5x alone) needs a per-tier cap on running requests (keep
-some of `max_num_seqs` for higher tiers) or a backend that preempts lower-priority running
-work; see the README for the suggestion.
+value alone. It does not come back to the alone figure on the tiers alone: the batch tier
+fills every running slot the backend has (its gate looks at the backend's *waiting* queue),
+so a new interactive request waits in the backend until some batch request finishes; with
+vLLM's priority scheduling it is first in line, but it still waits for a slot.
+
+The batch tier's `max_backend_in_flight` closes that gap: batch is forwarded only while the
+backend has fewer than that many requests in flight (of any tier), so the slots above it stay
+free and an interactive request starts at once. The price is batch throughput, the leftover
+capacity it no longer fills: the fewer slots batch may fill, the closer interactive TTFT
+comes to its value alone. In quick runs (16 slots) batch below 12 gave about 2.1x alone,
+below 10 about 1.8x, below 8 about 1.2x, at 83%, 70% and 59% of the batch throughput of the
+tiers alone.
 
 Aging only matters when higher tiers keep the backend saturated: without it the batch tier
 waits as long as the interactive load lasts; with it a batch request is started at least
