@@ -8,6 +8,7 @@ are translated at this boundary into :class:`~fairq_server.errors.BackendError`.
 from __future__ import annotations
 
 import abc
+import itertools
 import json
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,9 @@ class MetricsSample:
     tpot_sum: float = 0.0
     tpot_count: float = 0.0
 
+
+#: HTTP connection pools per backend for streams (requests go round-robin over them).
+STREAM_POOLS = 32
 
 _STATUS_BY_HTTP: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -184,21 +188,37 @@ class Backend(abc.ABC):
         self.models = tuple(models)
         self.priority_scheduling = priority_scheduling
         self.max_in_flight = max_in_flight
+
+        # One TLS context for all pools: building one loads the CA bundle (~25 ms).
+        tls = httpx.create_ssl_context()
+
         # No read timeout on streams beyond `timeout`: a long generation legitimately stays
         # silent while the backend queues it, but connecting must be quick.
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout, connect=5.0),
-            # Keep every idle connection (until httpx's 5 s expiry): when thousands of
-            # streams end and as many start, new TCP connections would cost each its
-            # handshake on fairq's event loop and the backend's.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-            transport=transport,
-        )
+        def client() -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=self.base_url,
+                verify=tls,
+                timeout=httpx.Timeout(timeout, connect=5.0),
+                # Keep every idle connection (until httpx's 5 s expiry): when thousands of
+                # streams end and as many start, new TCP connections would cost each its
+                # handshake on fairq's event loop and the backend's.
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+                transport=transport,
+            )
+
+        # httpcore's pool re-examines every connection it holds (idle ones against all
+        # others) each time a request starts or ends: quadratic in its size. With 2,000
+        # streams in one pool a wave of requests ending and starting held the event loop
+        # for seconds, so streams are spread over many small pools, and scrapes have their
+        # own, never behind a wave of streams.
+        self._scrape_client = client()
+        self._stream_clients = [client() for _ in range(STREAM_POOLS)]
+        self._next_pool = itertools.cycle(self._stream_clients)
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
-        await self._client.aclose()
+        for http in (self._scrape_client, *self._stream_clients):
+            await http.aclose()
 
     async def scrape(self, timeout: float) -> MetricsSample:
         """Fetch and parse ``/metrics``.
@@ -208,7 +228,7 @@ class Backend(abc.ABC):
 
         """
         try:
-            resp = await self._client.get("/metrics", timeout=timeout)
+            resp = await self._scrape_client.get("/metrics", timeout=timeout)
         except httpx.HTTPError as exc:
             raise BackendError(
                 f"backend {self.id}: metrics unreachable: {exc!r}", grpc.StatusCode.UNAVAILABLE
@@ -240,7 +260,8 @@ class Backend(abc.ABC):
         """POST ``payload``; yield the JSON objects of each network read until ``[DONE]``/EOF."""
         headers = {"accept": "text/event-stream"}
         try:
-            async with self._client.stream("POST", path, json=payload, headers=headers) as resp:
+            http = next(self._next_pool)
+            async with http.stream("POST", path, json=payload, headers=headers) as resp:
                 if resp.status_code != 200:
                     raise http_error(self.id, resp.status_code, await resp.aread())
                 async for batch in aiter_sse_batches(resp.aiter_text()):
