@@ -10,6 +10,7 @@ from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.registry import BackendEntry, BackendPool, make_backend
 from fairq_server.config import BackendConfig, Config, ConfigError
 from fairq_server.errors import ModelNotFoundError, NoBackendError
+from fairq_server.loop_monitor import LoopMonitor
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.registry import make_fairness, make_ordering
@@ -41,9 +42,11 @@ class FairqCore:
             unhealthy_after_failures=config.scheduler.unhealthy_after_failures,
         )
         self._dispatchers: dict[str, Dispatcher] = {}
+        self._loop_monitor = LoopMonitor(self.telemetry.loop_lag.observe)
 
     async def start(self) -> None:
-        """Register the configured backends."""
+        """Start measuring event-loop lag and register the configured backends."""
+        self._loop_monitor.start()
         for cfg in self.config.backends:
             await self.register_backend(cfg)
 
@@ -55,6 +58,7 @@ class FairqCore:
         """Close the queues, stop polling and close backend connections."""
         await self.close_queues()
         await self.pool.close()
+        await self._loop_monitor.stop()
 
     async def reconfigure(self, config: Config) -> None:
         """Apply a reloaded configuration without dropping queued or running requests.

@@ -22,6 +22,13 @@ class Telemetry:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self.loop_lag = Histogram(
+            "fairq_event_loop_lag_seconds",
+            "How late a 50 ms timer fired on fairq's event loop (time the loop spent on "
+            "other work without getting back to its timers).",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "fairq_queue_depth", "Requests waiting in fairq's queue.", ["model", "tier"], registry=r
         )

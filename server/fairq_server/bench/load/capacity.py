@@ -48,6 +48,11 @@ class CapacityResult:
     probe_queue_fill: ProbeStats | None = None
     quiet_after: bool = False
     first_wave_seconds: float = math.nan
+    #: fairq's own fairq_event_loop_lag_seconds over the run: ticks, ticks late by more than
+    #: 100 ms and by more than 1 s.
+    lag_ticks: float = 0.0
+    lag_over_100ms: float = 0.0
+    lag_over_1s: float = 0.0
 
     @property
     def bytes_per_queued(self) -> float:
@@ -196,6 +201,10 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
                 helper.cancel()
             samples = await fairq_quiet(http, fairq)
             result.quiet_after = True
+            lag = "fairq_event_loop_lag_seconds"
+            result.lag_ticks = total(samples, f"{lag}_count")
+            result.lag_over_100ms = result.lag_ticks - total(samples, f"{lag}_bucket", le="0.1")
+            result.lag_over_1s = result.lag_ticks - total(samples, f"{lag}_bucket", le="1.0")
             # fairq's own count of finalized requests, minus the warm-up ones.
             served = total(samples, "fairq_requests_total")
             result.server_outcomes = served - sum(warm.codes.values())

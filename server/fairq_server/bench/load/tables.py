@@ -54,6 +54,10 @@ def capacity_table(r: CapacityResult) -> str:
             "  fairq minus control, p99 / max (stall bound)",
             f"{_ms(probe.excess_p99)} / {_ms(probe.excess_max)}",
         ),
+        (
+            "fairq's event-loop lag (50 ms timer): late > 100 ms / > 1 s, of ticks",
+            f"{r.lag_over_100ms:.0f} / {r.lag_over_1s:.0f} of {r.lag_ticks:.0f}",
+        ),
         ("health probes (failed)", f"{probe.count} ({probe.failures})"),
         (
             "  slowest probes (s into the run: latency)",

@@ -1,0 +1,28 @@
+"""The event-loop lag monitor reports a callback that holds the loop as that much lag."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fairq_server.loop_monitor import LoopMonitor
+
+
+async def test_a_callback_holding_the_loop_shows_as_lag() -> None:
+    lags: asyncio.Queue[float] = asyncio.Queue()
+    monitor = LoopMonitor(lags.put_nowait, interval=0.01)
+    monitor.start()
+    try:
+        async with asyncio.timeout(5):
+            await _stall_reported(lags)
+    finally:
+        await monitor.stop()
+
+
+async def _stall_reported(lags: asyncio.Queue[float]) -> None:
+    await lags.get()  # ticking
+    asyncio.get_running_loop().call_soon(time.sleep, 0.3)  # holds the loop for 300 ms
+    lag = await lags.get()
+    while lag < 0.1:  # a tick already due before the blocking callback was queued
+        lag = await lags.get()
+    assert 0.25 <= lag < 1.0, lag
