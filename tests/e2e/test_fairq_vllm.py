@@ -106,9 +106,24 @@ async def _flood(send: SendFn, config: FloodConfig) -> tuple[float, float, float
     return result.light_ttft_s, result.power_makespan_s, result.throughput_tok_s
 
 
+#: Rounds of (direct, through fairq), interleaved; each side is judged by its best round.
+FLOOD_ROUNDS = 2
+
+
+def _best(runs: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Lowest TTFT, lowest makespan, highest throughput over ``runs``."""
+    return (min(r[0] for r in runs), min(r[1] for r in runs), max(r[2] for r in runs))
+
+
 async def test_flood_light_user_is_served_fast_and_power_user_loses_little(
     vllm_fcfs: VllmProcess,
 ) -> None:
+    """The flood, direct and through fairq, interleaved over FLOOD_ROUNDS rounds.
+
+    A two-core machine shared with vLLM's engine drifts by 10-20% between consecutive
+    floods; interleaving and taking each side's best round compares the two under the
+    same luck, so the bounds measure fairq rather than the neighbours.
+    """
     config = FloodConfig()
     url, model = vllm_fcfs.url, vllm_fcfs.model
     # vLLM's CPU build binds its model worker to core 0 and leaves the rest to everything
@@ -117,24 +132,32 @@ async def test_flood_light_user_is_served_fast_and_power_user_loses_little(
     cpus = os.sched_getaffinity(0)
     if len(cpus) > 1:
         os.sched_setaffinity(0, cpus - {0})
+    # fairq's defaults. Polling faster does not help the light user (dispatch follows
+    # fairq's own finish and first-token events between scrapes) and costs the backend:
+    # each scrape of vLLM's /metrics takes its API server ~5 ms of CPU, and at 20 Hz the
+    # tiny model's steps were measurably slower on this two-core machine.
+    fq = toml_config(url, model, "vllm")
+    directs: list[tuple[float, float, float]] = []
+    throughs: list[tuple[float, float, float]] = []
     async with flood_client() as http:
-        await wait_for_metrics(http, url, is_idle)
-        direct = await _flood(completions_sender(http, url, model), config)
-        await wait_for_metrics(http, url, is_idle)
-        # fairq's defaults. Polling faster does not help the light user (dispatch follows
-        # fairq's own finish and first-token events between scrapes) and costs the backend:
-        # each scrape of vLLM's /metrics takes its API server ~5 ms of CPU, and at 20 Hz the
-        # tiny model's steps were measurably slower on this two-core machine.
-        fq = toml_config(url, model, "vllm")
-        async with fairq_process(fq) as target, grpc.aio.insecure_channel(target) as channel:
-            through = await _flood(fairq_send(channel, model), config)
+        for _ in range(FLOOD_ROUNDS):
+            await wait_for_metrics(http, url, is_idle)
+            directs.append(await _flood(completions_sender(http, url, model), config))
+            await wait_for_metrics(http, url, is_idle)
+            async with fairq_process(fq) as target, grpc.aio.insecure_channel(target) as chan:
+                throughs.append(await _flood(fairq_send(chan, model), config))
     os.sched_setaffinity(0, cpus)
+    direct, through = _best(directs), _best(throughs)
     ratio: Callable[[int], float] = lambda i: through[i] / direct[i]  # noqa: E731
+    for i, (d, t) in enumerate(zip(directs, throughs, strict=True)):
+        print(
+            f"\n[flood] round {i + 1}: direct light TTFT {d[0]:.3f} s, makespan {d[1]:.2f} s, "
+            f"{d[2]:.0f} tok/s; fairq light TTFT {t[0]:.3f} s, makespan {t[1]:.2f} s, "
+            f"{t[2]:.0f} tok/s"
+        )
     print(
-        f"\n[flood] direct: light TTFT {direct[0]:.3f} s, power makespan {direct[1]:.2f} s, "
-        f"{direct[2]:.0f} tok/s\n[flood] fairq:  light TTFT {through[0]:.3f} s, power makespan "
-        f"{through[1]:.2f} s, {through[2]:.0f} tok/s\n[flood] fairq/direct: light TTFT "
-        f"{ratio(0):.3f}x, makespan {ratio(1):.3f}x, throughput {ratio(2):.3f}x"
+        f"[flood] best of {FLOOD_ROUNDS}, fairq/direct: light TTFT {ratio(0):.3f}x, "
+        f"makespan {ratio(1):.3f}x, throughput {ratio(2):.3f}x"
     )
     assert through[0] <= direct[0] / 10, "light user not served at least 10x sooner"
     assert through[1] <= direct[1] * 1.15, "power user's makespan grew by more than 15%"

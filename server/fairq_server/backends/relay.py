@@ -20,6 +20,8 @@ from fairq_server.backends.base import StreamEnd, StreamEvent, TextDelta
 __all__ = ["merged"]
 
 _END = object()
+# A read that took longer than this waited for the network (a buffered one takes ~20 us).
+_CAUGHT_UP = 0.001
 
 
 async def merged(
@@ -36,8 +38,18 @@ async def merged(
     async def pump() -> None:
         async with contextlib.aclosing(stream):
             try:
+                asked = time.monotonic()
                 async for event in stream:
                     queue.put_nowait(event)
+                    now = time.monotonic()
+                    if window and isinstance(event, TextDelta) and now - asked > _CAUGHT_UP:
+                        # This read waited for the network: fairq has caught up with the
+                        # backend. Waiting out a window before the next read lets the
+                        # socket gather that window's tokens, which then come out of the
+                        # HTTP parser's buffer at once, instead of waking fairq per token.
+                        await asyncio.sleep(window)
+                        now = time.monotonic()
+                    asked = now
             except Exception as exc:
                 queue.put_nowait(exc)
                 return
