@@ -8,7 +8,6 @@ are translated at this boundary into :class:`~fairq_server.errors.BackendError`.
 from __future__ import annotations
 
 import abc
-import itertools
 import json
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -95,7 +94,7 @@ class MetricsSample:
     tpot_count: float = 0.0
 
 
-#: HTTP connection pools per backend for streams (requests go round-robin over them).
+#: HTTP connection pools per backend for streams.
 STREAM_POOLS = 32
 
 _STATUS_BY_HTTP: dict[int, grpc.StatusCode] = {
@@ -213,7 +212,9 @@ class Backend(abc.ABC):
         # own, never behind a wave of streams.
         self._scrape_client = client()
         self._stream_clients = [client() for _ in range(STREAM_POOLS)]
-        self._next_pool = itertools.cycle(self._stream_clients)
+        # Streams open per pool; a stream takes the least busy pool (the first on a tie),
+        # so few streams share a few pools and reuse their connections.
+        self._pool_streams = [0] * STREAM_POOLS
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
@@ -259,8 +260,11 @@ class Backend(abc.ABC):
     ) -> AsyncGenerator[list[dict[str, Any]]]:
         """POST ``payload``; yield the JSON objects of each network read until ``[DONE]``/EOF."""
         headers = {"accept": "text/event-stream"}
+        busy = self._pool_streams
+        pool = busy.index(min(busy))
+        busy[pool] += 1
         try:
-            http = next(self._next_pool)
+            http = self._stream_clients[pool]
             async with http.stream("POST", path, json=payload, headers=headers) as resp:
                 if resp.status_code != 200:
                     raise http_error(self.id, resp.status_code, await resp.aread())
@@ -286,6 +290,8 @@ class Backend(abc.ABC):
                 f"{exc.limit} characters",
                 grpc.StatusCode.INTERNAL,
             ) from exc
+        finally:
+            busy[pool] -= 1
 
     def shape_error(self, obj: object, exc: Exception | None = None) -> BackendError:
         """Return the error for a stream event that is JSON but not shaped as the API says."""
