@@ -35,9 +35,9 @@ __all__ = ["Dispatcher"]
 log = logging.getLogger(__name__)
 
 #: Requests started per pass before the loop yields. Each start wakes a servicer that opens
-#: a backend request (about a millisecond of CPU); when thousands of slots free at once,
-#: starting them all in one pass kept everything else on the event loop (health checks,
-#: new calls, scrapes) waiting for seconds.
+#: a backend request (about a millisecond of CPU); when thousands of slots free at once, the
+#: yield lets other work on the event loop (health checks, new calls, scrapes) run between
+#: batches instead of after all of them.
 DISPATCH_BATCH = 32
 
 
