@@ -15,7 +15,7 @@ from fairq_server.api.validation import estimate_tokens, resolve_tier, to_backen
 from fairq_server.auth import Authenticator
 from fairq_server.backends.base import StreamEnd
 from fairq_server.backends.registry import BackendEntry
-from fairq_server.backends.relay import merged
+from fairq_server.backends.relay import Relay
 from fairq_server.core import FairqCore
 from fairq_server.errors import BackendError, SchedulerError, status_for
 from fairq_server.scheduling.dispatcher import Dispatcher
@@ -97,27 +97,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         first_token_at: float | None = None
         while True:
             entry = await ticket.assigned
-            priority = self._priority(ticket)
-            started_at = time.monotonic()
-            queue_seconds = started_at - ticket.arrival
-            yield Response(
-                started=scheduler_pb2.Started(
-                    backend_id=entry.backend.id,
-                    queue_seconds=queue_seconds,
-                    tier=tier_cfg.name,
-                    request_id=ticket.request.request_id,
-                )
+            # The backend request goes out before the client is told, so requests dispatched
+            # in one pass reach the backend in dispatch order (the client writes may finish
+            # in any order); behind a backend queue, that order is who gets the next slot.
+            relay = Relay(
+                entry.backend.stream(ticket.request, self._priority(ticket)),
+                self._core.config.scheduler.stream_coalesce_seconds,
             )
+            queue_seconds = time.monotonic() - ticket.arrival
             # The queue charged the estimated prompt at dispatch (vtc); settled at the end.
             charged_prompt = ticket.prompt_tokens
             charged_completion = pending = 0
             try:
-                stream = merged(
-                    entry.backend.stream(ticket.request, priority),
-                    self._core.config.scheduler.stream_coalesce_seconds,
-                )
-                async with contextlib.aclosing(stream):
-                    async for event in stream:
+                async with contextlib.aclosing(relay):
+                    yield Response(
+                        started=scheduler_pb2.Started(
+                            backend_id=entry.backend.id,
+                            queue_seconds=queue_seconds,
+                            tier=tier_cfg.name,
+                            request_id=ticket.request.request_id,
+                        )
+                    )
+                    async for event in relay:
                         if isinstance(event, StreamEnd):
                             end = event
                             break

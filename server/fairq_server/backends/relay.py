@@ -5,7 +5,12 @@ accumulated since its last write and merges it. Each message towards the client 
 the same whatever its length, and a relay's CPU goes mostly to per-message work, so a fast
 stream is sent at most once per ``window``: the first token goes out at once, later text
 waits at most one window (20 ms by default, far below what a reader notices) and leaves as
-one chunk. A slow stream, one event per window or less, is relayed event by event.
+one chunk. A slow stream, one event per window or less, is relayed event by event. The
+backend is read on the same rhythm once fairq has caught up with it (see ``_pump``).
+
+The pump starts when the relay is made, not when it is first read: requests dispatched
+together then reach the backend in the order they were dispatched, whatever order their
+clients are told they started in.
 """
 
 from __future__ import annotations
@@ -17,25 +22,39 @@ from collections.abc import AsyncGenerator
 
 from fairq_server.backends.base import StreamEnd, StreamEvent, TextDelta
 
-__all__ = ["merged"]
+__all__ = ["Relay"]
 
 _END = object()
 # A read that took longer than this waited for the network (a buffered one takes ~20 us).
 _CAUGHT_UP = 0.001
 
 
-async def merged(
-    stream: AsyncGenerator[StreamEvent], window: float = 0.0
-) -> AsyncGenerator[StreamEvent]:
-    """Yield ``stream``'s events, merging text that arrives within ``window`` of the last send.
+class Relay:
+    """``stream``'s events, text arriving within ``window`` of the last send merged.
 
-    Exceptions of ``stream`` are re-raised here, after the events that preceded them.
-    Closing this iterator cancels the pump and closes ``stream`` (aborting the backend
-    request).
+    Iterate it once. Exceptions of ``stream`` are re-raised by the iteration, after the
+    events that preceded them. :meth:`aclose` (also when never iterated) cancels the pump and
+    closes ``stream``, which aborts the backend request.
     """
-    queue: asyncio.Queue[object] = asyncio.Queue()
 
-    async def pump() -> None:
+    def __init__(self, stream: AsyncGenerator[StreamEvent], window: float = 0.0) -> None:
+        self._window = window
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._task = asyncio.create_task(self._pump(stream))
+        self._events = self._merged()
+
+    def __aiter__(self) -> AsyncGenerator[StreamEvent]:
+        return self._events
+
+    async def aclose(self) -> None:
+        """Stop reading the backend and close its stream."""
+        await self._events.aclose()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _pump(self, stream: AsyncGenerator[StreamEvent]) -> None:
+        queue, window = self._queue, self._window
         async with contextlib.aclosing(stream):
             try:
                 asked = time.monotonic()
@@ -55,9 +74,9 @@ async def merged(
                 return
         queue.put_nowait(_END)
 
-    task = asyncio.create_task(pump())
-    last_sent = -window
-    try:
+    async def _merged(self) -> AsyncGenerator[StreamEvent]:
+        queue, window = self._queue, self._window
+        last_sent = -window
         while True:
             items = [await queue.get()]
             wait = last_sent + window - time.monotonic()
@@ -84,7 +103,3 @@ async def merged(
             if texts:
                 yield TextDelta("".join(texts), tokens)
             last_sent = time.monotonic()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
