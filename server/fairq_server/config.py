@@ -8,7 +8,7 @@ Example::
     [scheduler]
     fairness = "round-robin"                # or "vtc"
     ordering = "fifo"                       # or "shortest-first"
-    poll_interval_seconds = 0.25
+    poll_interval_seconds = 0.1
     stale_after_seconds = 1.0
     unhealthy_after_failures = 2            # consecutive failed scrapes
     max_queued_per_user = 10000
@@ -185,12 +185,6 @@ class SchedulerConfig:
     """Policy names, dispatch timing, caps and prefix grouping.
 
     Attributes:
-        poll_interval_seconds: how often each backend's ``/metrics`` is scraped. Between
-            scrapes the gate runs on fairq's own counts (dispatched, finished, first tokens),
-            so a wave of finishing requests is refilled at once whatever the interval; the
-            scrapes correct for work fairq did not send and measure time per output token.
-            Each scrape costs the backend too (vLLM renders ~50 KB of metrics, ~5 ms of its
-            API server's CPU), which is why the default is not lower.
         unhealthy_after_failures: a backend that has answered before is marked unhealthy (no
             new work; UNAVAILABLE when no backend of its model is healthy) only after this
             many consecutive failed scrapes, so one scrape timing out during a momentary stall
@@ -215,7 +209,7 @@ class SchedulerConfig:
 
     fairness: str = "round-robin"
     ordering: str = "fifo"
-    poll_interval_seconds: float = 0.25
+    poll_interval_seconds: float = 0.1
     stale_after_seconds: float = 1.0
     unhealthy_after_failures: int = 2
     backend_timeout_seconds: float = 600.0
