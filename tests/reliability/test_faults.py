@@ -615,7 +615,17 @@ WRONG_SHAPE = {
 }
 
 
-async def _garbage_case(reply: object, fairq_factory: FairqFactory, sim: SimServer) -> Outcome:
+async def _garbage_case(
+    reply: object,
+    fairq_factory: FairqFactory,
+    sim: SimServer,
+    backend_done: asyncio.Event | None = None,
+) -> Outcome:
+    """Send one request to the scripted ``bad`` backend and three to ``sim`` beside it.
+
+    Returns the bad request's outcome, once the good ones finished normally and the bad
+    backend's slot was released (and ``backend_done`` was set, if given).
+    """
     async with ScriptedBackend(reply) as bad:  # type: ignore[arg-type]
         config = make_config(
             [BackendConfig("bad", "vllm", bad.url, ("bad",)), sim_backend(sim, "good")]
@@ -630,6 +640,9 @@ async def _garbage_case(reply: object, fairq_factory: FairqFactory, sim: SimServ
                                            timeout=20)),
                 *(run_call(c) for c in good_calls),
             )  # fmt: skip
+        if backend_done is not None:
+            async with asyncio.timeout(10):
+                await backend_done.wait()
         entry = server.core.pool.get("bad")
         assert entry is not None
         await until(lambda: entry.load.in_flight == 0, what="bad backend slot released")
@@ -703,33 +716,12 @@ async def test_an_endless_line_fails_that_client_only_and_fairq_hangs_up(
         except ConnectionError:
             hung_up.set()
 
-    async with ScriptedBackend(endless) as bad:
-        config = make_config(
-            [BackendConfig("bad", "vllm", bad.url, ("bad",)), sim_backend(slow_sim, "good")]
-        )
-        server = await fairq_factory(config)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            good_calls = [
-                generate(ch, gen_request(max_tokens=30), metadata=user(f"g{i}")) for i in range(3)
-            ]
-            bad_out, *good_outs = await asyncio.gather(
-                run_call(generate(ch, gen_request(model="bad"), metadata=user("b"),
-                                  timeout=20)),
-                *(run_call(c) for c in good_calls),
-            )  # fmt: skip
-        async with asyncio.timeout(10):
-            await hung_up.wait()
-        entry = server.core.pool.get("bad")
-        assert entry is not None
-        await until(lambda: entry.load.in_flight == 0, what="bad backend slot released")
+    bad_out = await _garbage_case(endless, fairq_factory, slow_sim, backend_done=hung_up)
     assert bad_out.code == grpc.StatusCode.INTERNAL, bad_out
     assert "backend bad" in bad_out.details and "1048576 characters" in bad_out.details
     assert bad_out.text == "a" and bad_out.finished is None  # what came before was relayed
     # fairq stopped reading after ~1 MiB; what else was sent sat in socket buffers.
     assert sent < 64 * 1024 * 1024, sent
-    for out in good_outs:
-        assert out.code is OK and out.finished is not None, out
-        assert out.finished.usage.completion_tokens == 30
 
 
 # -- SIGTERM on `fairq serve` -------------------------------------------------------------

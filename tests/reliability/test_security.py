@@ -259,19 +259,24 @@ SPELLED_ALLOWED = [
 ]
 
 
+async def _register(port: int, url: str) -> admin_pb2.RegisterBackendResponse:
+    """Register backend ``b`` (vLLM, model ``m``) at ``url`` through the Admin API."""
+    backend = admin_pb2.Backend(
+        id="b", kind=admin_pb2.BACKEND_KIND_VLLM, base_url=url, models=["m"]
+    )
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return await admin_pb2_grpc.AdminStub(channel).RegisterBackend(
+            admin_pb2.RegisterBackendRequest(backend=backend), timeout=10
+        )
+
+
 @pytest.mark.parametrize("url", DISGUISED)
 async def test_allow_list_refuses_disguised_addresses(
     url: str, fairq_factory: FairqFactory
 ) -> None:
     server = await fairq_factory(make_config())
-    backend = admin_pb2.Backend(
-        id="b", kind=admin_pb2.BACKEND_KIND_VLLM, base_url=url, models=["m"]
-    )
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        admin = admin_pb2_grpc.AdminStub(channel)
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await admin.RegisterBackend(admin_pb2.RegisterBackendRequest(backend=backend),
-                                        timeout=10)  # fmt: skip
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _register(server.port, url)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     details = info.value.details() or ""
     assert "allow-list" in details or "credentials, query or fragment" in details, details
@@ -283,14 +288,7 @@ async def test_allow_list_admits_loopback_however_spelled(
     url: str, fairq_factory: FairqFactory
 ) -> None:
     server = await fairq_factory(make_config())
-    backend = admin_pb2.Backend(
-        id="b", kind=admin_pb2.BACKEND_KIND_VLLM, base_url=url, models=["m"]
-    )
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        admin = admin_pb2_grpc.AdminStub(channel)
-        reply = await admin.RegisterBackend(
-            admin_pb2.RegisterBackendRequest(backend=backend), timeout=10
-        )
+    reply = await _register(server.port, url)
     assert not reply.status.healthy  # allowed; nothing listens on port 1
     assert [e.backend.id for e in server.core.pool.entries()] == ["b"]
 
