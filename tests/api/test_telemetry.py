@@ -8,6 +8,7 @@ from dataclasses import replace
 import grpc
 import httpx
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -17,6 +18,7 @@ from fairq_server.config import BackendConfig
 from fairq_server.sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
+from ..scripted_http import hang_up, reply, serve
 
 IDLE_VLLM = (
     "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
@@ -62,30 +64,40 @@ def _sample(server: FairqServer, name: str) -> float:
 
 
 @pytest.mark.parametrize(("threshold", "gauge_after_failure"), [(2, 1.0), (1, 0.0)])
-async def test_a_single_scrape_timeout_is_counted_and_marks_unhealthy_only_at_the_threshold(
+async def test_a_single_failed_scrape_is_counted_and_marks_unhealthy_only_at_the_threshold(
     fairq_factory: FairqFactory, threshold: int, gauge_after_failure: float
 ) -> None:
-    """scheduler.unhealthy_after_failures end to end: the second scrape of a backend times
-    out, the rest answer. Every failure is counted in fairq_backend_scrape_failures_total;
+    """scheduler.unhealthy_after_failures end to end: the backend hangs up on its second
+    scrape, the rest answer. Every failure is counted in fairq_backend_scrape_failures_total;
     fairq_backend_healthy drops to 0 only where one failure reaches the threshold."""
     server = await fairq_factory(make_config(unhealthy_after_failures=threshold))
     seen: list[tuple[float, float]] = []  # (healthy, failures) as of each scrape's start
     fourth = asyncio.Event()
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append((_sample(server, "fairq_backend_healthy"),
-                     _sample(server, "fairq_backend_scrape_failures_total")))  # fmt: skip
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        # The scrape this request belongs to (0-based). aiohttp retries a GET once on a new
+        # connection when the server hangs up: that retry is part of the same scrape.
+        entry = server.core.pool.get("flaky")  # registered after its first scrape
+        scrape = 0 if entry is None else entry.poller.scrapes + entry.poller.failures
+        if scrape == len(seen):
+            seen.append((_sample(server, "fairq_backend_healthy"),
+                         _sample(server, "fairq_backend_scrape_failures_total")))  # fmt: skip
         if len(seen) == 4:
             fourth.set()
-        if len(seen) == 2:
-            raise httpx.ReadTimeout("stalled", request=request)
-        return httpx.Response(200, text=IDLE_VLLM)
+        if scrape == 1:
+            return await hang_up(request)
+        return reply(text=IDLE_VLLM)
 
-    backend = VllmBackend("flaky", "http://flaky", ["m"], transport=httpx.MockTransport(handler))
-    await server.core.register_backend(
-        BackendConfig("flaky", "vllm", "http://flaky", ("m",)), backend=backend
-    )
-    async with asyncio.timeout(10):
-        await fourth.wait()
-    # As of scrape 2 (after the good first one), 3 (after the timeout), 4 (after recovery).
+    async with serve(handler) as url:
+        backend = VllmBackend("flaky", url, ["m"])
+        await server.core.register_backend(
+            BackendConfig("flaky", "vllm", url, ("m",)), backend=backend
+        )
+        try:
+            async with asyncio.timeout(10):
+                await fourth.wait()
+        finally:
+            # Stops the poller and closes the backend's connections before the server goes.
+            await server.core.deregister_backend("flaky", drain=False)
+    # As of scrape 2 (after the good first one), 3 (after the hang-up), 4 (after recovery).
     assert seen[1:4] == [(1.0, 0.0), (gauge_after_failure, 1.0), (1.0, 1.0)]

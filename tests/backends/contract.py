@@ -16,7 +16,6 @@ its gauges asynchronously to the HTTP responses it sends.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -38,9 +37,10 @@ from fairq_server.backends.base import (
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.errors import BackendError
 
+from ..scripted_http import RecordingProxy
+
 __all__ = [
     "CHECKS",
-    "RecordingTransport",
     "VllmTarget",
     "metric_value",
     "wait_for_metrics",
@@ -87,33 +87,6 @@ class VllmTarget:
             messages=(("system", "Be brief."), ("user", "Who goes next?")),
             sampling=Sampling(max_tokens=max_tokens, ignore_eos=True),
         )
-
-
-class RecordingTransport(httpx.AsyncBaseTransport):
-    """Real HTTP, plus a copy of every JSON POST sent (to check what went out).
-
-    Attributes:
-        posts: ``(path, body)`` of every POST, in order.
-    """
-
-    def __init__(self) -> None:
-        self.posts: list[tuple[str, dict[str, Any]]] = []
-        self._inner = httpx.AsyncHTTPTransport()
-
-    @property
-    def bodies(self) -> list[dict[str, Any]]:
-        """The JSON bodies of :attr:`posts`."""
-        return [body for _, body in self.posts]
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Record path and body of a POST, then send the request unchanged."""
-        if request.method == "POST":
-            self.posts.append((request.url.path, json.loads(request.content)))
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        """Close the wrapped transport."""
-        await self._inner.aclose()
 
 
 def metric_value(text: str, sample: str) -> float | None:
@@ -295,19 +268,13 @@ async def check_early_close_aborts_the_request(target: VllmTarget) -> None:
 
 async def check_priority_field_accepted(target: VllmTarget) -> None:
     """A priority-scheduling adapter sends ``priority`` and the server accepts it."""
-    transport = RecordingTransport()
-    backend = VllmBackend(
-        "contract",
-        target.base_url,
-        [target.model],
-        priority_scheduling=True,
-        transport=transport,
-    )
-    try:
-        deltas, end = await _collect(backend.stream(target.prompt(6), 3))
-    finally:
-        await backend.aclose()
-    assert [b.get("priority") for b in transport.bodies] == [3]
+    async with RecordingProxy(target.base_url) as proxy:
+        backend = VllmBackend("contract", proxy.url, [target.model], priority_scheduling=True)
+        try:
+            deltas, end = await _collect(backend.stream(target.prompt(6), 3))
+        finally:
+            await backend.aclose()
+    assert [b.get("priority") for b in proxy.bodies] == [3]
     _assert_complete(deltas, end, 6)
 
 

@@ -25,7 +25,8 @@ from fairq_server.backends.tgi import TgiBackend
 from fairq_server.errors import BackendError
 from fairq_server.sim import SimConfig, SimServer
 
-from .contract import RecordingTransport, metric_value
+from ..scripted_http import RecordingProxy
+from .contract import metric_value
 from .sim_flood import SIZES, assert_fairq_protects_the_light_user
 
 MODEL = "tgi-sim"
@@ -87,13 +88,13 @@ async def poll(
 
 
 async def test_prompt_streams_via_generate_stream(tgi: SimServer) -> None:
-    transport = RecordingTransport()
-    backend = TgiBackend("tgi-0", tgi.url, [MODEL], transport=transport)
-    try:
-        deltas, end = await drain(backend, prompt(12))
-    finally:
-        await backend.aclose()
-    [(path, body)] = transport.posts
+    async with RecordingProxy(tgi.url) as proxy:
+        backend = TgiBackend("tgi-0", proxy.url, [MODEL])
+        try:
+            deltas, end = await drain(backend, prompt(12))
+        finally:
+            await backend.aclose()
+    [(path, body)] = proxy.posts
     assert path == "/generate_stream"
     assert body["inputs"] == "Who goes next?"
     assert body["parameters"] == {"max_new_tokens": 12, "details": True}
@@ -116,28 +117,28 @@ async def test_prompt_streams_via_generate_stream(tgi: SimServer) -> None:
 async def test_prompt_sampling_parameters(
     tgi: SimServer, temperature: float, expected: dict[str, object]
 ) -> None:
-    transport = RecordingTransport()
-    backend = TgiBackend("tgi-0", tgi.url, [MODEL], transport=transport)
-    request = BackendRequest(
-        model=MODEL, prompt="x", sampling=Sampling(max_tokens=2, temperature=temperature)
-    )
-    try:
-        _, end = await drain(backend, request)
-    finally:
-        await backend.aclose()
-    [(_, body)] = transport.posts
+    async with RecordingProxy(tgi.url) as proxy:
+        backend = TgiBackend("tgi-0", proxy.url, [MODEL])
+        request = BackendRequest(
+            model=MODEL, prompt="x", sampling=Sampling(max_tokens=2, temperature=temperature)
+        )
+        try:
+            _, end = await drain(backend, request)
+        finally:
+            await backend.aclose()
+    [(_, body)] = proxy.posts
     assert body["parameters"] == {"max_new_tokens": 2, "details": True, **expected}
     assert end.completion_tokens == 2  # and the backend accepted them
 
 
 async def test_chat_streams_via_messages_api(tgi: SimServer) -> None:
-    transport = RecordingTransport()
-    backend = TgiBackend("tgi-0", tgi.url, [MODEL], transport=transport)
-    try:
-        deltas, end = await drain(backend, chat(10))
-    finally:
-        await backend.aclose()
-    [(path, body)] = transport.posts
+    async with RecordingProxy(tgi.url) as proxy:
+        backend = TgiBackend("tgi-0", proxy.url, [MODEL])
+        try:
+            deltas, end = await drain(backend, chat(10))
+        finally:
+            await backend.aclose()
+    [(path, body)] = proxy.posts
     assert path == "/v1/chat/completions"
     assert body["messages"][1] == {"role": "user", "content": "Who goes next?"}
     assert body["stream_options"] == {"include_usage": True}

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import httpx
+import yarl
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.poller import MetricsPoller
@@ -48,7 +48,6 @@ def make_backend(
     cfg: BackendConfig,
     *,
     timeout: float = 600.0,
-    transport: httpx.AsyncBaseTransport | None = None,
     allowlist: Sequence[str] | None = None,
 ) -> Backend:
     """Validate ``cfg`` and build its adapter.
@@ -56,7 +55,6 @@ def make_backend(
     Args:
         cfg: the backend's settings.
         timeout: HTTP timeout towards the backend.
-        transport: httpx transport (tests).
         allowlist: if given, the URL's host must be covered by it (see :func:`host_allowed`).
 
     Raises:
@@ -91,17 +89,17 @@ def make_backend(
     if not cfg.models or any(not m for m in cfg.models):
         raise InvalidRequestError("backend must serve at least one named model")
     try:
-        return cls(
-            cfg.id,
-            cfg.base_url,
-            cfg.models,
-            priority_scheduling=cfg.priority_scheduling,
-            max_in_flight=cfg.max_in_flight,
-            timeout=timeout,
-            transport=transport,
-        )
-    except httpx.InvalidURL as exc:
+        yarl.URL(cfg.base_url)  # what the HTTP client will make of it (e.g. an IDNA host)
+    except ValueError as exc:
         raise InvalidRequestError(f"backend base_url is not a valid URL: {exc}") from None
+    return cls(
+        cfg.id,
+        cfg.base_url,
+        cfg.models,
+        priority_scheduling=cfg.priority_scheduling,
+        max_in_flight=cfg.max_in_flight,
+        timeout=timeout,
+    )
 
 
 @dataclass
@@ -137,7 +135,7 @@ class BackendPool:
         self._entries: dict[str, BackendEntry] = {}
         self._poll_interval = poll_interval
         self._on_update = on_update
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: dict[asyncio.Task[None], BackendEntry] = {}
 
     def set_unhealthy_after_failures(self, failures: int) -> None:
         """Apply a new consecutive-failure threshold to every poller, now and later ones."""
@@ -195,27 +193,34 @@ class BackendPool:
         return entry
 
     async def close(self) -> None:
-        """Stop every poller and close every client now."""
-        for entry in self._entries.values():
-            await self._retire(entry)
+        """Stop every poller and close every client now, in-flight work or not."""
+        entries = [*self._entries.values(), *self._closing.values()]
         self._entries.clear()
         for task in list(self._closing):
             task.cancel()
         await asyncio.gather(*self._closing, return_exceptions=True)
+        for entry in entries:
+            await self._stop_polling(entry)
+            # Also for a backend whose close-when-idle task was cancelled before it ran.
+            await entry.backend.aclose()
 
     async def _retire(self, entry: BackendEntry) -> None:
         """Stop polling ``entry`` and close its client once its in-flight work is done."""
+        await self._stop_polling(entry)
+        if entry.load.in_flight == 0:
+            await entry.backend.aclose()
+            return
+        task = asyncio.create_task(self._close_when_idle(entry))
+        self._closing[task] = entry
+        task.add_done_callback(self._closing.pop)
+
+    @staticmethod
+    async def _stop_polling(entry: BackendEntry) -> None:
         entry.load.draining = True
         if entry.task is not None:
             entry.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await entry.task
-        if entry.load.in_flight == 0:
-            await entry.backend.aclose()
-            return
-        task = asyncio.create_task(self._close_when_idle(entry))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
 
     @staticmethod
     async def _close_when_idle(entry: BackendEntry) -> None:

@@ -1,14 +1,18 @@
-"""Adapter edge cases with httpx.MockTransport: recorded vLLM streams, error shapes, bad SSE."""
+"""Adapter edge cases against scripted loopback servers: recorded vLLM streams, error shapes,
+bad SSE."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
-import httpx
 import pytest
+from aiohttp import web
 
 from fairq_server.backends.base import BackendRequest, Sampling, StreamEnd, TextDelta
 from fairq_server.backends.sse import MAX_EVENT_CHARS
@@ -16,17 +20,33 @@ from fairq_server.backends.tgi import TgiBackend
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.errors import BackendError
 
+from ...scripted_http import Handler, reply, serve, sse, unused_url
+
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 PROMPT = BackendRequest(model="tiny", prompt="hello", sampling=Sampling(max_tokens=4))
 CHAT = BackendRequest(model="tiny", messages=(("user", "hi"),), sampling=Sampling(max_tokens=4))
 
 
-def sse_response(body: bytes, status: int = 200) -> httpx.Response:
-    return httpx.Response(status, content=body, headers={"content-type": "text/event-stream"})
+@contextlib.asynccontextmanager
+async def vllm_with(handler: Handler, **kw: bool) -> AsyncIterator[VllmBackend]:
+    """A vLLM adapter whose server answers every request with ``handler``."""
+    async with serve(handler) as url:
+        backend = VllmBackend("v", url, ["tiny"], **kw)
+        try:
+            yield backend
+        finally:
+            await backend.aclose()
 
 
-def vllm_with(handler: httpx.MockTransport, **kw: object) -> VllmBackend:
-    return VllmBackend("v", "http://vllm", ["tiny"], transport=handler, **kw)  # type: ignore[arg-type]
+@contextlib.asynccontextmanager
+async def tgi_with(handler: Handler) -> AsyncIterator[TgiBackend]:
+    """A TGI adapter whose server answers every request with ``handler``."""
+    async with serve(handler) as url:
+        backend = TgiBackend("v", url, ["m"])
+        try:
+            yield backend
+        finally:
+            await backend.aclose()
 
 
 async def collect(backend: VllmBackend | TgiBackend, req: BackendRequest) -> list[object]:
@@ -35,39 +55,41 @@ async def collect(backend: VllmBackend | TgiBackend, req: BackendRequest) -> lis
 
 async def test_recorded_completions_stream() -> None:
     body = (FIXTURES / "completions-stream.sse").read_bytes()
-    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
-    events = await collect(backend, PROMPT)
-    deltas = [e for e in events if isinstance(e, TextDelta)]
-    end = events[-1]
-    assert isinstance(end, StreamEnd)
-    assert end.finish_reason == "length"
-    expected = [
-        json.loads(line[6:])["choices"][0]["text"]
-        for line in body.decode().splitlines()
-        if line.startswith("data: {") and json.loads(line[6:])["choices"]
-    ]
-    # The mock delivers the body in one read, so the events arrive as one merged delta.
-    assert "".join(d.text for d in deltas) == "".join(expected)
-    assert sum(d.tokens for d in deltas) == len([t for t in expected if t])
+    async with vllm_with(lambda r: sse(body)) as backend:
+        events = await collect(backend, PROMPT)
+        deltas = [e for e in events if isinstance(e, TextDelta)]
+        end = events[-1]
+        assert isinstance(end, StreamEnd)
+        assert end.finish_reason == "length"
+        expected = [
+            json.loads(line[6:])["choices"][0]["text"]
+            for line in body.decode().splitlines()
+            if line.startswith("data: {") and json.loads(line[6:])["choices"]
+        ]
+        # The mock delivers the body in one read, so the events arrive as one merged delta.
+        assert "".join(d.text for d in deltas) == "".join(expected)
+        assert sum(d.tokens for d in deltas) == len([t for t in expected if t])
 
 
 async def test_recorded_chat_stream() -> None:
     body = (FIXTURES / "chat-stream.sse").read_bytes()
-    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
-    events = await collect(backend, CHAT)
-    assert isinstance(events[-1], StreamEnd)
-    assert any(isinstance(e, TextDelta) for e in events)
+    async with vllm_with(lambda r: sse(body)) as backend:
+        events = await collect(backend, CHAT)
+        assert isinstance(events[-1], StreamEnd)
+        assert any(isinstance(e, TextDelta) for e in events)
 
 
 async def test_payload_sends_priority_only_to_priority_backends() -> None:
     seen: list[dict[str, object]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(json.loads(request.content))
-        return sse_response(b'data: {"choices":[{"text":"x","finish_reason":"length"}]}\n\n')
+    async def handler(request: web.BaseRequest) -> web.Response:
+        seen.append(await request.json())
+        return sse(b'data: {"choices":[{"text":"x","finish_reason":"length"}]}\n\n')
 
-    await collect(vllm_with(httpx.MockTransport(handler)), PROMPT)
-    await collect(vllm_with(httpx.MockTransport(handler), priority_scheduling=True), PROMPT)
+    async with vllm_with(handler) as backend:
+        await collect(backend, PROMPT)
+    async with vllm_with(handler, priority_scheduling=True) as backend:
+        await collect(backend, PROMPT)
     assert "priority" not in seen[0]
     assert seen[1]["priority"] == 0
     assert seen[0]["stream_options"] == {"include_usage": True}
@@ -85,43 +107,42 @@ async def test_recorded_vllm_errors_keep_the_backend_message(
     fixture: str, status: int, code: grpc.StatusCode, needle: str
 ) -> None:
     body = (FIXTURES / fixture).read_text().split("\nHTTP")[0].encode()
-    backend = vllm_with(httpx.MockTransport(lambda r: httpx.Response(status, content=body)))
-    with pytest.raises(BackendError) as info:
-        await collect(backend, PROMPT)
-    assert info.value.code == code
-    assert needle in str(info.value)
-    assert not info.value.retryable
+    async with vllm_with(lambda r: reply(status, body.decode())) as backend:
+        with pytest.raises(BackendError) as info:
+            await collect(backend, PROMPT)
+        assert info.value.code == code
+        assert needle in str(info.value)
+        assert not info.value.retryable
 
 
 async def test_server_errors_are_retryable_unavailable() -> None:
-    backend = vllm_with(httpx.MockTransport(lambda r: httpx.Response(503, text="overloaded")))
-    with pytest.raises(BackendError) as info:
-        await collect(backend, PROMPT)
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE
-    assert info.value.retryable
+    async with vllm_with(lambda r: reply(503, "overloaded")) as backend:
+        with pytest.raises(BackendError) as info:
+            await collect(backend, PROMPT)
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert info.value.retryable
 
 
 async def test_connection_refused_is_retryable() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
+    backend = VllmBackend("v", unused_url(), ["tiny"])
     with pytest.raises(BackendError) as info:
-        await collect(vllm_with(httpx.MockTransport(refuse)), PROMPT)
+        await collect(backend, PROMPT)
+    await backend.aclose()
     assert info.value.retryable
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_malformed_event_is_a_clear_error() -> None:
-    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(b"data: {nope\n\n")))
-    with pytest.raises(BackendError, match="malformed stream event"):
-        await collect(backend, PROMPT)
+    async with vllm_with(lambda r: sse(b"data: {nope\n\n")) as backend:
+        with pytest.raises(BackendError, match="malformed stream event"):
+            await collect(backend, PROMPT)
 
 
 async def test_mid_stream_error_event() -> None:
     body = b'data: {"choices":[{"text":"a"}]}\n\ndata: {"error":{"message":"engine died"}}\n\n'
-    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
-    with pytest.raises(BackendError, match="engine died"):
-        await collect(backend, PROMPT)
+    async with vllm_with(lambda r: sse(body)) as backend:
+        with pytest.raises(BackendError, match="engine died"):
+            await collect(backend, PROMPT)
 
 
 async def test_tgi_generate_stream_without_done() -> None:
@@ -132,41 +153,33 @@ async def test_tgi_generate_stream_without_done() -> None:
         b'"generated_text":"Hel","details":{"finish_reason":"eos_token","generated_tokens":2,'
         b'"seed":null,"input_length":5}}\n\n'
     )
-    tgi = TgiBackend(
-        "t", "http://tgi", ["m"], transport=httpx.MockTransport(lambda r: sse_response(body))
-    )
-    events = await collect(tgi, PROMPT)
+    async with tgi_with(lambda r: sse(body)) as tgi:
+        events = await collect(tgi, PROMPT)
     assert events == [TextDelta("Hel"), StreamEnd("stop", 5, 2)]
 
 
 async def test_tgi_error_event_on_200() -> None:
     body = b'data: {"error":"Input validation error","error_type":"validation"}\n\n'
-    tgi = TgiBackend(
-        "t", "http://tgi", ["m"], transport=httpx.MockTransport(lambda r: sse_response(body))
-    )
-    with pytest.raises(BackendError, match="Input validation error"):
-        await collect(tgi, PROMPT)
+    async with tgi_with(lambda r: sse(body)) as tgi:
+        with pytest.raises(BackendError, match="Input validation error"):
+            await collect(tgi, PROMPT)
 
 
 async def test_tgi_422_error_body() -> None:
-    tgi = TgiBackend(
-        "t", "http://tgi", ["m"],
-        transport=httpx.MockTransport(
-            lambda r: httpx.Response(422, json={"error": "too long", "error_type": "validation"})
-        ),
-    )  # fmt: skip
-    with pytest.raises(BackendError) as info:
-        await collect(tgi, PROMPT)
+    error = {"error": "too long", "error_type": "validation"}
+    async with tgi_with(lambda r: reply(422, json_body=error)) as tgi:
+        with pytest.raises(BackendError) as info:
+            await collect(tgi, PROMPT)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "too long" in str(info.value)
 
 
 async def test_stream_ending_without_a_finish_reason_is_an_error() -> None:
     body = b'data: {"choices":[{"text":"partial"}]}\n\n'
-    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(body)))
-    with pytest.raises(BackendError, match="before the generation finished") as info:
-        await collect(backend, PROMPT)
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    async with vllm_with(lambda r: sse(body)) as backend:
+        with pytest.raises(BackendError, match="before the generation finished") as info:
+            await collect(backend, PROMPT)
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
 
 
 @pytest.mark.parametrize(
@@ -175,28 +188,30 @@ async def test_stream_ending_without_a_finish_reason_is_an_error() -> None:
      b'{"choices":[{"text":"a"}],"usage":{"prompt_tokens":"many"}}'],
 )  # fmt: skip
 async def test_wrongly_shaped_events_are_clear_errors(event: bytes) -> None:
-    backend = vllm_with(httpx.MockTransport(lambda r: sse_response(b"data: " + event + b"\n\n")))
-    with pytest.raises(BackendError, match="unexpected stream event") as info:
-        await collect(backend, PROMPT)
-    assert info.value.code == grpc.StatusCode.INTERNAL
+    async with vllm_with(lambda r: sse(b"data: " + event + b"\n\n")) as backend:
+        with pytest.raises(BackendError, match="unexpected stream event") as info:
+            await collect(backend, PROMPT)
+        assert info.value.code == grpc.StatusCode.INTERNAL
 
 
-class EndlessBody(httpx.AsyncByteStream):
-    """A response body that starts an event and never ends its line; records closing."""
+class EndlessBody:
+    """A server answer that starts an event and never ends its line; records the hang-up."""
 
     def __init__(self, first: bytes = b"") -> None:
         self.first = first
         self.sent = 0
-        self.closed = False
+        self.closed = asyncio.Event()
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self.first + b'data: {"choices":[{"text":"'
-        while True:
-            self.sent += 65536
-            yield b"x" * 65536
-
-    async def aclose(self) -> None:
-        self.closed = True
+    async def __call__(self, request: web.BaseRequest) -> NoReturn:
+        answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await answer.prepare(request)
+        try:
+            await answer.write(self.first + b'data: {"choices":[{"text":"')
+            while True:
+                await answer.write(b"x" * 65536)
+                self.sent += 65536
+        finally:  # the client closed the stream: writing failed, or the server cancelled us
+            self.closed.set()
 
 
 @pytest.mark.parametrize("kind", ["vllm", "tgi"])
@@ -204,22 +219,19 @@ async def test_an_endless_line_is_an_internal_error_naming_backend_and_limit(kin
     """A backend streaming one line without end: the request fails INTERNAL once the line
     passes the limit (memory stays bounded), and the HTTP stream is closed."""
     body = EndlessBody(b'data: {"choices":[{"text":"a"}]}\n\n' if kind == "vllm" else b"")
-    transport = httpx.MockTransport(
-        lambda r: httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
-    )
-    backend: VllmBackend | TgiBackend = (
-        vllm_with(transport) if kind == "vllm" else TgiBackend("v", "http://tgi", ["m"],
-                                                               transport=transport)
-    )  # fmt: skip
+    adapter = vllm_with(body) if kind == "vllm" else tgi_with(body)
     events: list[object] = []
-    with pytest.raises(BackendError) as info:
-        async for event in backend.stream(PROMPT, 0):
-            events.append(event)
+    async with adapter as backend:
+        with pytest.raises(BackendError) as info:
+            async for event in backend.stream(PROMPT, 0):
+                events.append(event)
+        await asyncio.wait_for(body.closed.wait(), 10)  # the server saw the hang-up
     assert info.value.code == grpc.StatusCode.INTERNAL
     assert not info.value.retryable
     assert "backend v" in str(info.value)
     assert f"{MAX_EVENT_CHARS} characters" in str(info.value)
-    assert body.sent <= MAX_EVENT_CHARS + 65536  # read up to the limit, not on and on
-    assert body.closed
+    # Read up to the limit, not on and on: what the server got rid of is the limit plus what
+    # the loopback socket buffers hold (a few MiB), nowhere near an endless stream.
+    assert body.sent <= MAX_EVENT_CHARS + 16 * 2**20
     if kind == "vllm":
         assert events == [TextDelta("a")]  # what came before is still relayed

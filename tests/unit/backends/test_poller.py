@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator, Awaitable, Sequence
 
-import httpx
 import pytest
+from aiohttp import web
 
 from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.scheduling.gate import BackendLoad
+
+from ...scripted_http import Handler, hang_up, reply, serve, unused_url
 
 
 def metrics(waiting: int, running: int, tpot_sum: float, tpot_count: int) -> str:
@@ -25,131 +29,135 @@ def metrics(waiting: int, running: int, tpot_sum: float, tpot_count: int) -> str
 
 
 class Scripted:
-    """Answers each request with the next response, or raises it if it is an exception."""
+    """Answers every request of the current scrape with the script's next handler.
 
-    def __init__(self, answers: list[httpx.Response | Exception]) -> None:
-        self.answers = answers
+    The script moves on when the poller publishes an update, i.e. once per scrape, not once
+    per request: when the server hangs up, aiohttp retries the GET once on a new connection,
+    and that retry belongs to the same scrape (so it is hung up on as well).
+    """
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+    def __init__(self, answers: Sequence[Handler]) -> None:
+        self.answers = list(answers)
+
+    def __call__(
+        self, request: web.BaseRequest
+    ) -> web.StreamResponse | Awaitable[web.StreamResponse]:
+        return self.answers[0](request)
+
+    def advance(self) -> None:
+        self.answers.pop(0)
 
 
-def ok(waiting: int = 0) -> httpx.Response:
-    return httpx.Response(200, text=metrics(waiting, 0, 0, 0))
+def ok(waiting: int = 0, running: int = 0, tpot_sum: float = 0, tpot_count: int = 0) -> Handler:
+    return lambda request: reply(text=metrics(waiting, running, tpot_sum, tpot_count))
 
 
-def scripted_poller(
-    answers: list[httpx.Response | Exception], **kw: int
-) -> tuple[MetricsPoller, BackendLoad, list[tuple[bool | None, int]]]:
-    """A poller over a scripted transport; the list records (healthy, consecutive failures)
-    at every update, as the telemetry callback sees them."""
-    backend = VllmBackend("v", "http://v", ["m"], transport=httpx.MockTransport(Scripted(answers)))
+def boom(request: web.BaseRequest) -> web.Response:
+    return reply(500, text="boom")
+
+
+@contextlib.asynccontextmanager
+async def scripted_poller(
+    answers: Sequence[Handler], **kw: int
+) -> AsyncIterator[tuple[MetricsPoller, BackendLoad, list[tuple[bool | None, int]]]]:
+    """A poller over a loopback server answering each scrape with the next of ``answers``;
+    the list records (healthy, consecutive failures) at every update, as the telemetry
+    callback sees them."""
+    script = Scripted(answers)
     load = BackendLoad()
     seen: list[tuple[bool | None, int]] = []
-    poller = MetricsPoller(
-        backend,
-        load,
-        interval=0.1,
-        on_update=lambda p: seen.append((p.healthy, p.consecutive_failures)),
-        **kw,
-    )
-    return poller, load, seen
+
+    def on_update(poller: MetricsPoller) -> None:
+        seen.append((poller.healthy, poller.consecutive_failures))
+        script.advance()
+
+    async with serve(script) as url:
+        backend = VllmBackend("v", url, ["m"])
+        try:
+            yield MetricsPoller(backend, load, interval=0.1, on_update=on_update, **kw), load, seen
+        finally:
+            await backend.aclose()
 
 
 async def test_tpot_is_measured_over_the_last_window() -> None:
-    script = Scripted(
-        [
-            httpx.Response(200, text=metrics(0, 1, 10.0, 100)),  # long history: 100 ms / token
-            httpx.Response(200, text=metrics(2, 4, 10.2, 110)),  # last window: 20 ms / token
-            httpx.Response(200, text=metrics(2, 4, 10.2, 110)),  # no completion, still running
-        ]
-    )
-    backend = VllmBackend("v", "http://v", ["m"], transport=httpx.MockTransport(script))
-    load = BackendLoad()
-    updates: list[object] = []
-    poller = MetricsPoller(backend, load, interval=0.1, on_update=updates.append)
-    await poller.poll_once()
-    assert load.snapshot is not None and load.snapshot.tpot_seconds is None
-    load.dispatched = 3
-    await poller.poll_once()
-    assert load.snapshot.tpot_seconds is not None
-    assert abs(load.snapshot.tpot_seconds - 0.02) < 1e-9
-    assert load.snapshot.waiting == 2
-    assert load.snapshot.dispatched_mark == 3
-    await poller.poll_once()
-    assert abs((load.snapshot.tpot_seconds or 0) - 0.02) < 1e-9
-    assert len(updates) == 3
-    assert poller.healthy is True
+    script = [
+        ok(0, 1, 10.0, 100),  # long history: 100 ms / token
+        ok(2, 4, 10.2, 110),  # last window: 20 ms / token
+        ok(2, 4, 10.2, 110),  # no completion, still running
+    ]
+    async with scripted_poller(script) as (poller, load, updates):
+        await poller.poll_once()
+        assert load.snapshot is not None and load.snapshot.tpot_seconds is None
+        load.dispatched = 3
+        await poller.poll_once()
+        assert load.snapshot.tpot_seconds is not None
+        assert abs(load.snapshot.tpot_seconds - 0.02) < 1e-9
+        assert load.snapshot.waiting == 2
+        assert load.snapshot.dispatched_mark == 3
+        await poller.poll_once()
+        assert abs((load.snapshot.tpot_seconds or 0) - 0.02) < 1e-9
+        assert len(updates) == 3
+        assert poller.healthy is True
 
 
 async def test_failing_metrics_keep_old_snapshot_and_mark_unhealthy() -> None:
     """Consecutive failures up to the default threshold (2): the old snapshot stays in place
     to go stale, and the backend is then marked unhealthy."""
-    poller, load, _ = scripted_poller(
-        [ok(), httpx.Response(500, text="boom"), httpx.Response(500, text="boom")]
-    )
-    await poller.poll_once()
-    first = load.snapshot
-    await poller.poll_once()
-    await poller.poll_once()
-    assert load.snapshot is first
-    assert poller.healthy is False and load.healthy is False
-    assert "HTTP 500" in poller.last_error
-
-
-@pytest.mark.parametrize(
-    "failure",
-    [httpx.ReadTimeout("timed out"), httpx.Response(500, text="boom")],
-    ids=["timeout", "http-500"],
-)
-async def test_one_failed_scrape_between_good_ones_keeps_the_backend_healthy(
-    failure: httpx.Response | Exception, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A single scrape that fails (e.g. times out while the event loop stalls) is logged and
-    counted, but does not take the backend out of dispatch; its snapshot still ages."""
-    poller, load, seen = scripted_poller([ok(), failure, ok(waiting=2)])
-    await poller.poll_once()
-    first = load.snapshot
-    with caplog.at_level(logging.WARNING, logger="fairq_server.backends.poller"):
+    async with scripted_poller([ok(), boom, boom]) as (poller, load, _):
         await poller.poll_once()
-    assert poller.healthy is True and load.healthy is True
-    assert load.snapshot is first  # left to go stale: the gate still fails closed on age
-    assert poller.failures == 1 and poller.consecutive_failures == 1
-    assert poller.last_error
-    assert "scrape failed (1 of 2" in caplog.text and "backend v" in caplog.text
-    await poller.poll_once()
-    assert poller.healthy is True and poller.consecutive_failures == 0
-    assert load.snapshot is not first and load.snapshot is not None
-    assert load.snapshot.waiting == 2
-    assert seen == [(True, 0), (True, 1), (True, 0)]
+        first = load.snapshot
+        await poller.poll_once()
+        await poller.poll_once()
+        assert load.snapshot is first
+        assert poller.healthy is False and load.healthy is False
+        assert "HTTP 500" in poller.last_error
+
+
+@pytest.mark.parametrize("failure", [hang_up, boom], ids=["hang-up", "http-500"])
+async def test_one_failed_scrape_between_good_ones_keeps_the_backend_healthy(
+    failure: Handler, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A single scrape that fails (here the server drops the connection or answers 500; in
+    production typically a timeout while the event loop stalls) is logged and counted, but
+    does not take the backend out of dispatch; its snapshot still ages."""
+    async with scripted_poller([ok(), failure, ok(waiting=2)]) as (poller, load, seen):
+        await poller.poll_once()
+        first = load.snapshot
+        with caplog.at_level(logging.WARNING, logger="fairq_server.backends.poller"):
+            await poller.poll_once()
+        assert poller.healthy is True and load.healthy is True
+        assert load.snapshot is first  # left to go stale: the gate still fails closed on age
+        assert poller.failures == 1 and poller.consecutive_failures == 1
+        assert poller.last_error
+        assert "scrape failed (1 of 2" in caplog.text and "backend v" in caplog.text
+        await poller.poll_once()
+        assert poller.healthy is True and poller.consecutive_failures == 0
+        assert load.snapshot is not first and load.snapshot is not None
+        assert load.snapshot.waiting == 2
+        assert seen == [(True, 0), (True, 1), (True, 0)]
 
 
 async def test_n_consecutive_failures_mark_the_backend_unhealthy_until_a_scrape_succeeds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    boom = httpx.ReadTimeout("timed out")
-    poller, load, seen = scripted_poller(
-        [ok(), boom, boom, ok(), boom, boom, boom, boom, ok()], unhealthy_after_failures=3
-    )
-    await poller.poll_once()
-    with caplog.at_level(logging.WARNING, logger="fairq_server.backends.poller"):
-        for _ in range(2):
-            await poller.poll_once()
+    script = [ok(), hang_up, hang_up, ok(), hang_up, hang_up, hang_up, hang_up, ok()]
+    async with scripted_poller(script, unhealthy_after_failures=3) as (poller, load, seen):
+        await poller.poll_once()
+        with caplog.at_level(logging.WARNING, logger="fairq_server.backends.poller"):
+            for _ in range(2):
+                await poller.poll_once()
+            assert poller.healthy is True and load.healthy is True
+            await poller.poll_once()  # success: the count starts again
+            for _ in range(2):
+                await poller.poll_once()
+            assert poller.healthy is True and load.healthy is True
+            await poller.poll_once()  # third in a row
+            assert poller.healthy is False and load.healthy is False
+            assert "unhealthy after 3 failed scrape(s)" in caplog.text
+            await poller.poll_once()  # still failing: stays unhealthy
+        assert poller.failures == 6
+        await poller.poll_once()
         assert poller.healthy is True and load.healthy is True
-        await poller.poll_once()  # success: the count starts again
-        for _ in range(2):
-            await poller.poll_once()
-        assert poller.healthy is True and load.healthy is True
-        await poller.poll_once()  # third in a row
-        assert poller.healthy is False and load.healthy is False
-        assert "unhealthy after 3 failed scrape(s)" in caplog.text
-        await poller.poll_once()  # still failing: stays unhealthy
-    assert poller.failures == 6
-    await poller.poll_once()
-    assert poller.healthy is True and load.healthy is True
     assert [h for h, _ in seen] == [True, True, True, True, True, True, False, False, True]
     # Every failed update is visible to telemetry (one failure count per failed scrape).
     assert sum(1 for _, n in seen if n) == 6
@@ -157,18 +165,23 @@ async def test_n_consecutive_failures_mark_the_backend_unhealthy_until_a_scrape_
 
 async def test_a_backend_that_never_answered_is_unhealthy_at_its_first_failure() -> None:
     """Nothing to protect yet: a backend registered while down is refused at once."""
-    poller, load, _ = scripted_poller([httpx.ConnectError("refused")])
-    await poller.poll_once()
-    assert poller.healthy is False and load.healthy is False
+    backend = VllmBackend("v", unused_url(), ["m"])  # connection refused
+    load = BackendLoad()
+    try:
+        poller = MetricsPoller(backend, load, interval=0.1)
+        await poller.poll_once()
+        assert poller.healthy is False and load.healthy is False
+    finally:
+        await backend.aclose()
 
 
 async def test_a_failed_request_keeps_the_backend_suspect_through_a_tolerated_failure() -> None:
     """The dispatcher marks a backend it could not reach unhealthy (load.healthy = False) until
     the next successful scrape; a failed scrape below the threshold does not clear that."""
-    poller, load, _ = scripted_poller([ok(), httpx.Response(500, text="boom"), ok()])
-    await poller.poll_once()
-    load.healthy = False  # as the dispatcher's retry path does
-    await poller.poll_once()
-    assert load.healthy is False and poller.healthy is True
-    await poller.poll_once()
-    assert load.healthy is True
+    async with scripted_poller([ok(), boom, ok()]) as (poller, load, _):
+        await poller.poll_once()
+        load.healthy = False  # as the dispatcher's retry path does
+        await poller.poll_once()
+        assert load.healthy is False and poller.healthy is True
+        await poller.poll_once()
+        assert load.healthy is True

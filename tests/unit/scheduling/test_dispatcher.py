@@ -1,9 +1,9 @@
 """The dispatcher without gRPC: gates per tier, caps, release, retry, aging, routing, grouping.
 
 Backends are real :class:`VllmBackend` adapters registered in a real :class:`BackendPool`; their
-``/metrics`` is served by an ``httpx.MockTransport`` for the first scrape, then the poller is
-stopped and each test writes the backend's snapshot itself (as the poller would), stamped with
-an injected clock. Nothing here sleeps: the loop runs whenever the test yields to it.
+``/metrics`` is served by a loopback server for the first scrape, then the poller is stopped
+and each test writes the backend's snapshot itself (as the poller would), stamped with an
+injected clock. Nothing here sleeps: the loop runs whenever the test yields to it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
-import httpx
 import pytest
 
 from fairq_server.backends.registry import BackendEntry, BackendPool
@@ -29,6 +28,7 @@ from fairq_server.scheduling.registry import make_fairness, make_ordering
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.telemetry import Telemetry
 
+from ...scripted_http import reply, serve
 from .helpers import ticket
 
 INTERACTIVE = TierConfig("interactive", max_backend_waiting=3)
@@ -81,6 +81,7 @@ class Harness:
         self.pool = BackendPool(poll_interval=60.0, on_update=lambda poller: None)
         self.entries: list[BackendEntry] = []
         self.order: list[Ticket] = []  # tickets in the order they were assigned a backend
+        self._servers = contextlib.AsyncExitStack()  # each backend's /metrics server
         queue = ModelQueue(
             len(self.tiers), lambda: make_fairness(fairness), make_ordering(self.config.ordering)
         )
@@ -90,12 +91,10 @@ class Harness:
 
     async def __aenter__(self) -> Harness:
         for i in range(self._backends):
-            transport = httpx.MockTransport(
-                lambda request: httpx.Response(200, text=metrics_text())
+            url = await self._servers.enter_async_context(
+                serve(lambda request: reply(text=metrics_text()))
             )
-            entry = await self.pool.add(
-                VllmBackend(f"b{i}", f"http://b{i}", ["m"], transport=transport)
-            )
+            entry = await self.pool.add(VllmBackend(f"b{i}", url, ["m"]))
             # From now on the test plays the poller.
             assert entry.task is not None
             entry.task.cancel()
@@ -109,6 +108,12 @@ class Harness:
     async def __aexit__(self, *exc: object) -> None:
         await self.d.close()
         await self.pool.close()
+        # pool.close() leaves a backend with requests in flight to a task that closes it when
+        # they end, and cancels that task before it has run: close every client here, before
+        # its server goes.
+        for entry in self.entries:
+            await entry.backend.aclose()
+        await self._servers.aclose()
 
     def scrape(self, entry: BackendEntry | None = None, waiting: int = 0) -> None:
         """Publish a fresh snapshot as the poller would: scraped waiting, marks as of now."""
