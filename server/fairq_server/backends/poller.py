@@ -54,7 +54,7 @@ class MetricsPoller:
     async def poll_once(self) -> None:
         """Scrape once and publish the snapshot (or record the failure)."""
         started = time.monotonic()
-        dispatched, finished = self.load.dispatched, self.load.finished
+        awaiting = self.load.awaiting_first_token
         try:
             sample = await self.backend.scrape(timeout=max(self.interval * 5, 1.0))
         except BackendError as exc:
@@ -95,8 +95,7 @@ class MetricsPoller:
             running=sample.running,
             kv_usage=sample.kv_usage,
             tpot_seconds=self._window_tpot(sample),
-            dispatched_mark=dispatched,
-            finished_mark=finished,
+            awaiting_mark=awaiting,
         )
         self._on_update(self)
 

@@ -1,12 +1,13 @@
 """Backpressure: whether a backend may take one more request of a given tier right now.
 
 The gate is a pure function of the poller's latest snapshot and the dispatcher's own counts.
-Requests dispatched after a scrape began are invisible to it, so they are added to the scraped
-waiting count; requests that finished since then each let one waiting request start, so they
-are subtracted. A request also takes a while to travel from fairq into the backend's scheduler,
-so a scrape can miss it even though it was sent first; fairq's own requests that have not yet
-produced a token are therefore a floor for the estimate (a request that waits in the backend
-has no token yet). Missing or stale metrics count as saturated (fail closed).
+fairq knows its own share of the backend's queue better than any scrape: a request it sent that
+has not produced a token yet is waiting (or travelling there, or in prefill), and one that has
+is running. So the estimate is fairq's own tokenless requests, counted live, plus the waiting
+requests of *other* clients as of the last scrape (the scraped count minus fairq's tokenless
+requests when the scrape was sent). A slot freed by a finishing request is refilled as soon as
+the backend starts the next one (its first token), not at the next scrape, so the poll
+interval does not pace dispatch. Missing or stale metrics count as saturated (fail closed).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class MetricsSnapshot:
         kv_usage: KV-cache usage 0-1, if the backend reports it.
         tpot_seconds: mean time per output token since the previous scrape, None if no token
             was produced in between.
-        dispatched_mark: the backend's dispatch count when the scrape was sent.
-        finished_mark: the backend's finish count when the scrape was sent.
+        awaiting_mark: fairq's requests to this backend without a token yet when the scrape
+            was sent (the part of ``waiting`` that is fairq's own).
 
     """
 
@@ -56,8 +57,7 @@ class MetricsSnapshot:
     running: float
     kv_usage: float | None = None
     tpot_seconds: float | None = None
-    dispatched_mark: int = 0
-    finished_mark: int = 0
+    awaiting_mark: int = 0
 
 
 @dataclass
@@ -81,13 +81,14 @@ class BackendLoad:
 
 
 def estimated_waiting(load: BackendLoad) -> float:
-    """Scraped waiting + dispatched since - finished since; at least our tokenless requests."""
+    """Other clients' waiting requests at the last scrape + fairq's own tokenless ones now."""
     snap = load.snapshot
     if snap is None:
         return float("inf")
-    unseen = load.dispatched - snap.dispatched_mark
-    freed = load.finished - snap.finished_mark
-    return max(0.0, snap.waiting + unseen - freed, float(load.awaiting_first_token))
+    # Clamped: a request of ours that got its first token between the scrape being sent and
+    # the backend answering it is in the mark but no longer in the scraped count.
+    others = max(0.0, snap.waiting - snap.awaiting_mark)
+    return others + load.awaiting_first_token
 
 
 def admit(load: BackendLoad, tier: TierConfig, now: float, stale_after: float) -> GateOutcome:

@@ -88,12 +88,12 @@ async def test_tpot_is_measured_over_the_last_window() -> None:
     async with scripted_poller(script) as (poller, load, updates):
         await poller.poll_once()
         assert load.snapshot is not None and load.snapshot.tpot_seconds is None
-        load.dispatched = 3
+        load.awaiting_first_token = 3
         await poller.poll_once()
         assert load.snapshot.tpot_seconds is not None
         assert abs(load.snapshot.tpot_seconds - 0.02) < 1e-9
         assert load.snapshot.waiting == 2
-        assert load.snapshot.dispatched_mark == 3
+        assert load.snapshot.awaiting_mark == 3
         await poller.poll_once()
         assert abs((load.snapshot.tpot_seconds or 0) - 0.02) < 1e-9
         assert len(updates) == 3

@@ -123,8 +123,7 @@ class Harness:
                 taken_at=self.clock.now,
                 waiting=waiting,
                 running=load.in_flight,
-                dispatched_mark=load.dispatched,
-                finished_mark=load.finished,
+                awaiting_mark=load.awaiting_first_token,
             )
             load.healthy = True  # a successful scrape clears a suspected failure
         self.d.wake()

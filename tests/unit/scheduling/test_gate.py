@@ -48,19 +48,35 @@ def test_batch_only_when_backend_queue_is_empty() -> None:
     assert admit(load(1), BATCH, NOW, 1.0) is GateOutcome.WAITING
 
 
-def test_dispatches_after_the_scrape_count_as_waiting() -> None:
-    state = load(1)
-    state.dispatched = 2  # two requests sent since the scrape (mark 0)
-    assert estimated_waiting(state) == 3
-    assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.WAITING
-    state.finished = 1  # one finished since: one waiting request could start
+def test_our_tokenless_requests_count_as_waiting_live() -> None:
+    """Sent since the scrape and no token yet: waiting (or on the way), whatever the scrape
+    said; a first token moves a request to running at once, without waiting for a scrape."""
+    state = load(0)
+    state.awaiting_first_token = 2  # two requests sent since the scrape (mark 0)
     assert estimated_waiting(state) == 2
+    state.awaiting_first_token = 3
+    assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.WAITING
+    state.awaiting_first_token = 2  # one produced its first token: the backend started it
     assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.ADMIT
 
 
+def test_other_clients_waiting_requests_come_from_the_scrape() -> None:
+    """The scraped count minus what was ours then is other clients' queue; ours is live."""
+    state = load(5)
+    state.snapshot = MetricsSnapshot(taken_at=NOW, waiting=5, running=4, awaiting_mark=3)
+    state.awaiting_first_token = 3
+    assert estimated_waiting(state) == 5  # 2 of others + our 3
+    state.awaiting_first_token = 0  # ours all started since
+    assert estimated_waiting(state) == 2
+    assert admit(state, INTERACTIVE, NOW, 1.0) is GateOutcome.ADMIT
+    assert admit(state, BATCH, NOW, 1.0) is GateOutcome.WAITING
+
+
 def test_estimate_never_negative() -> None:
+    """A request of ours that started between sending the scrape and the backend answering
+    it is in the mark but not in the scraped count."""
     state = load(0)
-    state.finished = 5
+    state.snapshot = MetricsSnapshot(taken_at=NOW, waiting=1, running=4, awaiting_mark=3)
     assert estimated_waiting(state) == 0
 
 
