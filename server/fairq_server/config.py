@@ -35,6 +35,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,9 +271,64 @@ def _build(cls: type[Any], section: str, raw: Any) -> Any:
         raise ConfigError(f"{section}: unknown keys {sorted(unknown)}; valid: {sorted(fields)}")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     try:
-        return cls(**values)
+        built = cls(**values)
     except TypeError as exc:
         raise ConfigError(f"{section}: {exc}") from exc
+    _check_values(built, section)
+    return built
+
+
+# Settings that must be above zero; every other number must be at least zero, except these
+# that may be negative (vLLM's priority is any integer).
+_POSITIVE = frozenset(
+    {
+        "poll_interval_seconds", "stale_after_seconds", "backend_timeout_seconds",
+        "queue_ttl_seconds", "max_queued_per_user", "max_queued_total", "prefix_block_chars",
+        "prefix_candidates", "tpot_limit_seconds", "kv_usage_limit", "aging_seconds", "weight",
+        "max_prompt_chars", "max_messages", "max_tokens", "max_metadata_bytes",
+    }
+)  # fmt: skip
+_SIGNED = frozenset({"priority"})
+_FRACTIONS = frozenset({"kv_usage_limit"})
+
+
+def _check_values(obj: Any, section: str) -> None:
+    """Refuse a value of the wrong type, a NaN or infinity, or a number out of its range.
+
+    TOML types values itself, so a quoted number or a negative interval would otherwise be
+    accepted here and misbehave much later (a string compared with a float at the first
+    dispatch, a poller sleeping a negative interval in a busy loop).
+    """
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        declared = str(f.type)
+        if value is None and declared.endswith("| None"):
+            continue
+        kind = declared.removesuffix(" | None")
+        if kind == "bool":
+            ok = isinstance(value, bool)
+        elif kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "float":
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        elif kind == "str":
+            ok = isinstance(value, str)
+        else:
+            continue  # tuples and nested tables are checked where they are built or used
+        if not ok:
+            raise ConfigError(f"{section}.{f.name} must be {_A[kind]}, not {value!r}")
+        if kind not in ("int", "float") or f.name in _SIGNED:
+            continue
+        if not math.isfinite(value):
+            raise ConfigError(f"{section}.{f.name} must be a finite number, not {value!r}")
+        if f.name in _FRACTIONS and value > 1:
+            raise ConfigError(f"{section}.{f.name} is a fraction (0-1], not {value!r}")
+        if value < 0 or (value == 0 and f.name in _POSITIVE):
+            bound = "above 0" if f.name in _POSITIVE else "0 or more"
+            raise ConfigError(f"{section}.{f.name} must be {bound}, not {value!r}")
+
+
+_A = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
 
 
 def parse_config(raw: dict[str, Any]) -> Config:

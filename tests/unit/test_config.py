@@ -48,12 +48,51 @@ def test_unhealthy_after_failures_is_read() -> None:
         ({"scheduler": {"unhealthy_after_failures": -1}}, "integer >= 1, not -1"),
         ({"scheduler": {"unhealthy_after_failures": 1.5}}, "unhealthy_after_failures must be"),
         ({"scheduler": {"unhealthy_after_failures": True}}, "unhealthy_after_failures must be"),
+        ({"scheduler": {"poll_interval_seconds": 0}}, "poll_interval_seconds must be above 0"),
+        ({"scheduler": {"queue_ttl_seconds": -5}}, "queue_ttl_seconds must be above 0, not -5"),
+        ({"scheduler": {"stale_after_seconds": float("nan")}}, "must be a finite number"),
+        ({"scheduler": {"max_queued_total": "100"}}, "max_queued_total must be an integer"),
+        ({"scheduler": {"prefix_quantum": -1.0}}, "prefix_quantum must be 0 or more"),
+        ({"scheduler": {"fairness": 3}}, "fairness must be a string"),
+        ({"tiers": [{"name": "a", "max_backend_waiting": -1}]}, "tiers[0].max_backend_waiting"),
+        ({"tiers": [{"name": "a", "kv_usage_limit": 90}]}, "is a fraction (0-1], not 90"),
+        ({"tiers": [{"name": "a", "tpot_limit_seconds": 0}]}, "must be above 0"),
+        ({"keys": [{"user": "u", "sha256": "00", "weight": 0}]}, "keys[0].weight must be above"),
+        ({"keys": [{"user": "u", "sha256": "00", "admin": "yes"}]}, "must be true or false"),
+        ({"limits": {"max_tokens": 1.5}}, "limits.max_tokens must be an integer"),
+        (
+            {
+                "backends": [
+                    {
+                        "id": "x",
+                        "kind": "vllm",
+                        "base_url": "http://h",
+                        "models": ["m"],
+                        "max_in_flight": -2,
+                    }
+                ]
+            },
+            "backends[0].max_in_flight must be 0 or more",
+        ),
     ],
 )
 def test_invalid_configs_name_the_problem(raw: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(raw)
     assert needle in str(info.value)
+
+
+def test_signed_and_optional_settings_keep_their_range() -> None:
+    """vLLM's priority may be negative; an optional setting may be left out (None)."""
+    config = parse_config(
+        {"tiers": [{"name": "a", "priority": -3, "tpot_limit_seconds": 0.2, "aging_seconds": 5}]}
+    )
+    assert config.tiers[0].priority == -3
+    assert parse_config({"tiers": [{"name": "a"}]}).tiers[0].kv_usage_limit is None
+    assert (
+        parse_config({"scheduler": {"poll_interval_seconds": 1}}).scheduler.poll_interval_seconds
+        == 1
+    )
 
 
 def test_bad_toml(tmp_path: Path) -> None:
