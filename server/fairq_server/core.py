@@ -84,7 +84,9 @@ class FairqCore:
         )
         self.config = config
         self._ordering = ordering
-        self.pool.set_unhealthy_after_failures(config.scheduler.unhealthy_after_failures)
+        self.pool.set_polling(
+            config.scheduler.poll_interval_seconds, config.scheduler.unhealthy_after_failures
+        )
         for dispatcher in self._dispatchers.values():
             dispatcher.reconfigure(
                 config.tiers, config.scheduler, self._new_queue() if rebuild else None

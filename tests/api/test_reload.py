@@ -73,27 +73,26 @@ async def test_reload_refuses_tier_changes_and_changes_nothing(
     assert server.core.config.scheduler.fairness == "round-robin"
 
 
-async def test_reload_applies_unhealthy_after_failures_to_running_pollers(
+async def test_reload_applies_polling_settings_to_running_pollers(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
+    """Poll interval and failure threshold reach the running pollers and later ones."""
     config = make_config([sim_backend(sim)])
     server = await fairq_factory(config)
     entry = server.core.pool.get("sim-a")
     assert entry is not None and entry.poller.unhealthy_after_failures == 2
-    await server.reload(
-        replace(config, scheduler=replace(config.scheduler, unhealthy_after_failures=5))
-    )
+    new = replace(config.scheduler, unhealthy_after_failures=5, poll_interval_seconds=0.37)
+    assert entry.poller.interval != new.poll_interval_seconds
+    await server.reload(replace(config, scheduler=new))
     assert entry.poller.unhealthy_after_failures == 5
+    assert entry.poller.interval == 0.37
     async with SimServer(SimConfig(mode="vllm", model="sim", speed=20.0)) as sim2:
         await server.reload(
-            replace(
-                config,
-                scheduler=replace(config.scheduler, unhealthy_after_failures=5),
-                backends=(sim_backend(sim), sim_backend(sim2, "sim-b")),
-            )
+            replace(config, scheduler=new, backends=(sim_backend(sim), sim_backend(sim2, "sim-b")))
         )
         added = server.core.pool.get("sim-b")
         assert added is not None and added.poller.unhealthy_after_failures == 5
+        assert added.poller.interval == 0.37
 
 
 def _toml(backends: list[tuple[str, str]]) -> str:

@@ -137,11 +137,16 @@ class BackendPool:
         self._on_update = on_update
         self._closing: dict[asyncio.Task[None], BackendEntry] = {}
 
-    def set_unhealthy_after_failures(self, failures: int) -> None:
-        """Apply a new consecutive-failure threshold to every poller, now and later ones."""
-        self._unhealthy_after_failures = failures
+    def set_polling(self, interval: float, unhealthy_after_failures: int) -> None:
+        """Apply a new poll interval and failure threshold to every poller, now and later ones.
+
+        A running poller takes the interval from its next scrape on.
+        """
+        self._poll_interval = interval
+        self._unhealthy_after_failures = unhealthy_after_failures
         for entry in self._entries.values():
-            entry.poller.unhealthy_after_failures = failures
+            entry.poller.interval = interval
+            entry.poller.unhealthy_after_failures = unhealthy_after_failures
 
     def entries(self) -> list[BackendEntry]:
         """Return all registered backends."""
