@@ -9,6 +9,7 @@ import contextlib
 import signal
 import sys
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import replace
 
 from fairq_server.bench.load.capacity import capacity
@@ -60,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.probe or args.control_server:
         # Helper processes of a run: they serve until the run sends SIGTERM.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
         with contextlib.suppress(KeyboardInterrupt):
             if args.control_server:
-                asyncio.run(control_server())
+                asyncio.run(_until_sigterm(control_server()))
             else:
-                asyncio.run(probe_forever(args.probe, args.probe_control, args.probe_interval))
+                probe = probe_forever(args.probe, args.probe_control, args.probe_interval)
+                asyncio.run(_until_sigterm(probe))
         return 0
     size = QUICK if args.quick else FULL
     overrides = {
@@ -89,3 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("load: all checks held" if ok else "load: A CHECK FAILED", flush=True)
     return 0 if ok else 1
+
+
+async def _until_sigterm(work: Coroutine[None, None, None]) -> None:
+    """Run ``work`` until SIGTERM cancels it (a cancellation reaches the tasks it awaits,
+    where an interrupt raised from the signal handler would leave them unretrieved)."""
+    task = asyncio.ensure_future(work)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
