@@ -56,7 +56,7 @@ $(VLLM_VENV)/.installed:
 	touch $@
 
 test-vllm: sync $(VLLM_VENV)/.installed
-	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) pytest -q -m "vllm and not calibration" tests/e2e
+	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) pytest -q -s -m "vllm and not calibration" tests/e2e
 
 calibrate: sync $(VLLM_VENV)/.installed
 	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) pytest -q -s -m calibration tests/e2e
