@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import httpx
@@ -71,6 +72,20 @@ async def drain(backend: TgiBackend, request: BackendRequest) -> tuple[list[Text
     return [d for d in deltas if isinstance(d, TextDelta)], end
 
 
+async def drain_recorded(
+    tgi: SimServer, request: BackendRequest
+) -> tuple[list[TextDelta], StreamEnd, tuple[str, dict[str, Any]]]:
+    """Stream ``request`` through a recording proxy; also return the one POST it sent."""
+    async with RecordingProxy(tgi.url) as proxy:
+        backend = TgiBackend("tgi-0", proxy.url, [MODEL])
+        try:
+            deltas, end = await drain(backend, request)
+        finally:
+            await backend.aclose()
+    [post] = proxy.posts
+    return deltas, end, post
+
+
 async def poll(
     scrape: Callable[[], Awaitable[MetricsSample]],
     condition: Callable[[MetricsSample], bool],
@@ -88,13 +103,7 @@ async def poll(
 
 
 async def test_prompt_streams_via_generate_stream(tgi: SimServer) -> None:
-    async with RecordingProxy(tgi.url) as proxy:
-        backend = TgiBackend("tgi-0", proxy.url, [MODEL])
-        try:
-            deltas, end = await drain(backend, prompt(12))
-        finally:
-            await backend.aclose()
-    [(path, body)] = proxy.posts
+    deltas, end, (path, body) = await drain_recorded(tgi, prompt(12))
     assert path == "/generate_stream"
     assert body["inputs"] == "Who goes next?"
     assert body["parameters"] == {"max_new_tokens": 12, "details": True}
@@ -117,28 +126,16 @@ async def test_prompt_streams_via_generate_stream(tgi: SimServer) -> None:
 async def test_prompt_sampling_parameters(
     tgi: SimServer, temperature: float, expected: dict[str, object]
 ) -> None:
-    async with RecordingProxy(tgi.url) as proxy:
-        backend = TgiBackend("tgi-0", proxy.url, [MODEL])
-        request = BackendRequest(
-            model=MODEL, prompt="x", sampling=Sampling(max_tokens=2, temperature=temperature)
-        )
-        try:
-            _, end = await drain(backend, request)
-        finally:
-            await backend.aclose()
-    [(_, body)] = proxy.posts
+    request = BackendRequest(
+        model=MODEL, prompt="x", sampling=Sampling(max_tokens=2, temperature=temperature)
+    )
+    _, end, (_, body) = await drain_recorded(tgi, request)
     assert body["parameters"] == {"max_new_tokens": 2, "details": True, **expected}
     assert end.completion_tokens == 2  # and the backend accepted them
 
 
 async def test_chat_streams_via_messages_api(tgi: SimServer) -> None:
-    async with RecordingProxy(tgi.url) as proxy:
-        backend = TgiBackend("tgi-0", proxy.url, [MODEL])
-        try:
-            deltas, end = await drain(backend, chat(10))
-        finally:
-            await backend.aclose()
-    [(path, body)] = proxy.posts
+    deltas, end, (path, body) = await drain_recorded(tgi, chat(10))
     assert path == "/v1/chat/completions"
     assert body["messages"][1] == {"role": "user", "content": "Who goes next?"}
     assert body["stream_options"] == {"include_usage": True}
