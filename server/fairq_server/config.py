@@ -8,8 +8,8 @@ Example::
     [scheduler]
     fairness = "round-robin"                # or "vtc"
     ordering = "fifo"                       # or "shortest-first"
-    poll_interval_seconds = 0.1
-    stale_after_seconds = 1.0
+    poll_interval_seconds = 0.5
+    stale_after_seconds = 2.0
     unhealthy_after_failures = 2            # consecutive failed scrapes
     max_queued_per_user = 10000
     max_queued_total = 100000
@@ -211,8 +211,8 @@ class SchedulerConfig:
 
     fairness: str = "round-robin"
     ordering: str = "fifo"
-    poll_interval_seconds: float = 0.1
-    stale_after_seconds: float = 1.0
+    poll_interval_seconds: float = 0.5
+    stale_after_seconds: float = 2.0
     unhealthy_after_failures: int = 2
     backend_timeout_seconds: float = 600.0
     max_queued_per_user: int = 10_000

@@ -245,7 +245,7 @@ async def overhead(args: argparse.Namespace, url: str, out: Path) -> bool:
 Backend for latency: `{args.backend}` ({args.kind}; with `sim`, the `tiny-cpu` profile at
 real-time speed, `--max-num-seqs {getattr(args, "max_num_seqs", 4)}`). {n} requests each way
 (8-token prompts, 8 output tokens), one at a time, alternating direct and through fairq, in
-wall-clock milliseconds. fairq runs with its default configuration (polling 0.1 s, stream
+wall-clock milliseconds. fairq runs with its default configuration (polling 0.5 s, stream
 coalescing 20 ms, which never holds a first token).
 
 Throughput: closed-loop streams of {STREAM_TOKENS} tokens each, through one `fairq serve`
