@@ -290,6 +290,7 @@ _POSITIVE = frozenset(
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})
 _FRACTIONS = frozenset({"kv_usage_limit"})
+_KIND_NAMES = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
 
 
 def _check_values(obj: Any, section: str) -> None:
@@ -316,7 +317,7 @@ def _check_values(obj: Any, section: str) -> None:
         else:
             continue  # tuples and nested tables are checked where they are built or used
         if not ok:
-            raise ConfigError(f"{section}.{f.name} must be {_A[kind]}, not {value!r}")
+            raise ConfigError(f"{section}.{f.name} must be {_KIND_NAMES[kind]}, not {value!r}")
         if kind not in ("int", "float") or f.name in _SIGNED:
             continue
         if not math.isfinite(value):
@@ -326,9 +327,6 @@ def _check_values(obj: Any, section: str) -> None:
         if value < 0 or (value == 0 and f.name in _POSITIVE):
             bound = "above 0" if f.name in _POSITIVE else "0 or more"
             raise ConfigError(f"{section}.{f.name} must be {bound}, not {value!r}")
-
-
-_A = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
 
 
 def parse_config(raw: dict[str, Any]) -> Config:
