@@ -98,6 +98,11 @@ class FairqCore:
             if cfg not in old.backends or self.pool.get(cfg.id) is None:
                 await self.register_backend(cfg)
 
+    def live_requests(self) -> int:
+        """Count the requests queued or running on a registered backend, over all models."""
+        queued = sum(len(d.queue) for d in self._dispatchers.values())
+        return queued + sum(e.load.in_flight for e in self.pool.entries())
+
     def _new_queue(self) -> ModelQueue:
         return ModelQueue(
             len(self.config.tiers),

@@ -24,9 +24,17 @@ class Telemetry:
         r = self.registry
         self.loop_lag = Histogram(
             "fairq_event_loop_lag_seconds",
-            "How late a 50 ms timer fired on fairq's event loop (time the loop spent on "
+            "How late a 10 ms timer fired on fairq's event loop (time the loop spent on "
             "other work without getting back to its timers).",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "fairq_gc_pause_seconds",
+            "Garbage-collector passes by generation (2: the full pass fairq schedules itself); "
+            "the event loop stands still for each.",
+            ["generation"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r,
         )
         self.queue_depth = Gauge(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import replace
 
 import grpc
@@ -39,13 +40,20 @@ async def test_metrics_endpoint_reports_requests_dispatches_and_backend_state(
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         for user in ("a", "b"):
             [e async for e in stub.Generate(req, metadata=(("x-fairq-user", user),))]
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(f"http://127.0.0.1:{server.metrics_port}/metrics")).text
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    gc.collect(1)  # a young pass: reported within the collector's one-second check
+    async with httpx.AsyncClient() as http, asyncio.timeout(10):
+        while True:
+            text = (await http.get(f"http://127.0.0.1:{server.metrics_port}/metrics")).text
+            samples = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+            if samples.get(("fairq_gc_pause_seconds_count", (("generation", "1"),))):
+                break
+            await asyncio.sleep(0.1)
+    # The full pass at start-up, before the heap was frozen.
+    assert samples[("fairq_gc_pause_seconds_count", (("generation", "2"),))] >= 1
     assert (
         samples[("fairq_requests_total", (("outcome", "finished"), ("tier", "interactive")))] == 2
     )

@@ -15,6 +15,7 @@ from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grp
 from fairq_server.api.admin import AdminServicer
 from fairq_server.api.scheduler import SchedulerServicer
 from fairq_server.auth import Authenticator
+from fairq_server.collector import Collector
 from fairq_server.config import Config, TlsConfig
 from fairq_server.core import FairqCore
 from fairq_server.telemetry import Telemetry
@@ -100,6 +101,12 @@ class FairqServer:
         self._server = grpc.aio.server(options=server_options(config))
         self._health = health.aio.HealthServicer()
         self._metrics_http: object | None = None
+        self._collector = Collector(
+            self.core.live_requests,
+            lambda generation, seconds: self.core.telemetry.gc_pause.labels(
+                str(generation)
+            ).observe(seconds),
+        )
 
     async def __aenter__(self) -> FairqServer:
         await self.start()
@@ -139,6 +146,8 @@ class FairqServer:
             )
             self._metrics_http = httpd
             self.metrics_port = httpd.server_port
+        # Last: what exists now lives as long as the server and is frozen out of collections.
+        self._collector.start()
         log.info("fairq listening on %s (port %d)", self.config.listen, self.port)
 
     async def reload(self, config: Config) -> None:
@@ -170,6 +179,7 @@ class FairqServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await asyncio.gather(self.core.close_queues(), self._server.stop(grace))
         await self.core.close()
+        await self._collector.stop()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()  # type: ignore[attr-defined]
 
