@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fairq_server import loop_share
 from fairq_server.api.validation import estimate_tokens, resolve_tier, to_backend_request
 from fairq_server.auth import Authenticator
 from fairq_server.backends.base import StreamEnd
@@ -78,6 +79,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         outcome = "cancelled"
         try:
             async for event in self._serve(ticket, dispatcher):
+                # Writing to the client is bulk work: the tokens of all streams on a backend
+                # arrive in the same engine step (see loop_share).
+                await loop_share.turn()
                 yield event
             outcome = "finished"
         except SchedulerError as exc:

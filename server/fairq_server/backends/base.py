@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import grpc
 
+from fairq_server import loop_share
 from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
 from fairq_server.errors import BackendError
 
@@ -342,6 +343,9 @@ async def _utf8(body: aiohttp.StreamReader) -> AsyncIterator[str]:
     """Yield the body as text, one piece per network read (all that arrived by then)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     async for chunk in body.iter_any():
+        # Parsing and relaying what arrived is bulk work: every stream of a backend gets its
+        # token in the same instant (one engine step), so reads come in bursts.
+        await loop_share.turn()
         if text := decoder.decode(chunk):
             yield text
     if tail := decoder.decode(b"", final=True):

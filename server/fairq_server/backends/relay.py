@@ -20,6 +20,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 
+from fairq_server import loop_share
 from fairq_server.backends.base import StreamEnd, StreamEvent, TextDelta
 
 __all__ = ["Relay"]
@@ -56,6 +57,9 @@ class Relay:
     async def _pump(self, stream: AsyncGenerator[StreamEvent]) -> None:
         queue, window = self._queue, self._window
         async with contextlib.aclosing(stream):
+            # Opening a backend request is bulk work: a wave of finished streams frees as
+            # many slots at once.
+            await loop_share.turn()
             try:
                 asked = time.monotonic()
                 async for event in stream:

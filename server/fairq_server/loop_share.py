@@ -1,0 +1,122 @@
+"""Sharing fairq's event loop between bulk work and everything else.
+
+All of fairq runs on one asyncio loop, and asyncio runs every callback that became ready in
+one pass before it polls its sockets and timers again. A continuous-batching backend emits a
+token for every running sequence in the same engine step, so with 2,000 streams 2,000 reads
+become ready together; relaying them in one pass (tens to hundreds of microseconds each) holds
+the loop for a quarter of a second or more, and a health check, a new call or a scrape that
+arrives meanwhile waits for all of it.
+
+Bulk work (reading a backend's stream, starting a backend request) therefore takes a *turn*
+first. Turns are granted at once until :data:`SLICE_SECONDS` have passed since the first one
+of the current epoch; later ones wait, first come first served, for later epochs. An epoch
+ends with a callback queued behind the work it granted, so between two epochs the loop always
+completes a pass and polls its sockets and timers. A burst is spread over several passes of
+about one slice of bulk work each, and the latency-sensitive work in between waits about a
+slice instead of the whole burst. An idle loop pays one clock read per turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections import deque
+
+__all__ = ["SLICE_SECONDS", "LoopShare", "turn"]
+
+#: Wall time one epoch may spend on bulk work before the rest waits for a later pass. Short
+#: enough that a health check waiting behind a burst is answered within a few slices, long
+#: enough that the per-epoch bookkeeping (one callback, one future per waiter) stays small.
+SLICE_SECONDS = 0.005
+
+
+class LoopShare:
+    """Grants turns of bulk work on the running loop, at most ``slice_seconds`` per epoch.
+
+    Waiters are served in arrival order; a waiter woken for an epoch that is already used up
+    goes back to the head of the line. Every epoch wakes as many waiters as the last full
+    epoch granted turns, so a long line costs one wake-up per turn, not one per epoch.
+    """
+
+    def __init__(self, slice_seconds: float = SLICE_SECONDS) -> None:
+        self._slice = slice_seconds
+        self._open = False  # an epoch has started (a turn was granted since the last boundary)
+        self._opened = 0.0  # perf_counter() of its first turn
+        self._granted = 0  # turns granted in it
+        self._batch = 1  # waiters to wake per epoch: how many turns the last full one held
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._returned = 0  # woken waiters put back at the head of the line in this epoch
+        self._boundary: asyncio.Handle | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Turns waiting for a later epoch (cancelled ones included until skipped)."""
+        return len(self._waiters)
+
+    async def turn(self) -> None:
+        """Return when the caller may run its next piece of bulk work.
+
+        Returns without suspending while the current epoch has time left and nobody waits.
+        """
+        if self._waiters or not self._grant():
+            await self._wait()
+
+    def _grant(self) -> bool:
+        now = time.perf_counter()
+        if not self._open:
+            self._open, self._opened, self._granted = True, now, 0
+            self._schedule_boundary()
+        elif now - self._opened >= self._slice:
+            self._batch = max(1, self._granted)
+            return False
+        self._granted += 1
+        return True
+
+    async def _wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        first = True
+        while True:
+            waiter: asyncio.Future[None] = loop.create_future()
+            if first:
+                self._waiters.append(waiter)
+            else:  # woken, but the epoch was used up before this task ran: keep its place
+                self._waiters.insert(self._returned, waiter)
+                self._returned += 1
+            self._schedule_boundary()
+            # A cancelled waiter stays in the line, done; the boundary skips it.
+            await waiter
+            if self._grant():
+                return
+            first = False
+
+    def _schedule_boundary(self) -> None:
+        if self._boundary is None:
+            self._boundary = asyncio.get_running_loop().call_soon(self._next_epoch)
+
+    def _next_epoch(self) -> None:
+        self._boundary = None
+        self._open = False
+        self._returned = 0
+        woken = 0
+        while self._waiters and woken < self._batch:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                woken += 1
+        if self._waiters:
+            self._schedule_boundary()
+
+
+_SHARES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopShare] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def turn() -> None:
+    """Take a turn of bulk work on the running loop's :class:`LoopShare` (one per loop)."""
+    loop = asyncio.get_running_loop()
+    share = _SHARES.get(loop)
+    if share is None:
+        share = _SHARES[loop] = LoopShare()
+    await share.turn()
