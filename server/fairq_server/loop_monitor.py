@@ -4,7 +4,8 @@ Everything in fairq shares one asyncio loop, so a long callback, or a long run o
 loop pass, delays every other request, health check and scrape. A timer that should fire
 every ``interval`` seconds fires late by exactly that delay, so its lateness, observed into a
 histogram (``fairq_event_loop_lag_seconds``), measures how long the loop went without getting
-back to its timers.
+back to its timers. A stall of S seconds shows as a tick late by between S - ``interval`` and
+S; at 10 ms the bound is tight, and a hundred wake-ups a second cost the loop ~0.1% of a core.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["LoopMonitor"]
 class LoopMonitor:
     """Reports the lateness of an ``interval``-second timer to ``observe`` (e.g. a histogram's)."""
 
-    def __init__(self, observe: Callable[[float], None], interval: float = 0.05) -> None:
+    def __init__(self, observe: Callable[[float], None], interval: float = 0.01) -> None:
         self._observe = observe
         self._interval = interval
         self._task: asyncio.Task[None] | None = None

@@ -48,11 +48,15 @@ class CapacityResult:
     probe_queue_fill: ProbeStats | None = None
     quiet_after: bool = False
     first_wave_seconds: float = math.nan
-    #: fairq's own fairq_event_loop_lag_seconds over the run: ticks, ticks late by more than
-    #: 100 ms and by more than 1 s.
+    #: fairq's own fairq_event_loop_lag_seconds over the run (after the warm-up): ticks, ticks
+    #: late by more than 50 ms, 100 ms and 1 s.
     lag_ticks: float = 0.0
+    lag_over_50ms: float = 0.0
     lag_over_100ms: float = 0.0
     lag_over_1s: float = 0.0
+    #: fairq_gc_pause_seconds over the run: full passes, and passes of any generation over 50 ms.
+    gc_full_passes: float = 0.0
+    gc_passes_over_50ms: float = 0.0
 
     @property
     def bytes_per_queued(self) -> float:
@@ -150,6 +154,7 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
             )
             result.rss_idle = fairq.rss_bytes()
             cpu0, t0 = fairq.cpu_seconds(), time.monotonic()
+            before = await scrape(http, fairq.metrics_url)  # start-up and warm-up left out
             urls = (fairq.metrics_url, sim.address + "/metrics")
             helpers.append(asyncio.create_task(_watch(http, urls, result, log)))
             log(
@@ -201,10 +206,20 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
                 helper.cancel()
             samples = await fairq_quiet(http, fairq)
             result.quiet_after = True
+
+            def delta(name: str, **labels: str) -> float:
+                return total(samples, name, **labels) - total(before, name, **labels)
+
             lag = "fairq_event_loop_lag_seconds"
-            result.lag_ticks = total(samples, f"{lag}_count")
-            result.lag_over_100ms = result.lag_ticks - total(samples, f"{lag}_bucket", le="0.1")
-            result.lag_over_1s = result.lag_ticks - total(samples, f"{lag}_bucket", le="1.0")
+            result.lag_ticks = delta(f"{lag}_count")
+            for attr, le in (("lag_over_50ms", "0.05"), ("lag_over_100ms", "0.1")):
+                setattr(result, attr, result.lag_ticks - delta(f"{lag}_bucket", le=le))
+            result.lag_over_1s = result.lag_ticks - delta(f"{lag}_bucket", le="1.0")
+            gc_pause = "fairq_gc_pause_seconds"
+            result.gc_full_passes = delta(f"{gc_pause}_count", generation="2")
+            result.gc_passes_over_50ms = delta(f"{gc_pause}_count") - delta(
+                f"{gc_pause}_bucket", le="0.05"
+            )
             # fairq's own count of finalized requests, minus the warm-up ones.
             served = total(samples, "fairq_requests_total")
             result.server_outcomes = served - sum(warm.codes.values())

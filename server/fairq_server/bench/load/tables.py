@@ -55,8 +55,13 @@ def capacity_table(r: CapacityResult) -> str:
             f"{_ms(probe.excess_p99)} / {_ms(probe.excess_max)}",
         ),
         (
-            "fairq's event-loop lag (50 ms timer): late > 100 ms / > 1 s, of ticks",
-            f"{r.lag_over_100ms:.0f} / {r.lag_over_1s:.0f} of {r.lag_ticks:.0f}",
+            "fairq's event-loop lag (10 ms timer): late > 50 ms / > 100 ms / > 1 s, of ticks",
+            f"{r.lag_over_50ms:.0f} / {r.lag_over_100ms:.0f} / {r.lag_over_1s:.0f} "
+            f"of {r.lag_ticks:.0f}",
+        ),
+        (
+            "fairq's garbage-collector passes: full / any over 50 ms",
+            f"{r.gc_full_passes:.0f} / {r.gc_passes_over_50ms:.0f}",
         ),
         ("health probes (failed)", f"{probe.count} ({probe.failures})"),
         (
