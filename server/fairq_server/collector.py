@@ -3,18 +3,21 @@
 CPython 3.11 collects its oldest generation in one stop-the-world pass over every tracked
 object, and fairq's heap is mostly request state: a queued request holds about a hundred
 tracked objects (its gRPC call, coroutines, futures, ticket). With 2,000 streams running and
-4,000 requests queued a full pass took 300-420 ms, and the interpreter started one every few
-seconds (it does whenever a quarter of the heap was promoted since the last one, and request
-state is promoted as it ages). Those passes found next to nothing: 283 objects in eleven
-passes that stalled the event loop for 2.7 s in all. Request state is freed by reference
-counting, and short-lived cycles are found by the cheap young-generation passes.
+4,000 requests queued a full pass took 300-420 ms (~60 us per request held), and the
+interpreter started one every few seconds (it does whenever a quarter of the heap was
+promoted since the last one, and request state is promoted as it ages). Those passes found
+next to nothing: 283 objects in eleven passes that stalled the event loop for 2.7 s in all.
+Request state is freed by reference counting, and short-lived cycles by the cheap
+young-generation passes. What does need a full pass is small and old: chiefly asyncio's
+transports, each in a cycle with its own bound method, so every closed backend connection
+(a cancelled stream aborts its connection) stays until a full pass, about six objects each.
 
 So the :class:`Collector` freezes what exists at start-up (code, configuration, the server
-itself: never scanned again), leaves the young generations to the interpreter, and collects
-the oldest generation itself: when nothing is queued or running, so the pass is short and
-nobody waits for it, or, as a safety valve against cycles that only become garbage when old,
-once ``max_interval`` has passed without such a moment. Every pass, young or old, is
-reported to ``observe`` with its duration.
+itself: never scanned again), leaves the young generations to the interpreter, and runs the
+full pass itself when it is cheap: when at most ``quiet_requests`` requests are held (a pass
+then takes tens of milliseconds at most), no more often than every ``min_interval``; and, as a
+safety valve for a process that never gets that quiet, once ``max_interval`` has passed. Every
+pass, young or old, is reported to ``observe`` with its duration.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Collector:
         live_requests: how many requests are queued or running right now.
         observe: called on the event loop with (generation, seconds) for every pass.
         check_interval: how often to look for a quiet moment.
+        quiet_requests: at most this many requests held counts as quiet.
+        min_interval: the shortest time between two full passes at quiet moments.
         max_interval: the longest time between two full passes, quiet or not.
 
     """
@@ -55,11 +60,15 @@ class Collector:
         observe: Callable[[int, float], None],
         *,
         check_interval: float = 1.0,
-        max_interval: float = 3600.0,
+        quiet_requests: int = 500,
+        min_interval: float = 10.0,
+        max_interval: float = 600.0,
     ) -> None:
         self._live_requests = live_requests
         self._observe = observe
         self._check_interval = check_interval
+        self._quiet_requests = quiet_requests
+        self._min_interval = min_interval
         self._max_interval = max_interval
         # Passes may run in any thread (the metrics server's too); the loop reports them.
         self._passes: deque[tuple[int, float]] = deque()
@@ -96,14 +105,15 @@ class Collector:
             gc.unfreeze()
 
     def collect_if_due(self) -> bool:
-        """Run a full pass if fairq is quiet or the last one is too old; True if it ran."""
+        """Run a full pass if fairq is quiet enough or the last one is too old; True if ran."""
         self._report()
         # The middle generation's count is 0 right after a full pass and grows with every
         # middle pass, i.e. only when objects were promoted to the oldest generation since.
         if gc.get_count()[2] == 0:
             return False
-        now = time.monotonic()
-        if self._live_requests() and now - self._last_full < self._max_interval:
+        since = time.monotonic() - self._last_full
+        quiet = self._live_requests() <= self._quiet_requests and since >= self._min_interval
+        if not quiet and since < self._max_interval:
             return False
         gc.collect()
         self._last_full = time.monotonic()

@@ -30,7 +30,13 @@ async def collector() -> AsyncIterator[tuple[Collector, Live, list[tuple[int, fl
     live = Live()
     passes: list[tuple[int, float]] = []
     # Checks only when the test asks (collect_if_due), never on its own.
-    c = Collector(lambda: live.requests, lambda g, s: passes.append((g, s)), check_interval=3600)
+    c = Collector(
+        lambda: live.requests,
+        lambda g, s: passes.append((g, s)),
+        check_interval=3600,
+        quiet_requests=10,
+        min_interval=0.0,
+    )
     c.start()
     try:
         yield c, live, passes
@@ -64,14 +70,14 @@ async def test_old_cycles_wait_for_a_quiet_moment_and_are_freed_then(
     collector: tuple[Collector, Live, list[tuple[int, float]]],
 ) -> None:
     c, live, passes = collector
-    live.requests = 5
+    live.requests = 11
     ref = old_garbage()
     for _ in range(30):  # many young passes: none reaches the oldest generation
         gc.collect(1)
     assert ref() is not None
     assert not c.collect_if_due()  # busy
     assert ref() is not None
-    live.requests = 0
+    live.requests = 10
     assert c.collect_if_due()
     assert ref() is None
     assert (2, passes[-1][1]) == passes[-1] and passes[-1][1] >= 0
@@ -79,9 +85,20 @@ async def test_old_cycles_wait_for_a_quiet_moment_and_are_freed_then(
     assert not c.collect_if_due()  # nothing promoted since
 
 
+async def test_quiet_moments_collect_at_most_every_min_interval() -> None:
+    c = Collector(lambda: 0, lambda g, s: None, check_interval=3600, min_interval=3600)
+    c.start()  # counts as a full pass: the heap was collected, then frozen
+    try:
+        ref = old_garbage()
+        assert not c.collect_if_due()
+        assert ref() is not None
+    finally:
+        await c.stop()
+
+
 async def test_a_long_busy_spell_still_gets_a_full_pass() -> None:
     passes: list[tuple[int, float]] = []
-    c = Collector(lambda: 100, lambda g, s: passes.append((g, s)), max_interval=0.0)
+    c = Collector(lambda: 10_000, lambda g, s: passes.append((g, s)), max_interval=0.0)
     c.start()
     try:
         ref = old_garbage()
