@@ -97,3 +97,26 @@ async def test_a_cancelled_waiter_leaves_the_line_moving() -> None:
     assert sorted(done + cancelled) == list(range(40))
     assert done == sorted(done)
     assert len(cancelled) >= 15  # those already through when cancelled finished normally
+
+
+async def test_a_line_of_cheap_turns_drains_in_few_passes() -> None:
+    """After an epoch that had time to spare, the next one wakes twice as many waiters: a
+    line behind one slow turn is not served one waiter per pass."""
+    share = LoopShare(SLICE)
+    counter = PassCounter()
+
+    async def slow() -> None:
+        await share.turn()
+        hold_loop(SLICE * 1.2)  # uses the whole epoch: the batch drops to 1
+
+    async def cheap() -> None:
+        await share.turn()
+
+    counter.start()
+    tasks = [asyncio.create_task(slow()), asyncio.create_task(slow())]
+    tasks += [asyncio.create_task(cheap()) for _ in range(500)]
+    start = counter.passes
+    async with asyncio.timeout(10):
+        await asyncio.gather(*tasks)
+    counter.stop()
+    assert counter.passes - start < 60, counter.passes - start
