@@ -5,7 +5,8 @@ loop pass, delays every other request, health check and scrape. A timer that sho
 every ``interval`` seconds fires late by exactly that delay, so its lateness, observed into a
 histogram (``fairq_event_loop_lag_seconds``), measures how long the loop went without getting
 back to its timers. A stall of S seconds shows as a tick late by between S - ``interval`` and
-S; at 10 ms the bound is tight, and a hundred wake-ups a second cost the loop ~0.1% of a core.
+S; at 10 ms the bound is tight, and a hundred wake-ups a second cost the loop a few ms of CPU
+a second.
 """
 
 from __future__ import annotations
