@@ -212,9 +212,13 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
 
             lag = "fairq_event_loop_lag_seconds"
             result.lag_ticks = delta(f"{lag}_count")
-            for attr, le in (("lag_over_50ms", "0.05"), ("lag_over_100ms", "0.1")):
-                setattr(result, attr, result.lag_ticks - delta(f"{lag}_bucket", le=le))
-            result.lag_over_1s = result.lag_ticks - delta(f"{lag}_bucket", le="1.0")
+
+            def late_over(le: str) -> float:
+                return result.lag_ticks - delta(f"{lag}_bucket", le=le)
+
+            result.lag_over_50ms = late_over("0.05")
+            result.lag_over_100ms = late_over("0.1")
+            result.lag_over_1s = late_over("1.0")
             gc_pause = "fairq_gc_pause_seconds"
             result.gc_full_passes = delta(f"{gc_pause}_count", generation="2")
             result.gc_passes_over_50ms = delta(f"{gc_pause}_count") - delta(
