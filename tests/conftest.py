@@ -71,7 +71,7 @@ def freeze_gate(server: FairqServer, backend_id: str = "sim-a") -> None:
 
     The backend stays registered and healthy, so requests are accepted and stay queued.
     """
-    entry = server.core.pool.get(backend_id)
-    assert entry is not None and entry.task is not None and entry.load.snapshot is not None
-    entry.task.cancel()
-    entry.load.snapshot = replace(entry.load.snapshot, taken_at=0.0)
+    state = server.core.backend(backend_id)
+    assert state is not None and state.sample is not None
+    server.core._polled[backend_id].task.cancel()
+    state.sampled_at = 0.0

@@ -38,9 +38,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fairq_server.backends.kinds import BACKEND_KINDS
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -57,8 +60,6 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
-
-BACKEND_KINDS = ("vllm", "tgi")
 
 
 class ConfigError(ValueError):
@@ -131,7 +132,14 @@ class KeyConfig:
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on request input; larger requests get INVALID_ARGUMENT."""
+    """Bounds on request input (larger requests get INVALID_ARGUMENT) and on buffering.
+
+    Attributes:
+        max_unread_chars: generated text held for a caller that does not read it; past
+            this, the request ends with RESOURCE_EXHAUSTED and its backend request is
+            aborted, so a stalled reader holds neither memory nor a backend slot.
+
+    """
 
     max_prompt_chars: int = 1_000_000
     max_messages: int = 1_000
@@ -139,6 +147,7 @@ class Limits:
     max_stop_strings: int = 4
     max_stop_chars: int = 1_000
     max_metadata_bytes: int = 16_384
+    max_unread_chars: int = 1_000_000
 
 
 DEFAULT_BACKEND_ALLOWLIST = (
@@ -206,11 +215,22 @@ class SchedulerConfig:
             with at most this many more requests in flight than the least loaded one.
         stream_coalesce_seconds: text of a fast stream is relayed at most once per this
             window, merged (the first token is never held; 0 relays every event at once).
+        fairness_options: options of the fairness policy (vtc: ``lift``, ``output_weight``).
+        gate: the saturation check deciding whether a backend may take more work.
+        routing: how a request's backend is chosen among those whose gate is open
+            (``prefix-affinity`` uses ``routing_slack``; ``least-loaded``).
+        max_retries: a request that fails on a backend before its first token, for a reason
+            that says nothing about the request (unreachable, 5xx, overloaded), is sent to
+            another backend at most this many times.
 
     """
 
     fairness: str = "round-robin"
+    fairness_options: Mapping[str, Any] = field(default_factory=dict)
     ordering: str = "fifo"
+    gate: str = "threshold"
+    routing: str = "prefix-affinity"
+    max_retries: int = 1
     poll_interval_seconds: float = 0.5
     stale_after_seconds: float = 2.0
     unhealthy_after_failures: int = 2
@@ -226,6 +246,8 @@ class SchedulerConfig:
     stream_coalesce_seconds: float = 0.02
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fairness_options, Mapping):
+            raise ConfigError("scheduler.fairness_options must be a table")
         n = self.unhealthy_after_failures
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(
@@ -270,6 +292,7 @@ def _build(cls: type[Any], section: str, raw: Any) -> Any:
     if unknown:
         raise ConfigError(f"{section}: unknown keys {sorted(unknown)}; valid: {sorted(fields)}")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    # Plugin options stay a table (a dict), checked by the plugin's registry.
     try:
         built = cls(**values)
     except TypeError as exc:
@@ -286,6 +309,7 @@ _POSITIVE = frozenset(
         "queue_ttl_seconds", "max_queued_per_user", "max_queued_total", "prefix_block_chars",
         "prefix_candidates", "tpot_limit_seconds", "kv_usage_limit", "aging_seconds", "weight",
         "max_prompt_chars", "max_messages", "max_tokens", "max_metadata_bytes",
+        "max_unread_chars",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})
@@ -359,7 +383,9 @@ def parse_config(raw: dict[str, Any]) -> Config:
         )
         for b in backends:
             if b.kind not in BACKEND_KINDS:
-                raise ConfigError(f"backends[{b.id}]: kind must be one of {BACKEND_KINDS}")
+                raise ConfigError(
+                    f"backends[{b.id}]: kind must be one of {', '.join(BACKEND_KINDS)}"
+                )
         kwargs["backends"] = backends
     if "keys" in raw:
         kwargs["keys"] = tuple(

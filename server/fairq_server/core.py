@@ -1,19 +1,29 @@
-"""The scheduling core: backends, one dispatcher per model, and their wiring."""
+"""The scheduling core: wires backends (adapters, pollers) to the dispatcher.
+
+``backends/`` knows nothing of scheduling; here its outputs become the dispatcher's events:
+each poller reports its scrapes to the dispatcher, and the dispatcher reads backend streams
+through its launcher. The core owns the lifecycles the dispatcher does not: poller tasks, and
+closing a backend's connections once it has left and gone idle.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from fairq_server.backends.base import Backend
+from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.poller import MetricsPoller
-from fairq_server.backends.registry import BackendEntry, BackendPool, make_backend
+from fairq_server.backends.registry import make_backend
 from fairq_server.config import BackendConfig, Config, ConfigError
-from fairq_server.errors import ModelNotFoundError, NoBackendError
 from fairq_server.loop_monitor import LoopMonitor
+from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.dispatcher import Dispatcher
-from fairq_server.scheduling.queue import ModelQueue
-from fairq_server.scheduling.registry import make_fairness, make_ordering
+from fairq_server.scheduling.policies import Policies
+from fairq_server.supervisor import supervise
 from fairq_server.telemetry import Telemetry
 
 __all__ = ["FairqCore"]
@@ -21,43 +31,64 @@ __all__ = ["FairqCore"]
 log = logging.getLogger(__name__)
 
 
-class FairqCore:
-    """Owns the backend pool and a dispatcher for every model some backend serves.
+@dataclass
+class _Polled:
+    poller: MetricsPoller
+    task: asyncio.Task[None]
 
-    A model's dispatcher and queue outlive its backends: when the last backend of a model
-    leaves, queued requests stay queued until another one registers.
+
+class FairqCore:
+    """Owns the dispatcher, the backend adapters and their pollers.
+
+    Args:
+        config: the configuration.
+        telemetry: metrics sink (a fresh registry if None).
+        on_health: told False when scheduling stops working (the dispatcher loop crashed)
+            and True when it works again.
+
     """
 
-    def __init__(self, config: Config, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        telemetry: Telemetry | None = None,
+        on_health: Callable[[bool], None] = lambda serving: None,
+    ) -> None:
         self.config = config
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.tier_names = tuple(t.name for t in config.tiers)
         # Fail at start-up on unknown policy names, not at the first request.
-        make_fairness(config.scheduler.fairness)
-        self._ordering = make_ordering(config.scheduler.ordering)
-        self.pool = BackendPool(
-            poll_interval=config.scheduler.poll_interval_seconds,
-            on_update=self._on_scrape,
-            prefix_cache_blocks=config.scheduler.prefix_cache_blocks,
-            unhealthy_after_failures=config.scheduler.unhealthy_after_failures,
+        self.policies = Policies.from_config(config.scheduler)
+        self.dispatcher = Dispatcher(
+            config.tiers, config.scheduler, self.telemetry, self.policies, on_health=on_health
         )
-        self._dispatchers: dict[str, Dispatcher] = {}
+        self._polled: dict[str, _Polled] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self._adapters: set[Backend] = set()
         self._loop_monitor = LoopMonitor(self.telemetry.loop_lag.observe)
 
     async def start(self) -> None:
-        """Start measuring event-loop lag and register the configured backends."""
+        """Start the dispatcher, measure event-loop lag, register the configured backends."""
         self._loop_monitor.start()
+        self.dispatcher.start()
         for cfg in self.config.backends:
             await self.register_backend(cfg)
 
     async def close_queues(self) -> None:
         """Stop dispatching and answer every queued request UNAVAILABLE."""
-        await asyncio.gather(*(d.close() for d in self._dispatchers.values()))
+        await self.dispatcher.close()
 
     async def close(self) -> None:
-        """Close the queues, stop polling and close backend connections."""
+        """Close the queues, stop polling and close backend connections (aborting streams)."""
         await self.close_queues()
-        await self.pool.close()
+        for backend_id in list(self._polled):
+            await self._stop_polling(backend_id)
+        for task in list(self._closing):
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        for adapter in list(self._adapters):
+            await adapter.aclose()
+        self._adapters.clear()
         await self._loop_monitor.stop()
 
     async def reconfigure(self, config: Config) -> None:
@@ -76,63 +107,48 @@ class FairqCore:
         old = self.config
         if tuple(t.name for t in config.tiers) != self.tier_names:
             raise ConfigError("tiers cannot be renamed, added or reordered at run time")
-        make_fairness(config.scheduler.fairness)
-        ordering = make_ordering(config.scheduler.ordering)
-        rebuild = (config.scheduler.fairness, config.scheduler.ordering) != (
-            old.scheduler.fairness,
-            old.scheduler.ordering,
+        try:
+            policies = Policies.from_config(config.scheduler)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        s, o = config.scheduler, old.scheduler
+        rebuild = (s.fairness, dict(s.fairness_options), s.ordering) != (
+            o.fairness,
+            dict(o.fairness_options),
+            o.ordering,
         )
         self.config = config
-        self._ordering = ordering
-        self.pool.set_polling(
-            config.scheduler.poll_interval_seconds, config.scheduler.unhealthy_after_failures
-        )
-        for dispatcher in self._dispatchers.values():
-            dispatcher.reconfigure(
-                config.tiers, config.scheduler, self._new_queue() if rebuild else None
-            )
+        self.policies = policies
+        for polled in self._polled.values():
+            polled.poller.interval = s.poll_interval_seconds  # from its next scrape on
+        self.dispatcher.reconfigure(config.tiers, s, policies, rebuild=rebuild)
         wanted = {b.id: b for b in config.backends}
         for backend_id in [b.id for b in old.backends if b.id not in wanted]:
             await self.deregister_backend(backend_id, drain=False)
         for cfg in config.backends:
-            if cfg not in old.backends or self.pool.get(cfg.id) is None:
+            if cfg not in old.backends or self.dispatcher.backend(cfg.id) is None:
                 await self.register_backend(cfg)
 
     def live_requests(self) -> int:
-        """Count the requests queued or running on a registered backend, over all models."""
-        queued = sum(len(d.queue) for d in self._dispatchers.values())
-        return queued + sum(e.load.in_flight for e in self.pool.entries())
+        """Count the requests queued or running, over all models."""
+        return self.dispatcher.live_requests()
 
-    def _new_queue(self) -> ModelQueue:
-        return ModelQueue(
-            len(self.config.tiers),
-            lambda: make_fairness(self.config.scheduler.fairness),
-            self._ordering,
-        )
+    def backend(self, backend_id: str) -> BackendState | None:
+        """Return the state of registered backend ``backend_id``."""
+        return self.dispatcher.backend(backend_id)
 
-    def dispatcher(self, model: str) -> Dispatcher:
-        """Return the dispatcher of ``model``.
-
-        Raises:
-            ModelNotFoundError: no backend serves ``model``.
-            NoBackendError: every backend of ``model`` is failing its health checks.
-
-        """
-        entries = self.pool.for_model(model)
-        if not entries:
-            known = ", ".join(sorted(self.pool.models())) or "none"
-            raise ModelNotFoundError(f"model '{model}' is not served here; models: {known}")
-        if not any(e.healthy and not e.load.draining for e in entries):
-            raise NoBackendError(f"no healthy backend serves model '{model}'")
-        return self._dispatchers[model]
+    def backends(self) -> list[BackendState]:
+        """Return the states of every registered backend."""
+        return self.dispatcher.backends()
 
     async def register_backend(
         self, cfg: BackendConfig, *, backend: Backend | None = None, from_rpc: bool = False
-    ) -> BackendEntry:
+    ) -> BackendState:
         """Validate and register a backend (replacing one with the same id).
 
-        Backends registered over RPC must point inside ``admin.backend_allowlist``; those in
-        the configuration file are the operator's own choice.
+        The first scrape is done before returning, so a freshly registered backend can take
+        work at once. Backends registered over RPC must point inside
+        ``admin.backend_allowlist``; those in the configuration file are the operator's own.
         """
         if backend is None:
             backend = make_backend(
@@ -140,38 +156,64 @@ class FairqCore:
                 timeout=self.config.scheduler.backend_timeout_seconds,
                 allowlist=self.config.admin.backend_allowlist if from_rpc else None,
             )
-        for model in backend.models:
-            if model not in self._dispatchers:
-                dispatcher = Dispatcher(
-                    model, self._new_queue(), self.config.tiers, self.pool, self.config.scheduler,
-                    self.telemetry,
-                )  # fmt: skip
-                dispatcher.start()
-                self._dispatchers[model] = dispatcher
-        entry = await self.pool.add(backend)
+        await self._stop_polling(backend.id)
+        old = self.dispatcher.backend(backend.id)
+        self._adapters.add(backend)
+        state = await self.dispatcher.add_backend(backend)
+        if old is not None:
+            self._close_when_idle(old)
+        poller = MetricsPoller(
+            backend,
+            interval=self.config.scheduler.poll_interval_seconds,
+            on_sent=self.dispatcher.scrape_sent,
+            on_result=self.dispatcher.scrape_landed,
+        )
+        await poller.poll_once()
+        await self.dispatcher.sync()
+        task = asyncio.create_task(self._poll(poller), name=f"poll-{backend.id}")
+        self._polled[backend.id] = _Polled(poller, task)
         log.info("registered backend %s (%s) for %s", backend.id, backend.kind, backend.models)
-        return entry
+        return state
 
     async def deregister_backend(self, backend_id: str, *, drain: bool) -> bool:
         """Remove a backend; with ``drain``, return once its in-flight requests are done."""
-        entry = await self.pool.remove(backend_id)
-        if entry is None:
+        await self._stop_polling(backend_id)
+        state = await self.dispatcher.remove_backend(backend_id)
+        if state is None:
             return False
+        self._close_when_idle(state)
         if drain:
-            await entry.idle.wait()
+            await state.idle.wait()
         log.info("deregistered backend %s", backend_id)
         return True
 
-    def _on_scrape(self, poller: MetricsPoller | None) -> None:
-        if poller is not None:
-            t, bid = self.telemetry, poller.backend.id
-            t.backend_healthy.labels(bid).set(1 if poller.healthy else 0)
-            if poller.consecutive_failures:  # this update is a failed scrape
-                t.scrape_failures.labels(bid).inc()
-            snap = poller.load.snapshot
-            if snap is not None:
-                t.backend_waiting.labels(bid).set(snap.waiting)
-                t.backend_running.labels(bid).set(snap.running)
-                t.backend_tpot.labels(bid).set(snap.tpot_seconds or 0.0)
-        for dispatcher in self._dispatchers.values():
-            dispatcher.wake()
+    async def _poll(self, poller: MetricsPoller) -> None:
+        backend_id = poller.backend.id
+
+        def crashed(exc: BaseException) -> None:
+            # Whatever broke the poller, its backend's metrics stop: say so at once.
+            error = BackendError(f"metrics poller failed: {exc!r}", BackendFailure.FAILED)
+            self.dispatcher.scrape_landed(backend_id, error)
+
+        await supervise(f"metrics poller of {backend_id}", poller.run, on_crash=crashed)
+
+    async def _stop_polling(self, backend_id: str) -> None:
+        polled = self._polled.pop(backend_id, None)
+        if polled is not None:
+            polled.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await polled.task
+
+    def _close_when_idle(self, state: BackendState) -> None:
+        """Close the adapter of a backend that left, once its running requests are done."""
+
+        async def close() -> None:
+            try:
+                await state.idle.wait()
+            finally:
+                self._adapters.discard(state.backend)
+                await state.backend.aclose()
+
+        task = asyncio.create_task(close(), name=f"close-{state.id}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)

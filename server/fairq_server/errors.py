@@ -13,7 +13,13 @@ Exception tree::
     └── EvictedError                ended after it was queued
         ├── QueueTimeoutError       DEADLINE_EXCEEDED: waited longer than the queue TTL
         ├── ShuttingDownError       UNAVAILABLE: the server is stopping
-        └── BackendError            the backend failed; code chosen from its answer
+        ├── SlowClientError         RESOURCE_EXHAUSTED: the caller left too much text unread
+        ├── InternalError           INTERNAL: a fault inside fairq (logged with its traceback)
+        └── BackendFailedError      the backend failed; code chosen from its failure kind
+
+Backend adapters raise :class:`~fairq_server.backends.errors.BackendError`, which knows nothing
+of gRPC; the dispatcher wraps it in :class:`BackendFailedError` when it gives up on a request,
+and :func:`status_for` maps its kind here, in the same table as everything else.
 
 Anything else that escapes a servicer becomes ``INTERNAL``. ``asyncio.CancelledError`` is never
 caught here: a cancelled client is not an error to report.
@@ -23,9 +29,12 @@ from __future__ import annotations
 
 import grpc
 
+from fairq_server.backends.errors import BackendError, BackendFailure
+
 __all__ = [
-    "BackendError",
+    "BackendFailedError",
     "EvictedError",
+    "InternalError",
     "InvalidRequestError",
     "ModelNotFoundError",
     "NoBackendError",
@@ -35,6 +44,7 @@ __all__ = [
     "RejectedError",
     "SchedulerError",
     "ShuttingDownError",
+    "SlowClientError",
     "UnauthenticatedError",
     "status_for",
 ]
@@ -84,21 +94,37 @@ class ShuttingDownError(EvictedError):
     """The server stopped before the request could run."""
 
 
-class BackendError(EvictedError):
+class SlowClientError(EvictedError):
+    """The caller left more generated text unread than fairq holds for it."""
+
+
+class InternalError(EvictedError):
+    """A fault inside fairq ended the request; the details are in fairq's log only."""
+
+    def __init__(self, message: str = "internal error") -> None:
+        super().__init__(message)
+
+
+class BackendFailedError(EvictedError):
     """The backend refused or failed the request.
 
     Attributes:
-        code: the gRPC status the caller should see.
-        retryable: True when the failure says nothing about the request itself (connection
-            refused, reset, 5xx), so another backend may succeed.
+        cause: the backend's error, in the backend's terms.
 
     """
 
-    def __init__(self, message: str, code: grpc.StatusCode, *, retryable: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
-        self.retryable = retryable
+    def __init__(self, cause: BackendError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
+
+_BACKEND_STATUS: dict[BackendFailure, grpc.StatusCode] = {
+    BackendFailure.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    BackendFailure.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    BackendFailure.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    BackendFailure.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    BackendFailure.FAILED: grpc.StatusCode.INTERNAL,
+}
 
 _STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -109,13 +135,16 @@ _STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
     NoBackendError: grpc.StatusCode.UNAVAILABLE,
     QueueTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
+    SlowClientError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    InternalError: grpc.StatusCode.INTERNAL,
 }
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """Return the gRPC status code and message a caller should see for ``exc``."""
-    if isinstance(exc, BackendError):
-        return exc.code, str(exc)
+    if isinstance(exc, BackendFailedError | BackendError):
+        cause = exc.cause if isinstance(exc, BackendFailedError) else exc
+        return _BACKEND_STATUS[cause.kind], str(cause)
     for cls in type(exc).__mro__:
         code = _STATUS.get(cls)
         if code is not None:

@@ -70,7 +70,7 @@ async def test_list_backends_healthy_needs_fresh_metrics(
     """admin.proto: healthy = the last scrape succeeded *and* is fresh. A backend whose last
     scrape succeeded but is older than stale_after (the gate refuses it) is not healthy."""
     server = await fairq_factory(make_config([sim_backend(sim)]))
-    entry = server.core.pool.get("sim-a")
+    entry = server.core.backend("sim-a")
     assert entry is not None
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         admin = admin_pb2_grpc.AdminStub(ch)
@@ -78,7 +78,7 @@ async def test_list_backends_healthy_needs_fresh_metrics(
         freeze_gate(server)  # no more scrapes; the last one is aged far past stale_after
         after = await admin.ListBackends(admin_pb2.ListBackendsRequest())
     assert before.backends[0].healthy
-    assert entry.poller.healthy is True  # the last scrape did succeed
+    assert entry.healthy is True  # the last scrape did succeed
     assert not after.backends[0].healthy
 
 

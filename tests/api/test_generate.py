@@ -166,7 +166,7 @@ async def test_key_ceiling_and_lower_tiers(sim: SimServer, fairq_factory: FairqF
 
 async def test_queue_cap_is_resource_exhausted(sim: SimServer, fairq_factory: FairqFactory) -> None:
     server = await fairq_factory(make_config([sim_backend(sim)], max_queued_per_user=2))
-    dispatcher = server.core.dispatcher("sim")
+    dispatcher = server.core.dispatcher.model_state("sim")
     freeze_gate(server)
     md = (("x-fairq-user", "dave"),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -204,7 +204,7 @@ async def test_cancel_mid_stream_aborts_backend_request(
 ) -> None:
     sim.config.speed = 0.2  # slow enough that the stream is still running when we cancel
     server = await fairq_factory(make_config([sim_backend(sim)]))
-    entry = server.core.pool.get("sim-a")
+    entry = server.core.backend("sim-a")
     assert entry is not None
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -217,8 +217,8 @@ async def test_cancel_mid_stream_aborts_backend_request(
     async with asyncio.timeout(5):
         await entry.idle.wait()  # the dispatcher released the backend slot
     await _until(lambda: sim.engine.running_count == 0)
-    assert entry.load.in_flight == 0
-    assert entry.load.awaiting_first_token == 0
+    assert entry.in_flight == 0
+    assert entry.awaiting_first_token == 0
 
 
 async def _until(predicate: object, timeout: float = 5.0) -> None:

@@ -47,14 +47,14 @@ async def test_reload_keeps_queued_requests_and_applies_new_policy_and_backends(
             backends=(sim_backend(sim), sim_backend(sim2, "sim-b")),
         )
         await server.reload(new)
-        assert server.core.dispatcher("sim").tiers[0].max_backend_waiting == 5
+        assert server.core.dispatcher.tiers[0].max_backend_waiting == 5
         for call in calls:
             events = []
             while (event := await call.read()) is not grpc.aio.EOF:
                 events.append(event)
             assert events[0].started.backend_id == "sim-b"
             assert events[-1].finished.usage.completion_tokens == 4
-    assert len(server.core.dispatcher("sim").queue) == 0
+    assert len(server.core.dispatcher.queue("sim")) == 0
 
 
 async def test_reload_refuses_tier_changes_and_changes_nothing(
@@ -79,20 +79,20 @@ async def test_reload_applies_polling_settings_to_running_pollers(
     """Poll interval and failure threshold reach the running pollers and later ones."""
     config = make_config([sim_backend(sim)])
     server = await fairq_factory(config)
-    entry = server.core.pool.get("sim-a")
-    assert entry is not None and entry.poller.unhealthy_after_failures == 2
+    poller = server.core._polled["sim-a"].poller
+    assert server.core.dispatcher.config.unhealthy_after_failures == 2
     new = replace(config.scheduler, unhealthy_after_failures=5, poll_interval_seconds=0.37)
-    assert entry.poller.interval != new.poll_interval_seconds
+    assert poller.interval != new.poll_interval_seconds
     await server.reload(replace(config, scheduler=new))
-    assert entry.poller.unhealthy_after_failures == 5
-    assert entry.poller.interval == 0.37
+    await server.core.dispatcher.sync()
+    assert server.core.dispatcher.config.unhealthy_after_failures == 5
+    assert poller.interval == 0.37
     async with SimServer(SimConfig(mode="vllm", model="sim", speed=20.0)) as sim2:
         await server.reload(
             replace(config, scheduler=new, backends=(sim_backend(sim), sim_backend(sim2, "sim-b")))
         )
-        added = server.core.pool.get("sim-b")
-        assert added is not None and added.poller.unhealthy_after_failures == 5
-        assert added.poller.interval == 0.37
+        assert server.core.backend("sim-b") is not None
+        assert server.core._polled["sim-b"].poller.interval == 0.37
 
 
 def _toml(backends: list[tuple[str, str]]) -> str:

@@ -172,7 +172,7 @@ async def test_queue_ttl_answers_deadline_exceeded(
             await call.read()
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "waited in the queue longer than 0.3 s" in (info.value.details() or "")
-    assert len(server.core.dispatcher("sim").queue) == 0
+    assert len(server.core.dispatcher.queue("sim")) == 0
     assert entry_dispatches(server) == 0
 
 
@@ -195,5 +195,5 @@ async def test_oversized_metadata_is_refused_and_server_keeps_serving(
 
 
 def entry_dispatches(server: object) -> int:
-    entry = server.core.pool.get("sim-a")  # type: ignore[attr-defined]
-    return int(entry.load.dispatched)
+    entry = server.core.backend("sim-a")  # type: ignore[attr-defined]
+    return int(entry.dispatched)

@@ -85,8 +85,8 @@ async def test_a_single_failed_scrape_is_counted_and_marks_unhealthy_only_at_the
     async def handler(request: web.BaseRequest) -> web.StreamResponse:
         # The scrape this request belongs to (0-based). aiohttp retries a GET once on a new
         # connection when the server hangs up: that retry is part of the same scrape.
-        entry = server.core.pool.get("flaky")  # registered after its first scrape
-        scrape = 0 if entry is None else entry.poller.scrapes + entry.poller.failures
+        entry = server.core.backend("flaky")  # registered after its first scrape
+        scrape = 0 if entry is None else entry.scrapes + entry.failures
         if scrape == len(seen):
             seen.append((_sample(server, "fairq_backend_healthy"),
                          _sample(server, "fairq_backend_scrape_failures_total")))  # fmt: skip

@@ -35,7 +35,7 @@ from fairq_server.backends.base import (
     TextDelta,
 )
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.errors import BackendError
+from fairq_server.errors import BackendError, status_for
 
 from ..scripted_http import RecordingProxy
 
@@ -225,7 +225,7 @@ async def check_unknown_model_is_not_found(target: VllmTarget) -> None:
     finally:
         await backend.aclose()
     error = info.value
-    assert error.code == grpc.StatusCode.NOT_FOUND
+    assert status_for(error)[0] == grpc.StatusCode.NOT_FOUND
     assert not error.retryable
     assert "HTTP 404" in str(error)
     assert "`no-such-model` does not exist" in str(error)
@@ -241,7 +241,7 @@ async def check_max_tokens_over_context_is_invalid_argument(target: VllmTarget) 
     finally:
         await backend.aclose()
     error = info.value
-    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_for(error)[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert not error.retryable
     assert "HTTP 400" in str(error)
     assert f"max_model_len={target.max_model_len}" in str(error)

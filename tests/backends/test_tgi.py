@@ -23,7 +23,7 @@ from fairq_server.backends.base import (
     TextDelta,
 )
 from fairq_server.backends.tgi import TgiBackend
-from fairq_server.errors import BackendError
+from fairq_server.errors import BackendError, status_for
 from fairq_server.sim import SimConfig, SimServer
 
 from ..scripted_http import RecordingProxy
@@ -239,7 +239,8 @@ async def test_chat_validation_error_event_is_a_clear_error(backend: TgiBackend)
 
 
 async def test_validation_error_event_is_invalid_argument(backend: TgiBackend) -> None:
-    assert (await _error_of(backend, prompt(10_000))).code == grpc.StatusCode.INVALID_ARGUMENT
+    error = await _error_of(backend, prompt(10_000))
+    assert status_for(error)[0] == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def _overloaded_error(
@@ -267,7 +268,7 @@ async def test_overloaded_event_is_retryable_resource_exhausted(
     tgi: SimServer, backend: TgiBackend
 ) -> None:
     error = await _overloaded_error(tgi, backend)
-    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_for(error)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.retryable
 
 
@@ -276,7 +277,7 @@ async def test_overloaded_chat_event_is_retryable_resource_exhausted(
 ) -> None:
     error = await _overloaded_error(tgi, backend, chat(4))
     assert "Model is overloaded" in str(error)
-    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_for(error)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.retryable
 
 
@@ -285,7 +286,7 @@ async def test_http_500_before_the_stream_is_retryable_unavailable(
 ) -> None:
     tgi.config.error_rate = 1.0  # answered {"error", "error_type": "incomplete_generation"}
     error = await _error_of(backend, prompt(4))
-    assert error.code == grpc.StatusCode.UNAVAILABLE
+    assert status_for(error)[0] == grpc.StatusCode.UNAVAILABLE
     assert error.retryable
     assert "HTTP 500" in str(error)
     assert "Incomplete generation" in str(error)

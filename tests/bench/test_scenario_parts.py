@@ -9,13 +9,15 @@ import pytest
 
 from fairq_server.bench.scenarios import SCENARIOS, TITLES
 from fairq_server.bench.scenarios.common import FairqSetup, SimSetup, Tier
-from fairq_server.bench.scenarios.nolift import NoLiftVtcFairness
+from fairq_server.bench.scenarios.nolift import NO_LIFT_OPTIONS
 from fairq_server.bench.scenarios.service import Ledger, jain, water_fill
 from fairq_server.bench.scenarios.tracing import Trace
 from fairq_server.bench.scenarios.workloads import CHAT, arrivals, prompt_text
 from fairq_server.bench.workload import RequestSpec
 from fairq_server.config import parse_config
 from fairq_server.scheduling.fairness import VtcFairness
+from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.registry import make_fairness
 from fairq_server.sim.tokens import count_tokens
 
 
@@ -98,21 +100,21 @@ def test_capacity_estimate_matches_the_step_model() -> None:
 
 
 def test_no_lift_baseline_banks_idle_time_where_vtc_does_not() -> None:
-    for policy, expected in ((NoLiftVtcFairness(), 0), (VtcFairness(), 1)):
+    for policy, expected in ((make_fairness("vtc", NO_LIFT_OPTIONS), 0), (VtcFairness(), 1)):
         policy.activate("a", 1.0)
         policy.activate("b", 1.0)
-        policy.charge_tokens("b", 100, 0)
+        policy.charge("b", Cost(prompt_tokens=100, completion_tokens=0))
         policy.deactivate("b")
         for _ in range(5):
             policy.select()
-            policy.charge_tokens("a", 1000, 0)
+            policy.charge("a", Cost(prompt_tokens=1000, completion_tokens=0))
         policy.activate("b", 1.0)
         # Both pick b first (its counter is no higher); only the baseline keeps picking it.
         picks = []
         for _ in range(3):
             user = policy.select()
             picks.append(user)
-            policy.charge_tokens(user, 500, 0)
+            policy.charge(user, Cost(prompt_tokens=500, completion_tokens=0))
         assert picks[0] == "b" and picks.count("a") == expected, (type(policy).__name__, picks)
 
 

@@ -73,9 +73,9 @@ async def first_chunk(call: GenerateCall, out: Outcome) -> None:
 
 def snapshot_age(server: FairqServer, backend_id: str) -> float:
     """Seconds since the scrape behind ``backend_id``'s current gate snapshot was sent."""
-    entry = server.core.pool.get(backend_id)
-    assert entry is not None and entry.load.snapshot is not None
-    return time.monotonic() - entry.load.snapshot.taken_at
+    entry = server.core.backend(backend_id)
+    assert entry is not None and entry.sample is not None
+    return time.monotonic() - entry.sampled_at
 
 
 async def read_queued(call: GenerateCall) -> None:
@@ -93,7 +93,7 @@ async def test_deadline_expiring_in_queue_removes_request_and_never_dispatches_i
     """A client deadline that expires while queued: DEADLINE_EXCEEDED, gone from the queue,
     and the backend never sees the request (not even once the slot frees up)."""
     server = await fairq_factory(make_config([sim_backend(slow_sim, max_in_flight=1)]))
-    dispatcher = server.core.dispatcher("sim")
+    dispatcher = server.core.dispatcher.model_state("sim")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         blocker = generate(ch, gen_request(max_tokens=400), metadata=user("u"))
         await first_chunk(blocker, Outcome())
@@ -120,7 +120,7 @@ async def test_cancel_while_queued_frees_the_users_queue_slot(
     """Cancelling a queued request removes it: the user's queue cap counts it no more."""
     config = make_config([sim_backend(slow_sim, max_in_flight=1)], max_queued_per_user=1)
     server = await fairq_factory(config)
-    dispatcher = server.core.dispatcher("sim")
+    dispatcher = server.core.dispatcher.model_state("sim")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         blocker = generate(ch, gen_request(max_tokens=400), metadata=user("other"))
         await first_chunk(blocker, Outcome())
@@ -192,7 +192,7 @@ async def test_backend_killed_mid_stream_ends_stream_unavailable_and_frees_slot(
         ]
     )
     server = await fairq_factory(config)
-    doomed = server.core.pool.get("doomed")
+    doomed = server.core.backend("doomed")
     assert doomed is not None
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         victim = generate(ch, gen_request(max_tokens=480), metadata=user("v"))
@@ -205,9 +205,9 @@ async def test_backend_killed_mid_stream_ends_stream_unavailable_and_frees_slot(
         assert out.code == grpc.StatusCode.UNAVAILABLE, out
         assert "doomed" in out.details
         assert out.chunks >= before and out.finished is None
-        await until(lambda: doomed.load.in_flight == 0, what="in-flight back to 0")
+        await until(lambda: doomed.in_flight == 0, what="in-flight back to 0")
         assert fairq_metric(server, "fairq_backend_in_flight", backend="doomed") == 0
-        await until(lambda: doomed.poller.healthy is False, what="dead backend marked unhealthy")
+        await until(lambda: doomed.healthy is False, what="dead backend marked unhealthy")
         after = await run_call(generate(ch, gen_request(), metadata=user("w")))
     assert after.code is OK and after.backends[-1] == "survivor", after
 
@@ -500,14 +500,14 @@ async def test_list_backends_reports_a_backend_with_stale_metrics_as_not_healthy
     its metrics are fresh again it is listed healthy again."""
     config = make_config([sim_backend(slow_sim, "slow")], stale_after_seconds=0.3)
     server = await fairq_factory(config)
-    entry = server.core.pool.get("slow")
+    entry = server.core.backend("slow")
     assert entry is not None
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         admin = admin_pb2_grpc.AdminStub(ch)
         slow_sim.config.metrics_delay = 0.6  # > stale_after, < the 1 s scrape timeout
         await until(lambda: snapshot_age(server, "slow") > 0.3, what="slow snapshot stale")
         stale = await admin.ListBackends(admin_pb2.ListBackendsRequest(), timeout=10)
-        scrapes_succeeding = entry.poller.healthy is True and entry.poller.failures == 0
+        scrapes_succeeding = entry.healthy is True and entry.failures == 0
         slow_sim.config.metrics_delay = 0.0
         # Polled every 50 ms: well under stale_after by the time the answer is built.
         await until(lambda: snapshot_age(server, "slow") < 0.1, what="snapshot fresh again")
@@ -573,9 +573,9 @@ async def test_a_hung_backend_absorbs_at_most_its_gate_and_the_rest_go_elsewhere
                 generate(ch, gen_request(), metadata=user(f"u{i}"), timeout=2) for i in range(12)
             ]
             outs = await asyncio.gather(*(run_call(c) for c in calls))
-        entry = server.core.pool.get("hung")
+        entry = server.core.backend("hung")
         assert entry is not None
-        await until(lambda: entry.load.in_flight == 0, what="stuck slots released")
+        await until(lambda: entry.in_flight == 0, what="stuck slots released")
         hang.set()
     stuck = [o for o in outs if o.code is not OK]
     assert len(hung.requests) == 3, hung.requests
@@ -643,9 +643,9 @@ async def _garbage_case(
         if backend_done is not None:
             async with asyncio.timeout(10):
                 await backend_done.wait()
-        entry = server.core.pool.get("bad")
+        entry = server.core.backend("bad")
         assert entry is not None
-        await until(lambda: entry.load.in_flight == 0, what="bad backend slot released")
+        await until(lambda: entry.in_flight == 0, what="bad backend slot released")
     for out in good_outs:
         assert out.code is OK and out.finished is not None, out
         assert out.finished.usage.completion_tokens == 30

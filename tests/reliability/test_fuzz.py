@@ -360,7 +360,7 @@ async def test_admin_fuzz(
         )
         check_unary(code, details, ("deregister", backend_id))
     # Whatever happened, nothing registered is left behind to poll dead addresses.
-    assert admin_server.core.pool.entries() == []
+    assert admin_server.core.backends() == []
 
 
 @pytest.mark.parametrize("url", UNUSABLE_URLS)
@@ -375,7 +375,7 @@ async def test_register_backend_with_unusable_url_is_invalid_argument(
     code, details = await _unary(
         admin.RegisterBackend(request, metadata=(ROOT,), timeout=CALL_TIMEOUT)
     )
-    assert admin_server.core.pool.entries() == []
+    assert admin_server.core.backends() == []
     assert code is grpc.StatusCode.INVALID_ARGUMENT, (code, details)
 
 

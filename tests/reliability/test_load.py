@@ -112,7 +112,7 @@ async def test_per_user_fairness_state_does_not_outlive_its_users(
             )
         )  # fmt: skip
     assert all(o.code is grpc.StatusCode.OK for o in outs)
-    dispatcher = server.core.dispatcher("sim")
+    dispatcher = server.core.dispatcher.model_state("sim")
     assert len(dispatcher.queue) == 0
     # White-box on purpose: no public figure exposes per-user records.
     remembered = sum(len(tier.fairness._users) for tier in dispatcher.queue.tiers)  # type: ignore[attr-defined,misc]

@@ -280,7 +280,7 @@ async def test_allow_list_refuses_disguised_addresses(
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     details = info.value.details() or ""
     assert "allow-list" in details or "credentials, query or fragment" in details, details
-    assert server.core.pool.entries() == []
+    assert server.core.backends() == []
 
 
 @pytest.mark.parametrize("url", SPELLED_ALLOWED)
@@ -290,7 +290,7 @@ async def test_allow_list_admits_loopback_however_spelled(
     server = await fairq_factory(make_config())
     reply = await _register(server.port, url)
     assert not reply.status.healthy  # allowed; nothing listens on port 1
-    assert [e.backend.id for e in server.core.pool.entries()] == ["b"]
+    assert [e.backend.id for e in server.core.backends()] == ["b"]
 
 
 # -- queue time-to-live ------------------------------------------------------------------------
@@ -348,7 +348,7 @@ async def test_queue_ttl_applies_to_a_request_requeued_for_retry() -> None:
         )
         server = FairqServer(config)
         await server.start()
-        entry = server.core.pool.get("scripted")
+        entry = server.core.backend("scripted")
         assert entry is not None
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
@@ -359,7 +359,7 @@ async def test_queue_ttl_applies_to_a_request_requeued_for_retry() -> None:
                     'waiting{model_name="x"} 0.0', 'waiting{model_name="x"} 50.0'
                 )
                 await until(
-                    lambda: entry.load.snapshot is not None and entry.load.snapshot.waiting == 50,
+                    lambda: entry.sample is not None and entry.sample.waiting == 50,
                     what="busy backend seen",
                 )
                 await asyncio.sleep(0.4)  # let the request age past the TTL while it runs

@@ -8,15 +8,17 @@ import grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_server.auth import Authenticator
-from fairq_server.backends.registry import BackendEntry
+from fairq_server.backends.kinds import BACKEND_KINDS
 from fairq_server.config import BackendConfig
 from fairq_server.core import FairqCore
 from fairq_server.errors import InvalidRequestError, SchedulerError, status_for
+from fairq_server.scheduling.backend_state import BackendState
 
 __all__ = ["AdminServicer"]
 
-_KIND_NAMES = {admin_pb2.BACKEND_KIND_VLLM: "vllm", admin_pb2.BACKEND_KIND_TGI: "tgi"}
-_KIND_VALUES = {v: k for k, v in _KIND_NAMES.items()}
+# The proto's enum names follow the kind names: BACKEND_KIND_<NAME>.
+_KIND_VALUES = {k: f"BACKEND_KIND_{k.upper()}" for k in BACKEND_KINDS}
+_KIND_NAMES = {admin_pb2.BackendKind.Value(v): k for k, v in _KIND_VALUES.items()}
 
 Context = grpc.aio.ServicerContext
 
@@ -45,7 +47,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         b = request.backend
         try:
             if b.kind not in _KIND_NAMES:
-                raise InvalidRequestError("backend.kind must be BACKEND_KIND_VLLM or _TGI")
+                valid = " or ".join(admin_pb2.BackendKind.Name(k) for k in _KIND_NAMES)
+                raise InvalidRequestError(f"backend.kind must be {valid}")
             cfg = BackendConfig(
                 id=b.id,
                 kind=_KIND_NAMES[b.kind],
@@ -54,10 +57,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 priority_scheduling=b.priority_scheduling,
                 max_in_flight=b.max_in_flight,
             )
-            entry = await self._core.register_backend(cfg, from_rpc=True)
+            state = await self._core.register_backend(cfg, from_rpc=True)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))
-        return admin_pb2.RegisterBackendResponse(status=self._status(entry))
+        return admin_pb2.RegisterBackendResponse(status=self._status(state))
 
     async def DeregisterBackend(
         self,
@@ -78,36 +81,35 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         """List every backend with its live state."""
         await self._authorize(context)  # type: ignore[arg-type]
         return admin_pb2.ListBackendsResponse(
-            backends=[self._status(e) for e in self._core.pool.entries()]
+            backends=[self._status(b) for b in self._core.backends()]
         )
 
-    def _status(self, entry: BackendEntry) -> admin_pb2.BackendStatus:
-        return _status(entry, self._core.config.scheduler.stale_after_seconds, time.monotonic())
+    def _status(self, state: BackendState) -> admin_pb2.BackendStatus:
+        return _status(state, self._core.config.scheduler.stale_after_seconds, time.monotonic())
 
 
-def _status(entry: BackendEntry, stale_after: float, now: float) -> admin_pb2.BackendStatus:
+def _status(state: BackendState, stale_after: float, now: float) -> admin_pb2.BackendStatus:
     """Return the backend's live state.
 
     ``healthy`` is what admin.proto promises: the last scrape succeeded and its snapshot is
     fresh by the gate's own measure (at most ``stale_after`` seconds old at ``now``), so a
     backend the gate refuses as stale is not listed as healthy.
     """
-    b, load = entry.backend, entry.load
-    snap = load.snapshot
-    fresh = snap is not None and now - snap.taken_at <= stale_after
+    b, sample = state.backend, state.sample
+    fresh = sample is not None and now - state.sampled_at <= stale_after
     return admin_pb2.BackendStatus(
         backend=admin_pb2.Backend(
             id=b.id,
-            kind=_KIND_VALUES.get(b.kind, admin_pb2.BACKEND_KIND_UNSPECIFIED),
+            kind=_KIND_VALUES.get(b.kind, "BACKEND_KIND_UNSPECIFIED"),
             base_url=b.base_url,
             models=list(b.models),
             priority_scheduling=b.priority_scheduling,
             max_in_flight=b.max_in_flight,
         ),
-        healthy=entry.poller.healthy is True and fresh,
-        in_flight=load.in_flight,
-        waiting=snap.waiting if snap else 0.0,
-        running=snap.running if snap else 0.0,
-        tpot_seconds=(snap.tpot_seconds or 0.0) if snap else 0.0,
-        draining=load.draining,
+        healthy=state.healthy is True and fresh,
+        in_flight=state.in_flight,
+        waiting=sample.waiting if sample else 0.0,
+        running=sample.running if sample else 0.0,
+        tpot_seconds=state.tpot_seconds or 0.0,
+        draining=state.draining,
     )

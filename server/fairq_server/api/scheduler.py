@@ -1,9 +1,12 @@
-"""The ``fairq.v1.Scheduler`` servicer: queue a request, then relay its backend stream."""
+"""The ``fairq.v1.Scheduler`` servicer: translate a request into a ticket, relay its events.
+
+The servicer decides nothing about scheduling: it authenticates and validates, submits a
+ticket to the dispatcher, and turns what arrives in the ticket's outbox into response
+messages. Whatever way the call ends, it cancels the ticket (harmless once it is done).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -14,22 +17,15 @@ from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server import loop_share
 from fairq_server.api.validation import estimate_tokens, resolve_tier, to_backend_request
 from fairq_server.auth import Authenticator
-from fairq_server.backends.base import StreamEnd
-from fairq_server.backends.registry import BackendEntry
-from fairq_server.backends.relay import Relay
 from fairq_server.core import FairqCore
-from fairq_server.errors import BackendError, SchedulerError, status_for
-from fairq_server.scheduling.dispatcher import Dispatcher
+from fairq_server.errors import SchedulerError, status_for
+from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent, Queued, Started, Text
 from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.ticket import Ticket
 
 __all__ = ["SchedulerServicer"]
 
 log = logging.getLogger(__name__)
-
-# Token charges are batched so a fast stream does not post one command per token.
-_CHARGE_EVERY = 16
-_MAX_RETRIES = 1
 
 Response = scheduler_pb2.GenerateResponse
 
@@ -49,17 +45,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Queue one request and stream its lifecycle events."""
         arrival = time.monotonic()
         config = self._core.config
+        telemetry = self._core.telemetry
         tier_name = ""
         try:
             principal = self._auth.authenticate(context.invocation_metadata() or ())
             backend_request = to_backend_request(request, config.limits)
             tier = resolve_tier(request.tier, principal, self._core.tier_names)
             tier_name = self._core.tier_names[tier]
-            dispatcher = self._core.dispatcher(request.model)
         except SchedulerError as exc:
-            self._core.telemetry.requests.labels(tier_name or "none", _outcome(exc)).inc()
-            code, message = status_for(exc)
-            await context.abort(code, message)
+            telemetry.requests.labels(tier_name or "none", _outcome(exc)).inc()
+            await context.abort(*status_for(exc))
         ticket = Ticket(
             request=backend_request,
             user=principal.user,
@@ -74,15 +69,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 backend_request.messages,
                 config.scheduler.prefix_block_chars,
             ),
+            outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
         )
+        dispatcher = self._core.dispatcher
         dispatcher.submit(ticket)
         outcome = "cancelled"
         try:
-            async for event in self._serve(ticket, dispatcher):
-                # Writing to the client is bulk work: the tokens of all streams on a backend
-                # arrive in the same engine step (see loop_share).
-                await loop_share.turn()
-                yield event
+            finished = False
+            while not finished:
+                for event in await ticket.outbox.take():
+                    # Writing to the client is bulk work: the tokens of all streams on a
+                    # backend arrive in the same engine step (see loop_share).
+                    await loop_share.turn()
+                    yield _response(event, backend_request.request_id)
+                    finished = isinstance(event, Finished)
             outcome = "finished"
         except SchedulerError as exc:
             outcome = _outcome(exc)
@@ -90,99 +90,40 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             log.info("request %s ended: %s %s", backend_request.request_id, code.name, message)
             await context.abort(code, message)
         finally:
-            dispatcher.release(ticket)
-            self._core.telemetry.requests.labels(tier_name, outcome).inc()
+            dispatcher.cancel(ticket)
+            telemetry.requests.labels(tier_name, outcome).inc()
 
-    async def _serve(self, ticket: Ticket, dispatcher: Dispatcher) -> AsyncIterator[Response]:
-        telemetry = self._core.telemetry
-        tier_cfg = self._core.config.tiers[ticket.tier]
-        position = await ticket.enqueued
-        yield Response(queued=scheduler_pb2.Queued(position=position))
-        first_token_at: float | None = None
-        while True:
-            entry = await ticket.assigned
-            # The backend request goes out before the client is told, so requests dispatched
-            # in one pass reach the backend in dispatch order (the client writes may finish
-            # in any order); behind a backend queue, that order is who gets the next slot.
-            relay = Relay(
-                entry.backend.stream(ticket.request, self._priority(ticket)),
-                self._core.config.scheduler.stream_coalesce_seconds,
-            )
-            queue_seconds = time.monotonic() - ticket.arrival
-            # The queue charged the estimated prompt at dispatch (vtc); settled at the end.
-            charged_prompt = ticket.prompt_tokens
-            charged_completion = pending = 0
-            try:
-                async with contextlib.aclosing(relay):
-                    yield Response(
-                        started=scheduler_pb2.Started(
-                            backend_id=entry.backend.id,
-                            queue_seconds=queue_seconds,
-                            tier=tier_cfg.name,
-                            request_id=ticket.request.request_id,
-                        )
-                    )
-                    async for event in relay:
-                        if isinstance(event, StreamEnd):
-                            end = event
-                            break
-                        if first_token_at is None:
-                            first_token_at = time.monotonic()
-                            dispatcher.first_token(ticket)
-                            telemetry.ttft.labels(tier_cfg.name).observe(
-                                first_token_at - ticket.arrival
-                            )
-                        pending += event.tokens
-                        if pending >= _CHARGE_EVERY:
-                            dispatcher.charge(ticket, 0, pending)
-                            charged_completion += pending
-                            pending = 0
-                        yield Response(chunk=scheduler_pb2.Chunk(text=event.text))
-                    else:
-                        raise BackendError(
-                            f"backend {entry.backend.id} ended the stream without finishing",
-                            grpc.StatusCode.UNAVAILABLE,
-                        )
-            except BackendError as exc:
-                if exc.retryable and first_token_at is None and ticket.retries < _MAX_RETRIES:
-                    log.warning("retrying request %s: %s", ticket.request.request_id, exc)
-                    ticket.assigned = self._loop_future()
-                    dispatcher.retry(ticket)
-                    continue
-                raise
-            break
-        # Settle the fairness account with the backend's own token counts.
-        prompt_tokens = end.prompt_tokens or ticket.prompt_tokens
-        completion_tokens = end.completion_tokens or (charged_completion + pending)
-        dispatcher.charge(
-            ticket, prompt_tokens - charged_prompt, completion_tokens - charged_completion
-        )
-        telemetry.tokens.labels(ticket.group, "prompt").inc(prompt_tokens)
-        telemetry.tokens.labels(ticket.group, "completion").inc(completion_tokens)
-        done_at = time.monotonic()
-        yield Response(
-            finished=scheduler_pb2.Finished(
-                finish_reason=end.finish_reason,
-                usage=scheduler_pb2.Usage(
-                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
-                ),
-                timings=scheduler_pb2.Timings(
+
+def _response(event: OutboxEvent, request_id: str) -> Response:
+    match event:
+        case Text(text):
+            return Response(chunk=scheduler_pb2.Chunk(text=text))
+        case Queued(position):
+            return Response(queued=scheduler_pb2.Queued(position=position))
+        case Started(backend_id, queue_seconds, tier):
+            return Response(
+                started=scheduler_pb2.Started(
+                    backend_id=backend_id,
                     queue_seconds=queue_seconds,
-                    ttft_seconds=(first_token_at or done_at) - ticket.arrival,
-                    total_seconds=done_at - ticket.arrival,
-                ),
+                    tier=tier,
+                    request_id=request_id,
+                )
             )
-        )
-
-    def _priority(self, ticket: Ticket) -> int:
-        """Return the backend priority to send: the tier's, or the overtaken tier's if aged."""
-        index = ticket.priority_tier if ticket.priority_tier is not None else ticket.tier
-        cfg = self._core.config.tiers[index]
-        return cfg.priority if cfg.priority is not None else index
-
-    @staticmethod
-    def _loop_future() -> asyncio.Future[BackendEntry]:
-        return asyncio.get_running_loop().create_future()
+        case Finished():
+            return Response(
+                finished=scheduler_pb2.Finished(
+                    finish_reason=event.end.finish_reason,
+                    usage=scheduler_pb2.Usage(
+                        prompt_tokens=event.prompt_tokens,
+                        completion_tokens=event.completion_tokens,
+                    ),
+                    timings=scheduler_pb2.Timings(
+                        queue_seconds=event.queue_seconds,
+                        ttft_seconds=event.ttft_seconds,
+                        total_seconds=event.total_seconds,
+                    ),
+                )
+            )
 
 
 def _outcome(exc: SchedulerError) -> str:

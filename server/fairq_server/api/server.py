@@ -94,12 +94,13 @@ class FairqServer:
 
     def __init__(self, config: Config, telemetry: Telemetry | None = None) -> None:
         self.config = config
-        self.core = FairqCore(config, telemetry)
+        self.core = FairqCore(config, telemetry, on_health=self._scheduling_health)
         self.auth = Authenticator(config.keys, self.core.tier_names)
         self.port = 0
         self.metrics_port = 0
         self._server = grpc.aio.server(options=server_options(config))
         self._health = health.aio.HealthServicer()
+        self._health_tasks: set[asyncio.Task[None]] = set()
         self._metrics_http: object | None = None
         self._collector = Collector(
             self.core.live_requests,
@@ -107,6 +108,18 @@ class FairqServer:
                 str(generation)
             ).observe(seconds),
         )
+
+    def _scheduling_health(self, serving: bool) -> None:
+        """Report NOT_SERVING while the dispatcher loop is down (it restarts by itself)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", _SERVICES[0]):
+            task = asyncio.get_running_loop().create_task(self._health.set(name, status))
+            self._health_tasks.add(task)
+            task.add_done_callback(self._health_tasks.discard)
 
     async def __aenter__(self) -> FairqServer:
         await self.start()

@@ -2,7 +2,8 @@
 
 Adapters translate one :class:`BackendRequest` into the backend's streaming HTTP API and its
 answer into :class:`TextDelta` / :class:`StreamEnd` events. Foreign exceptions (aiohttp,
-JSON) are translated at this boundary into :class:`~fairq_server.errors.BackendError`.
+JSON) are translated at this boundary into :class:`~fairq_server.backends.errors.BackendError`,
+which names what went wrong in the backend's terms; the API layer picks the gRPC status.
 
 HTTP goes through aiohttp: its C parser hands a stream's buffered events over in one read,
 where a pure-Python HTTP stack costs ~20 us of fairq's CPU per token event (measured with
@@ -21,11 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import grpc
 
 from fairq_server import loop_share
+from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
-from fairq_server.errors import BackendError
 
 __all__ = [
     "Backend",
@@ -35,6 +35,7 @@ __all__ = [
     "StreamEnd",
     "StreamEvent",
     "TextDelta",
+    "failure_for_http",
     "http_error",
 ]
 
@@ -102,38 +103,25 @@ class MetricsSample:
     tpot_count: float = 0.0
 
 
-_STATUS_BY_HTTP: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    404: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.INVALID_ARGUMENT,
-    415: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    424: grpc.StatusCode.INTERNAL,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+_FAILURE_BY_HTTP: dict[int, BackendFailure] = {
+    400: BackendFailure.INVALID_REQUEST,
+    404: BackendFailure.NOT_FOUND,
+    413: BackendFailure.INVALID_REQUEST,
+    415: BackendFailure.INVALID_REQUEST,
+    422: BackendFailure.INVALID_REQUEST,
+    424: BackendFailure.FAILED,
+    429: BackendFailure.OVERLOADED,
 }
 
 
-# TGI's error_type values (router/src/infer/mod.rs, server.rs).
-_ERROR_TYPES: dict[str, tuple[grpc.StatusCode, bool]] = {
-    "validation": (grpc.StatusCode.INVALID_ARGUMENT, False),
-    "template_error": (grpc.StatusCode.INVALID_ARGUMENT, False),
-    "tool_error": (grpc.StatusCode.INVALID_ARGUMENT, False),
-    "overloaded": (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
-    "missing_template_variable": (grpc.StatusCode.INVALID_ARGUMENT, False),
-    "generation": (grpc.StatusCode.INTERNAL, False),
-    "incomplete_generation": (grpc.StatusCode.UNAVAILABLE, True),
-    "incomplete_generation_stream": (grpc.StatusCode.UNAVAILABLE, True),
-    "stream_serialization_error": (grpc.StatusCode.INTERNAL, False),
-}
-# TGI's Messages API puts every stream error under http_status_code 422 without a type, so
-# the kind is read from the message prefix TGI uses (router/src/infer/mod.rs).
-_TGI_MESSAGE_KINDS = (
-    ("Model is overloaded", "overloaded"),
-    ("Input validation error", "validation"),
-    ("Template error", "template_error"),
-    ("Tool error", "tool_error"),
-    ("Incomplete generation", "incomplete_generation"),
-)
+def failure_for_http(status: int) -> tuple[BackendFailure, bool]:
+    """Return the failure kind of an HTTP error status, and whether another backend may help."""
+    kind = _FAILURE_BY_HTTP.get(status)
+    if kind is not None:
+        return kind, status == 429
+    if status >= 500:
+        return BackendFailure.UNAVAILABLE, True
+    return BackendFailure.FAILED, True
 
 
 def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
@@ -153,12 +141,9 @@ def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
             err = err.get("message")
         if isinstance(err, str):
             message = err
-    code = _STATUS_BY_HTTP.get(status)
-    retryable = code is None or status == 429
-    if code is None:
-        code = grpc.StatusCode.UNAVAILABLE if status >= 500 else grpc.StatusCode.INTERNAL
+    kind, retryable = failure_for_http(status)
     return BackendError(
-        f"backend {backend_id} answered HTTP {status}: {message[:1000]}", code, retryable=retryable
+        f"backend {backend_id} answered HTTP {status}: {message[:1000]}", kind, retryable=retryable
     )
 
 
@@ -228,7 +213,7 @@ class Backend(abc.ABC):
                 body = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendError(
-                f"backend {self.id}: metrics unreachable: {exc!r}", grpc.StatusCode.UNAVAILABLE
+                f"backend {self.id}: metrics unreachable: {exc!r}", BackendFailure.UNAVAILABLE
             ) from exc
         if resp.status != 200:
             raise http_error(self.id, resp.status, body)
@@ -236,7 +221,7 @@ class Backend(abc.ABC):
             return self.parse_metrics(body.decode("utf-8", "replace"))
         except ValueError as exc:
             raise BackendError(
-                f"backend {self.id}: unreadable metrics: {exc}", grpc.StatusCode.UNAVAILABLE
+                f"backend {self.id}: unreadable metrics: {exc}", BackendFailure.UNAVAILABLE
             ) from exc
 
     @abc.abstractmethod
@@ -274,7 +259,7 @@ class Backend(abc.ABC):
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendError(
                 f"backend {self.id}: connection failed: {exc!r}",
-                grpc.StatusCode.UNAVAILABLE,
+                BackendFailure.UNAVAILABLE,
                 retryable=True,
             ) from exc
         except SseLimitError as exc:
@@ -282,7 +267,7 @@ class Backend(abc.ABC):
             raise BackendError(
                 f"backend {self.id}: malformed stream: a line or event exceeds the limit of "
                 f"{exc.limit} characters",
-                grpc.StatusCode.INTERNAL,
+                BackendFailure.FAILED,
             ) from exc
 
     def shape_error(self, obj: object, exc: Exception | None = None) -> BackendError:
@@ -290,14 +275,14 @@ class Backend(abc.ABC):
         return BackendError(
             f"backend {self.id}: unexpected stream event {str(obj)[:200]!r}"
             + (f" ({type(exc).__name__}: {exc})" if exc else ""),
-            grpc.StatusCode.INTERNAL,
+            BackendFailure.FAILED,
         )
 
     def unfinished(self) -> BackendError:
         """Return the error for a stream that ended without saying it was complete."""
         return BackendError(
             f"backend {self.id} ended the stream before the generation finished",
-            grpc.StatusCode.UNAVAILABLE,
+            BackendFailure.UNAVAILABLE,
         )
 
     def _decode(self, data: str) -> dict[str, Any]:
@@ -306,12 +291,12 @@ class Backend(abc.ABC):
         except ValueError as exc:
             raise BackendError(
                 f"backend {self.id}: malformed stream event: {data[:200]!r}",
-                grpc.StatusCode.INTERNAL,
+                BackendFailure.FAILED,
             ) from exc
         if not isinstance(obj, dict):
             raise BackendError(
                 f"backend {self.id}: unexpected stream event: {data[:200]!r}",
-                grpc.StatusCode.INTERNAL,
+                BackendFailure.FAILED,
             )
         err = obj.get("error")
         if err:
@@ -319,10 +304,10 @@ class Backend(abc.ABC):
         return obj
 
     def _error_event(self, err: object, error_type: object) -> BackendError:
-        """Translate an error sent as a stream event (TGI sends even validation errors so).
+        """Translate an error sent as a stream event.
 
-        TGI names the kind in ``error_type``; vLLM and the Messages API nest an HTTP status
-        (``code`` / ``http_status_code``) in the error object.
+        vLLM (and OpenAI-compatible servers) nest an HTTP status (``code``) in the error
+        object; adapters whose backend names error kinds otherwise override this.
         """
         status: object = None
         if isinstance(err, dict):
@@ -330,13 +315,11 @@ class Backend(abc.ABC):
             status = err.get("code", err.get("http_status_code"))
         else:
             message = str(err)
-        if error_type is None:
-            error_type = next((t for p, t in _TGI_MESSAGE_KINDS if message.startswith(p)), None)
-        code, retryable = _ERROR_TYPES.get(str(error_type), (grpc.StatusCode.INTERNAL, False))
-        if error_type is None and isinstance(status, int):
-            code = _STATUS_BY_HTTP.get(status, grpc.StatusCode.INTERNAL)
+        kind, retryable = BackendFailure.FAILED, False
+        if isinstance(status, int) and not isinstance(status, bool):
+            kind = _FAILURE_BY_HTTP.get(status, BackendFailure.FAILED)
             retryable = status == 429 or status >= 500
-        return BackendError(f"backend {self.id} failed: {message}", code, retryable=retryable)
+        return BackendError(f"backend {self.id} failed: {message}", kind, retryable=retryable)
 
 
 async def _utf8(body: aiohttp.StreamReader) -> AsyncIterator[str]:

@@ -13,6 +13,7 @@ from fairq_server.backends.base import (
     StreamEvent,
     TextDelta,
 )
+from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.metrics import sample_sums
 
 __all__ = ["TgiBackend"]
@@ -22,6 +23,29 @@ _BATCH = "tgi_batch_current_size"
 _TPOT = "tgi_request_mean_time_per_token_duration"
 _WANTED = (_QUEUE, _BATCH, f"{_TPOT}_sum", f"{_TPOT}_count")
 _FINISH = {"eos_token": "stop", "stop_sequence": "stop"}
+
+# TGI's error_type values (router/src/infer/mod.rs, server.rs): kind, and whether another
+# backend may succeed.
+_ERROR_TYPES: dict[str, tuple[BackendFailure, bool]] = {
+    "validation": (BackendFailure.INVALID_REQUEST, False),
+    "template_error": (BackendFailure.INVALID_REQUEST, False),
+    "tool_error": (BackendFailure.INVALID_REQUEST, False),
+    "overloaded": (BackendFailure.OVERLOADED, True),
+    "missing_template_variable": (BackendFailure.INVALID_REQUEST, False),
+    "generation": (BackendFailure.FAILED, False),
+    "incomplete_generation": (BackendFailure.UNAVAILABLE, True),
+    "incomplete_generation_stream": (BackendFailure.UNAVAILABLE, True),
+    "stream_serialization_error": (BackendFailure.FAILED, False),
+}
+# TGI's Messages API puts every stream error under http_status_code 422 without a type, so
+# the kind is read from the message prefix TGI uses (router/src/infer/mod.rs).
+_MESSAGE_KINDS = (
+    ("Model is overloaded", "overloaded"),
+    ("Input validation error", "validation"),
+    ("Template error", "template_error"),
+    ("Tool error", "tool_error"),
+    ("Incomplete generation", "incomplete_generation"),
+)
 
 
 class TgiBackend(Backend):
@@ -104,6 +128,20 @@ class TgiBackend(Backend):
         if not finish:
             raise self.unfinished()
         yield StreamEnd(finish, prompt_tokens, completion_tokens)
+
+    def _error_event(self, err: object, error_type: object) -> BackendError:
+        """Translate a TGI error event: TGI names the kind in ``error_type``, or its message.
+
+        Errors of no kind TGI names fall back to the HTTP status nested in the event.
+        """
+        message = str(err.get("message", err)) if isinstance(err, dict) else str(err)
+        if error_type is None:
+            error_type = next((t for p, t in _MESSAGE_KINDS if message.startswith(p)), None)
+        known = _ERROR_TYPES.get(str(error_type)) if error_type is not None else None
+        if known is None:
+            return super()._error_event(err, error_type)
+        kind, retryable = known
+        return BackendError(f"backend {self.id} failed: {message}", kind, retryable=retryable)
 
     @staticmethod
     def _read_event(obj: dict[str, Any], texts: list[str]) -> tuple[str, tuple[int, int] | None]:

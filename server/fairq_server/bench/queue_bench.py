@@ -6,7 +6,7 @@ state in which every step pops one request and pushes a new one, so the queue st
 
 - *push*: ``ModelQueue.push`` of a request from a uniformly random user;
 - *pop*: ``first_tier`` + ``ModelQueue.pop`` + the token charge the dispatch causes
-  (``charge_tokens`` with the request's prompt and output bound: VTC moves the counter, and
+  (``charge`` with the request's prompt and output bound: VTC moves the counter, and
   the re-heap that follows is paid by the next pop; round-robin charges inside ``pop``);
 - *grouped pop*: a prefix-grouping pick: ``candidates(Q, k)`` (k = the default
   ``prefix_candidates``, 8) then ``pop`` of a random candidate, plus the charge; Q is large
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from fairq_server.backends.base import BackendRequest, Sampling
 from fairq_server.config import SchedulerConfig
+from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.registry import make_fairness, make_ordering
 from fairq_server.scheduling.ticket import Ticket
@@ -177,7 +178,9 @@ def run_case(
         tier = q.first_tier()
         assert tier is not None
         t = q.pop(tier)
-        q.tiers[tier].fairness.charge_tokens(t.user, t.prompt_tokens, t.max_tokens)
+        q.tiers[tier].fairness.charge(
+            t.user, Cost(prompt_tokens=t.prompt_tokens, completion_tokens=t.max_tokens)
+        )
         pop.append(perf() - t0)
         return tier
 
@@ -190,7 +193,9 @@ def run_case(
         users = tq.fairness.candidates(case.quantum, CANDIDATES)
         t1 = perf()
         t = q.pop(tier, users[picks[i] % len(users)])
-        tq.fairness.charge_tokens(t.user, t.prompt_tokens, t.max_tokens)
+        tq.fairness.charge(
+            t.user, Cost(prompt_tokens=t.prompt_tokens, completion_tokens=t.max_tokens)
+        )
         t2 = perf()
         grouped.append(t2 - t0)
         cands.append(t1 - t0)

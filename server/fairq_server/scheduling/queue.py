@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from fairq_server.scheduling.interfaces import FairnessPolicy, OrderingPolicy, SortKey
+from fairq_server.scheduling.interfaces import Cost, FairnessPolicy, OrderingPolicy, SortKey
 from fairq_server.scheduling.ticket import Ticket, TicketState
 
 __all__ = ["ModelQueue", "TierQueue"]
@@ -119,7 +119,9 @@ class TierQueue:
                 continue
             break
         flow.live -= 1
-        self.fairness.charge_dispatch(ticket)
+        self.fairness.charge(
+            ticket.user, Cost(requests=1, prompt_tokens=ticket.prompt_tokens), ticket.weight
+        )
         if flow.live == 0:
             for _, seq, _ in flow.heap:
                 self._removed.discard(seq)

@@ -1,19 +1,20 @@
-"""A queued request: what the scheduler knows about it, and how it reports back."""
+"""A request on its way through fairq: what the scheduler knows about it, and its outbox."""
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from fairq_server.scheduling.outbox import Outbox
 
 if TYPE_CHECKING:
     from fairq_server.backends.base import BackendRequest
-    from fairq_server.backends.registry import BackendEntry
+    from fairq_server.scheduling.backend_state import BackendState
 
-__all__ = ["Ticket", "TicketState"]
+__all__ = ["AttemptHandle", "Ticket", "TicketState"]
 
 _seq = itertools.count()
 
@@ -27,13 +28,22 @@ class TicketState(enum.Enum):
     DONE = "done"
 
 
+class AttemptHandle(Protocol):
+    """A backend request in progress; cancelling it aborts the request at the backend."""
+
+    def cancel(self) -> object:
+        """Abort the backend request (its stream reports nothing more)."""
+        ...
+
+
 @dataclass(eq=False)
 class Ticket:
     """One request on its way through fairq.
 
-    The servicer creates it and waits on its futures; the dispatcher, the only writer of queue
-    state, resolves ``enqueued`` (queue position, or a rejection) and then ``assigned`` (the
-    backend to use, or an eviction). Every ticket is finalized exactly once.
+    The API layer creates it, submits it to the dispatcher and reads ``outbox`` until a
+    final event; it cancels the ticket when it stops reading for any reason. Everything else
+    on a ticket is written by the dispatcher alone, and every ticket is finalized exactly
+    once.
 
     Attributes:
         request: what to send to the backend.
@@ -45,6 +55,7 @@ class Ticket:
         seq: global arrival order, the final tie-break everywhere.
         prefix: chained hashes of the prompt's leading blocks (prefix grouping).
         arrival: monotonic arrival time.
+        outbox: events towards the caller.
 
     """
 
@@ -57,19 +68,23 @@ class Ticket:
     group: str = "default"
     seq: int = field(default_factory=lambda: next(_seq))
     arrival: float = field(default_factory=time.monotonic)
+    prefix: tuple[int, ...] = ()
+    outbox: Outbox = field(default_factory=Outbox)
+    # -- the dispatcher's ------------------------------------------------------------------
     state: TicketState = TicketState.NEW
-    generating: bool = False  # the backend has produced a token for the current attempt
     retries: int = 0
     excluded: frozenset[str] = frozenset()
-    prefix: tuple[int, ...] = ()
     priority_tier: int | None = None  # whose backend priority to send (set at dispatch)
-    entry: BackendEntry | None = None
-    enqueued: asyncio.Future[int] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-    assigned: asyncio.Future[BackendEntry] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    priority: int = 0  # the priority sent to the backend with the current attempt
+    backend: BackendState | None = None  # of the current attempt
+    attempt: int = 0  # numbers attempts, so a late event of an aborted one is ignored
+    handle: AttemptHandle | None = None
+    generating: bool = False  # the backend has produced a token for the current attempt
+    dispatched_at: float = 0.0
+    first_token_at: float | None = None
+    charged_prompt: float = 0.0
+    charged_completion: int = 0
+    refused: bool = False  # counted once in the gate refusals
 
     @property
     def cost(self) -> int:

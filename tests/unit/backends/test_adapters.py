@@ -18,7 +18,7 @@ from fairq_server.backends.base import BackendRequest, Sampling, StreamEnd, Text
 from fairq_server.backends.sse import MAX_EVENT_CHARS
 from fairq_server.backends.tgi import TgiBackend
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.errors import BackendError
+from fairq_server.errors import BackendError, status_for
 
 from ...scripted_http import Handler, reply, serve, sse, unused_url
 
@@ -110,7 +110,7 @@ async def test_recorded_vllm_errors_keep_the_backend_message(
     async with vllm_with(lambda r: reply(status, body.decode())) as backend:
         with pytest.raises(BackendError) as info:
             await collect(backend, PROMPT)
-        assert info.value.code == code
+        assert status_for(info.value)[0] == code
         assert needle in str(info.value)
         assert not info.value.retryable
 
@@ -119,7 +119,7 @@ async def test_server_errors_are_retryable_unavailable() -> None:
     async with vllm_with(lambda r: reply(503, "overloaded")) as backend:
         with pytest.raises(BackendError) as info:
             await collect(backend, PROMPT)
-        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert status_for(info.value)[0] == grpc.StatusCode.UNAVAILABLE
         assert info.value.retryable
 
 
@@ -129,7 +129,7 @@ async def test_connection_refused_is_retryable() -> None:
         await collect(backend, PROMPT)
     await backend.aclose()
     assert info.value.retryable
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert status_for(info.value)[0] == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_malformed_event_is_a_clear_error() -> None:
@@ -170,7 +170,7 @@ async def test_tgi_422_error_body() -> None:
     async with tgi_with(lambda r: reply(422, json_body=error)) as tgi:
         with pytest.raises(BackendError) as info:
             await collect(tgi, PROMPT)
-    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_for(info.value)[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert "too long" in str(info.value)
 
 
@@ -179,7 +179,7 @@ async def test_stream_ending_without_a_finish_reason_is_an_error() -> None:
     async with vllm_with(lambda r: sse(body)) as backend:
         with pytest.raises(BackendError, match="before the generation finished") as info:
             await collect(backend, PROMPT)
-        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert status_for(info.value)[0] == grpc.StatusCode.UNAVAILABLE
 
 
 @pytest.mark.parametrize(
@@ -191,7 +191,7 @@ async def test_wrongly_shaped_events_are_clear_errors(event: bytes) -> None:
     async with vllm_with(lambda r: sse(b"data: " + event + b"\n\n")) as backend:
         with pytest.raises(BackendError, match="unexpected stream event") as info:
             await collect(backend, PROMPT)
-        assert info.value.code == grpc.StatusCode.INTERNAL
+        assert status_for(info.value)[0] == grpc.StatusCode.INTERNAL
 
 
 class EndlessBody:
@@ -226,7 +226,7 @@ async def test_an_endless_line_is_an_internal_error_naming_backend_and_limit(kin
             async for event in backend.stream(PROMPT, 0):
                 events.append(event)
         await asyncio.wait_for(body.closed.wait(), 10)  # the server saw the hang-up
-    assert info.value.code == grpc.StatusCode.INTERNAL
+    assert status_for(info.value)[0] == grpc.StatusCode.INTERNAL
     assert not info.value.retryable
     assert "backend v" in str(info.value)
     assert f"{MAX_EVENT_CHARS} characters" in str(info.value)

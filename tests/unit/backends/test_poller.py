@@ -1,19 +1,27 @@
-"""Poller: snapshots, windowed TPOT from histogram deltas, failing metrics."""
+"""Poller and the backend state it feeds: samples, windowed TPOT, health from failed scrapes.
+
+A real poller scrapes a loopback server; its reports are applied to a :class:`BackendState`
+exactly as the dispatcher applies them.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 
 import pytest
 from aiohttp import web
 
-from fairq_server.backends.poller import MetricsPoller
+from fairq_server.backends.poller import MetricsPoller, ScrapeResult
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.scheduling.gate import BackendLoad
+from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.prefix import PrefixCache
 
 from ...scripted_http import Handler, hang_up, reply, serve, unused_url
+
+LOGGER = "fairq_server.scheduling.backend_state"
 
 
 def metrics(waiting: int, running: int, tpot_sum: float, tpot_count: int) -> str:
@@ -31,7 +39,7 @@ def metrics(waiting: int, running: int, tpot_sum: float, tpot_count: int) -> str
 class Scripted:
     """Answers every request of the current scrape with the script's next handler.
 
-    The script moves on when the poller publishes an update, i.e. once per scrape, not once
+    The script moves on when the poller reports a result, i.e. once per scrape, not once
     per request: when the server hangs up, aiohttp retries the GET once on a new connection,
     and that retry belongs to the same scrape (so it is hung up on as well).
     """
@@ -56,25 +64,45 @@ def boom(request: web.BaseRequest) -> web.Response:
     return reply(500, text="boom")
 
 
+def applying(
+    backend: VllmBackend, unhealthy_after: int = 2, on_result: object = None
+) -> tuple[MetricsPoller, BackendState]:
+    """A poller whose reports are applied to a fresh backend state, as the dispatcher does."""
+    state = BackendState(backend, PrefixCache(16))
+
+    def landed(backend_id: str, result: ScrapeResult) -> None:
+        state.scrape_landed(result, unhealthy_after)
+        if callable(on_result):
+            on_result()
+
+    poller = MetricsPoller(
+        backend,
+        interval=0.1,
+        on_sent=lambda backend_id: state.scrape_sent(time.monotonic()),
+        on_result=landed,
+    )
+    return poller, state
+
+
 @contextlib.asynccontextmanager
 async def scripted_poller(
-    answers: Sequence[Handler], **kw: int
-) -> AsyncIterator[tuple[MetricsPoller, BackendLoad, list[tuple[bool | None, int]]]]:
+    answers: Sequence[Handler], unhealthy_after_failures: int = 2
+) -> AsyncIterator[tuple[MetricsPoller, BackendState, list[tuple[bool | None, int]]]]:
     """A poller over a loopback server answering each scrape with the next of ``answers``;
-    the list records (healthy, consecutive failures) at every update, as the telemetry
-    callback sees them."""
+    the list records (healthy, consecutive failures) after every scrape."""
     script = Scripted(answers)
-    load = BackendLoad()
     seen: list[tuple[bool | None, int]] = []
-
-    def on_update(poller: MetricsPoller) -> None:
-        seen.append((poller.healthy, poller.consecutive_failures))
-        script.advance()
 
     async with serve(script) as url:
         backend = VllmBackend("v", url, ["m"])
+
+        def record() -> None:
+            seen.append((state.healthy, state.consecutive_failures))
+            script.advance()
+
+        poller, state = applying(backend, unhealthy_after_failures, record)
         try:
-            yield MetricsPoller(backend, load, interval=0.1, on_update=on_update, **kw), load, seen
+            yield poller, state, seen
         finally:
             await backend.aclose()
 
@@ -87,17 +115,17 @@ async def test_tpot_is_measured_over_the_last_window() -> None:
     ]
     async with scripted_poller(script) as (poller, load, updates):
         await poller.poll_once()
-        assert load.snapshot is not None and load.snapshot.tpot_seconds is None
+        assert load.sample is not None and load.tpot_seconds is None
         load.awaiting_first_token = 3
         await poller.poll_once()
-        assert load.snapshot.tpot_seconds is not None
-        assert abs(load.snapshot.tpot_seconds - 0.02) < 1e-9
-        assert load.snapshot.waiting == 2
-        assert load.snapshot.awaiting_mark == 3
+        assert load.tpot_seconds is not None
+        assert abs(load.tpot_seconds - 0.02) < 1e-9
+        assert load.sample.waiting == 2
+        assert load.awaiting_mark == 3
         await poller.poll_once()
-        assert abs((load.snapshot.tpot_seconds or 0) - 0.02) < 1e-9
+        assert abs((load.tpot_seconds or 0) - 0.02) < 1e-9
         assert len(updates) == 3
-        assert poller.healthy is True
+        assert load.healthy is True
 
 
 async def test_failing_metrics_keep_old_snapshot_and_mark_unhealthy() -> None:
@@ -105,12 +133,12 @@ async def test_failing_metrics_keep_old_snapshot_and_mark_unhealthy() -> None:
     to go stale, and the backend is then marked unhealthy."""
     async with scripted_poller([ok(), boom, boom]) as (poller, load, _):
         await poller.poll_once()
-        first = load.snapshot
+        first = load.sample
         await poller.poll_once()
         await poller.poll_once()
-        assert load.snapshot is first
-        assert poller.healthy is False and load.healthy is False
-        assert "HTTP 500" in poller.last_error
+        assert load.sample is first
+        assert load.healthy is False
+        assert "HTTP 500" in load.last_error
 
 
 @pytest.mark.parametrize("failure", [hang_up, boom], ids=["hang-up", "http-500"])
@@ -122,18 +150,18 @@ async def test_one_failed_scrape_between_good_ones_keeps_the_backend_healthy(
     does not take the backend out of dispatch; its snapshot still ages."""
     async with scripted_poller([ok(), failure, ok(waiting=2)]) as (poller, load, seen):
         await poller.poll_once()
-        first = load.snapshot
-        with caplog.at_level(logging.WARNING, logger="fairq_server.backends.poller"):
+        first = load.sample
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
             await poller.poll_once()
-        assert poller.healthy is True and load.healthy is True
-        assert load.snapshot is first  # left to go stale: the gate still fails closed on age
-        assert poller.failures == 1 and poller.consecutive_failures == 1
-        assert poller.last_error
+        assert load.healthy is True
+        assert load.sample is first  # left to go stale: the gate still fails closed on age
+        assert load.failures == 1 and load.consecutive_failures == 1
+        assert load.last_error
         assert "scrape failed (1 of 2" in caplog.text and "backend v" in caplog.text
         await poller.poll_once()
-        assert poller.healthy is True and poller.consecutive_failures == 0
-        assert load.snapshot is not first and load.snapshot is not None
-        assert load.snapshot.waiting == 2
+        assert load.healthy is True and load.consecutive_failures == 0
+        assert load.sample is not first and load.sample is not None
+        assert load.sample.waiting == 2
         assert seen == [(True, 0), (True, 1), (True, 0)]
 
 
@@ -143,21 +171,21 @@ async def test_n_consecutive_failures_mark_the_backend_unhealthy_until_a_scrape_
     script = [ok(), hang_up, hang_up, ok(), hang_up, hang_up, hang_up, hang_up, ok()]
     async with scripted_poller(script, unhealthy_after_failures=3) as (poller, load, seen):
         await poller.poll_once()
-        with caplog.at_level(logging.WARNING, logger="fairq_server.backends.poller"):
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
             for _ in range(2):
                 await poller.poll_once()
-            assert poller.healthy is True and load.healthy is True
+            assert load.healthy is True
             await poller.poll_once()  # success: the count starts again
             for _ in range(2):
                 await poller.poll_once()
-            assert poller.healthy is True and load.healthy is True
+            assert load.healthy is True
             await poller.poll_once()  # third in a row
-            assert poller.healthy is False and load.healthy is False
+            assert load.healthy is False
             assert "unhealthy after 3 failed scrape(s)" in caplog.text
             await poller.poll_once()  # still failing: stays unhealthy
-        assert poller.failures == 6
+        assert load.failures == 6
         await poller.poll_once()
-        assert poller.healthy is True and load.healthy is True
+        assert load.healthy is True
     assert [h for h, _ in seen] == [True, True, True, True, True, True, False, False, True]
     # Every failed update is visible to telemetry (one failure count per failed scrape).
     assert sum(1 for _, n in seen if n) == 6
@@ -166,22 +194,21 @@ async def test_n_consecutive_failures_mark_the_backend_unhealthy_until_a_scrape_
 async def test_a_backend_that_never_answered_is_unhealthy_at_its_first_failure() -> None:
     """Nothing to protect yet: a backend registered while down is refused at once."""
     backend = VllmBackend("v", unused_url(), ["m"])  # connection refused
-    load = BackendLoad()
     try:
-        poller = MetricsPoller(backend, load, interval=0.1)
+        poller, load = applying(backend)
         await poller.poll_once()
-        assert poller.healthy is False and load.healthy is False
+        assert load.healthy is False
     finally:
         await backend.aclose()
 
 
 async def test_a_failed_request_keeps_the_backend_suspect_through_a_tolerated_failure() -> None:
-    """The dispatcher marks a backend it could not reach unhealthy (load.healthy = False) until
-    the next successful scrape; a failed scrape below the threshold does not clear that."""
+    """The dispatcher marks a backend it could not reach unhealthy until the next successful
+    scrape; a failed scrape below the threshold does not clear that."""
     async with scripted_poller([ok(), boom, ok()]) as (poller, load, _):
         await poller.poll_once()
         load.healthy = False  # as the dispatcher's retry path does
         await poller.poll_once()
-        assert load.healthy is False and poller.healthy is True
+        assert load.healthy is False
         await poller.poll_once()
         assert load.healthy is True

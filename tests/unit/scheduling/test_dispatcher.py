@@ -1,34 +1,36 @@
-"""The dispatcher without gRPC: gates per tier, caps, release, retry, aging, routing, grouping.
+"""The dispatcher without sockets: gates per tier, caps, release, retry, aging, routing, grouping.
 
-Backends are real :class:`VllmBackend` adapters registered in a real :class:`BackendPool`; their
-``/metrics`` is served by a loopback server for the first scrape, then the poller is stopped
-and each test writes the backend's snapshot itself (as the poller would), stamped with an
-injected clock. Nothing here sleeps: the loop runs whenever the test yields to it.
+The dispatcher is driven by events only, as in production: the test plays the pollers (scrape
+sent / landed), the stream readers (first token, end, failure) and the callers (submit,
+cancel), with a clock it moves by hand. Attempts start through a recording launcher, so no
+backend is ever contacted. Nothing here sleeps: the loop runs whenever the test yields to it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
-from fairq_server.backends.registry import BackendEntry, BackendPool
+from fairq_server.backends.base import MetricsSample, StreamEnd
+from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import SchedulerConfig, TierConfig
-from fairq_server.errors import QueueFullError, ShuttingDownError
+from fairq_server.errors import QueueFullError, SchedulerError, ShuttingDownError
+from fairq_server.scheduling import events as ev
+from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.dispatcher import DISPATCH_BATCH, Dispatcher
-from fairq_server.scheduling.gate import MetricsSnapshot
+from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.outbox import OutboxEvent, Queued
+from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.queue import ModelQueue
-from fairq_server.scheduling.registry import make_fairness, make_ordering
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.telemetry import Telemetry
 
-from ...scripted_http import reply, serve
 from .helpers import ticket
 
 INTERACTIVE = TierConfig("interactive", max_backend_waiting=3)
@@ -42,15 +44,6 @@ CONFIG = SchedulerConfig(
 )
 
 
-def metrics_text(waiting: int = 0, running: int = 0) -> str:
-    return (
-        "# TYPE vllm:num_requests_waiting gauge\n"
-        f'vllm:num_requests_waiting{{engine="0"}} {waiting}\n'
-        "# TYPE vllm:num_requests_running gauge\n"
-        f'vllm:num_requests_running{{engine="0"}} {running}\n'
-    )
-
-
 class Clock:
     """A monotonic clock the test moves by hand."""
 
@@ -59,6 +52,17 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+@dataclass
+class Handle:
+    """A started attempt, as the launcher returned it."""
+
+    cancelled: bool = False
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
 
 
 class Harness:
@@ -74,65 +78,56 @@ class Harness:
     ) -> None:
         self.clock = Clock()
         self.telemetry = Telemetry()
-        self.config = replace(CONFIG, **config)  # type: ignore[arg-type]
+        self.config = replace(CONFIG, fairness=fairness, **config)  # type: ignore[arg-type]
         self.tiers = tuple(tiers)
-        self._fairness = fairness
         self._backends = backends
-        self.pool = BackendPool(poll_interval=60.0, on_update=lambda poller: None)
-        self.entries: list[BackendEntry] = []
-        self.order: list[Ticket] = []  # tickets in the order they were assigned a backend
-        self._servers = contextlib.AsyncExitStack()  # each backend's /metrics server
-        queue = ModelQueue(
-            len(self.tiers), lambda: make_fairness(fairness), make_ordering(self.config.ordering)
-        )
+        self.entries: list[BackendState] = []
+        self.order: list[Ticket] = []  # tickets in the order they were started on a backend
+        self.assigned: dict[Ticket, BackendState] = {}
+        self.handles: dict[Ticket, Handle] = {}
         self.d = Dispatcher(
-            "m", queue, self.tiers, self.pool, self.config, self.telemetry, clock=self.clock
+            self.tiers,
+            self.config,
+            self.telemetry,
+            Policies.from_config(self.config),
+            launcher=self._launch,
+            clock=self.clock,
         )
 
+    def _launch(self, t: Ticket) -> Handle:
+        assert t.backend is not None
+        self.order.append(t)
+        self.assigned[t] = t.backend
+        self.handles[t] = handle = Handle()
+        return handle
+
     async def __aenter__(self) -> Harness:
-        for i in range(self._backends):
-            url = await self._servers.enter_async_context(
-                serve(lambda request: reply(text=metrics_text()))
-            )
-            entry = await self.pool.add(VllmBackend(f"b{i}", url, ["m"]))
-            # From now on the test plays the poller.
-            assert entry.task is not None
-            entry.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await entry.task
-            self.entries.append(entry)
-            self.scrape(entry)
         self.d.start()
+        for i in range(self._backends):
+            # Never contacted: the launcher above stands in for the stream reader.
+            state = await self.d.add_backend(VllmBackend(f"b{i}", "http://127.0.0.1:9", ["m"]))
+            self.entries.append(state)
+            self.scrape(state)
+        await settle()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.d.close()
-        await self.pool.close()
-        # pool.close() leaves a backend with requests in flight to a task that closes it when
-        # they end, and cancels that task before it has run: close every client here, before
-        # its server goes.
-        for entry in self.entries:
-            await entry.backend.aclose()
-        await self._servers.aclose()
 
-    def scrape(self, entry: BackendEntry | None = None, waiting: int = 0) -> None:
-        """Publish a fresh snapshot as the poller would: scraped waiting, marks as of now."""
+    @property
+    def queue(self) -> ModelQueue:
+        return self.d.queue("m")
+
+    def scrape(self, entry: BackendState | None = None, waiting: int = 0) -> None:
+        """Play the poller: a scrape sent now, answered with ``waiting`` queued requests."""
         for e in [entry] if entry is not None else self.entries:
-            load = e.load
-            load.snapshot = MetricsSnapshot(
-                taken_at=self.clock.now,
-                waiting=waiting,
-                running=load.in_flight,
-                awaiting_mark=load.awaiting_first_token,
-            )
-            load.healthy = True  # a successful scrape clears a suspected failure
-        self.d.wake()
+            self.d.scrape_sent(e.id)
+            self.d.scrape_landed(e.id, MetricsSample(waiting=waiting, running=e.in_flight))
 
     def ticket(self, user: str, tier: int = 0, prefix: tuple[int, ...] = ()) -> Ticket:
         t = ticket(user, tier)
         t.arrival = self.clock.now
         t.prefix = prefix
-        t.assigned.add_done_callback(lambda f, t=t: self.order.append(t))
         return t
 
     async def submit(self, *tickets: Ticket) -> None:
@@ -140,11 +135,25 @@ class Harness:
             self.d.submit(t)
         await settle()
 
-    def running(self, entry: BackendEntry | None = None) -> list[Ticket]:
+    def release(self, t: Ticket) -> None:
+        """The request is over: the backend finished it if it runs, else the caller left."""
+        if t.state is TicketState.RUNNING:
+            self.d.post(ev.StreamEnded(t, t.attempt, StreamEnd("stop"), 0))
+        else:
+            self.d.cancel(t)
+
+    def first_token(self, t: Ticket) -> None:
+        self.d.post(ev.FirstToken(t, t.attempt, self.clock.now))
+
+    def fail(self, t: Ticket, *, retryable: bool = True) -> None:
+        error = BackendError("connection reset", BackendFailure.UNAVAILABLE, retryable=retryable)
+        self.d.post(ev.StreamFailed(t, t.attempt, error))
+
+    def running(self, entry: BackendState | None = None) -> list[Ticket]:
         return [
             t
             for t in self.order
-            if t.state is TicketState.RUNNING and (entry is None or t.entry is entry)
+            if t.state is TicketState.RUNNING and (entry is None or t.backend is entry)
         ]
 
     def refusals(self, backend: str, reason: str) -> float:
@@ -160,14 +169,24 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def outcome(t: Ticket) -> list[OutboxEvent]:
+    """What the ticket's caller has been told so far (raises the error it was given)."""
+    return await asyncio.wait_for(t.outbox.take(), 1.0)
+
+
+async def error_of(t: Ticket) -> SchedulerError:
+    """The error the ticket's caller gets, after any events before it."""
+    try:
+        while True:
+            await outcome(t)
+    except SchedulerError as exc:
+        return exc
+
+
 @pytest.fixture
 async def h() -> AsyncIterator[Harness]:
     async with Harness() as harness:
         yield harness
-
-
-def assigned(t: Ticket) -> BackendEntry | None:
-    return t.assigned.result() if t.assigned.done() else None
 
 
 # -- the gate per tier ---------------------------------------------------------------------
@@ -185,7 +204,7 @@ async def test_tier_threshold_bounds_what_is_forwarded(
     tickets = [h.ticket(f"u{i}", tier) for i in range(5)]
     await h.submit(*tickets)
     assert len(h.order) == admitted
-    assert len(h.d.queue) == 5 - admitted
+    assert len(h.queue) == 5 - admitted
     assert all(t.state is TicketState.QUEUED for t in tickets[admitted:])
 
 
@@ -200,13 +219,13 @@ async def test_lower_tiers_wait_while_the_highest_backlogged_tier_is_refused() -
         assert h.order == []
         assert h.refusals("b0", "waiting") >= 1
         # Without the interactive request, batch goes through its own (looser) gate.
-        h.d.release(inter)
+        h.release(inter)
         await settle()
         assert h.order == [batch]
 
 
 async def test_missing_or_stale_metrics_hold_every_tier(h: Harness) -> None:
-    h.entries[0].load.snapshot = None
+    h.entries[0].sample = None
     t = h.ticket("a")
     await h.submit(t)
     assert h.order == []
@@ -239,7 +258,7 @@ async def test_strict_tiers_interactive_first_then_batch_only_on_an_empty_backen
     await settle()
     # The interactive request goes; batch now sees one request it sent and has no token yet.
     assert h.order == [inter]
-    h.d.first_token(inter)
+    h.first_token(inter)
     h.scrape(waiting=0)  # the backend reports it running, not waiting
     await settle()
     assert h.order == [inter, batch]
@@ -252,21 +271,21 @@ async def test_dispatch_stops_at_the_threshold_and_resumes_on_release_and_first_
     await h.submit(*tickets)
     assert h.order == tickets[:3]  # estimated waiting 0 + 3 unseen = 3
     # A finished request frees a place: 0 + 3 unseen - 1 finished = 2.
-    h.d.release(tickets[0])
+    h.release(tickets[0])
     await settle()
     assert h.order == tickets[:4]
     # A scrape that cannot see our requests yet still counts the 3 without a first token.
     h.scrape(waiting=0)
     await settle()
     assert len(h.order) == 4
-    h.d.first_token(tickets[1])
+    h.first_token(tickets[1])
     await settle()
     assert h.order == tickets[:5]
-    h.d.first_token(tickets[1])  # a repeated report changes nothing
+    h.first_token(tickets[1])  # a repeated report changes nothing
     await settle()
     assert len(h.order) == 5
-    assert h.entries[0].load.in_flight == 4
-    assert h.entries[0].load.awaiting_first_token == 3
+    assert h.entries[0].in_flight == 4
+    assert h.entries[0].awaiting_first_token == 3
 
 
 # -- caps, release, close ------------------------------------------------------------------
@@ -299,51 +318,50 @@ async def test_queue_caps_reject_with_queue_full() -> None:
         h.scrape(waiting=10)  # nothing leaves the queue
         a1, a2, a3, b1, c1 = (h.ticket(u) for u in "aaabc")
         await h.submit(a1, a2, a3, b1, c1)
-        assert a1.enqueued.result() == 0
-        assert b1.enqueued.done() and not b1.enqueued.exception()
+        assert await outcome(a1) == [Queued(0)]
+        assert await outcome(b1) == [Queued(1)]  # one turn of a's goes first
         with pytest.raises(QueueFullError, match="user 'a' already has 2 queued"):
-            a3.enqueued.result()
+            await outcome(a3)
         with pytest.raises(QueueFullError, match="queue for model 'm' is full"):
-            c1.enqueued.result()
-        with pytest.raises(QueueFullError):
-            c1.assigned.result()
+            await outcome(c1)
         assert a3.state is TicketState.DONE and c1.state is TicketState.DONE
-        assert len(h.d.queue) == 3
+        assert len(h.queue) == 3
         # A cancelled request frees its place under both caps.
-        h.d.release(a1)
+        h.release(a1)
         a4 = h.ticket("a")
         await h.submit(a4)
-        assert a4.enqueued.exception() is None
-        assert len(h.d.queue) == 3
+        (queued,) = await outcome(a4)
+        assert isinstance(queued, Queued)
+        assert len(h.queue) == 3
 
 
 async def test_released_queued_ticket_is_never_dispatched(h: Harness) -> None:
     h.scrape(waiting=10)
     t1, t2, t3 = h.ticket("a"), h.ticket("b"), h.ticket("c")
     await h.submit(t1, t2, t3)
-    h.d.release(t2)
+    h.release(t2)
     # Submitted and cancelled before the loop even saw it.
     t4 = h.ticket("d")
     h.d.submit(t4)
-    h.d.release(t4)
+    h.release(t4)
     await settle()
     h.scrape(waiting=0)
     await settle()
     assert h.order == [t1, t3]
-    assert not t2.assigned.done() and not t4.assigned.done()
+    assert t2 not in h.assigned and t4 not in h.assigned
     assert t2.state is TicketState.DONE and t4.state is TicketState.DONE
-    assert len(h.d.queue) == 0
-    assert h.entries[0].load.in_flight == 2
+    assert len(h.queue) == 0
+    assert h.entries[0].in_flight == 2
 
 
 async def test_release_of_a_running_ticket_frees_its_slot_once(h: Harness) -> None:
     t = h.ticket("a")
     await h.submit(t)
-    load = h.entries[0].load
+    load = h.entries[0]
     assert (load.in_flight, load.awaiting_first_token, load.dispatched) == (1, 1, 1)
     assert not h.entries[0].idle.is_set()
-    h.d.release(t)
-    h.d.release(t)  # a second release of a finalized ticket is a no-op
+    h.release(t)
+    h.release(t)  # a second release of a finalized ticket is a no-op
     await settle()
     assert (load.in_flight, load.awaiting_first_token, load.finished) == (0, 0, 1)
     assert h.entries[0].idle.is_set()
@@ -358,14 +376,12 @@ async def test_close_fails_queued_tickets_with_shutting_down(h: Harness) -> None
     await h.submit(*queued)
     await h.d.close()
     for t in queued:
-        assert t.enqueued.done() and t.enqueued.exception() is None
-        with pytest.raises(ShuttingDownError):
-            t.assigned.result()
+        assert isinstance(await error_of(t), ShuttingDownError)
         assert t.state is TicketState.DONE
-    assert len(h.d.queue) == 0
+    assert len(h.queue) == 0
     # Running requests are not evicted: they finish during the server's grace period.
     assert running.state is TicketState.RUNNING
-    assert assigned(running) is h.entries[0]
+    assert h.assigned.get(running) is h.entries[0]
 
 
 async def test_commands_after_close_are_still_applied(h: Harness) -> None:
@@ -377,11 +393,10 @@ async def test_commands_after_close_are_still_applied(h: Harness) -> None:
     await h.d.close()
     late = h.ticket("late")
     h.d.submit(late)
-    with pytest.raises(ShuttingDownError):
-        await asyncio.wait_for(late.enqueued, 1.0)
+    assert isinstance(await error_of(late), ShuttingDownError)
     assert late.state is TicketState.DONE
-    h.d.release(running)
-    assert h.entries[0].load.in_flight == 0
+    h.release(running)
+    assert h.entries[0].in_flight == 0
     assert h.entries[0].idle.is_set()
 
 
@@ -393,27 +408,25 @@ async def test_retry_goes_ahead_of_its_tier_and_prefers_another_backend() -> Non
         x, y = h.entries
         r = h.ticket("r")
         await h.submit(r)
-        assert assigned(r) is x  # equal load: the first registered
+        assert h.assigned.get(r) is x  # equal load: the first registered
         h.scrape(waiting=10)
         others = [h.ticket(u) for u in "abc"]
         await h.submit(*others)
-        # The servicer saw x fail before a token and asks for a retry with a fresh future.
-        r.assigned = asyncio.get_running_loop().create_future()
-        r.assigned.add_done_callback(lambda f: h.order.append(r))
-        h.d.retry(r)
+        # The stream reader saw x fail before a token, for a reason another backend may not.
+        h.fail(r)
         await settle()
         assert r.state is TicketState.QUEUED
         assert (r.retries, r.excluded) == (1, frozenset({"b0"}))
-        assert x.load.in_flight == 0 and x.load.finished == 1
+        assert x.in_flight == 0 and x.finished == 1
         # x is suspect until its next scrape succeeds: nothing goes there meanwhile.
-        assert not x.load.healthy
+        assert not x.healthy
         # y can take exactly one request; x could take more and is less loaded, but failed.
         h.scrape(x, waiting=0)
         h.scrape(y, waiting=2)
         await settle()
         assert h.order[1] is r
-        assert assigned(r) is y
-        assert [assigned(t) for t in others] == [x, x, x]
+        assert h.assigned.get(r) is y
+        assert [h.assigned.get(t) for t in others] == [x, x, x]
 
 
 async def test_retry_falls_back_to_the_failed_backend_when_it_is_the_only_one(
@@ -424,12 +437,11 @@ async def test_retry_falls_back_to_the_failed_backend_when_it_is_the_only_one(
     h.scrape(waiting=10)
     other = h.ticket("o")
     await h.submit(other)
-    r.assigned = asyncio.get_running_loop().create_future()
-    h.d.retry(r)
+    h.fail(r)
     await settle()
     h.scrape(waiting=2)  # one place
     await settle()
-    assert assigned(r) is h.entries[0]
+    assert h.assigned.get(r) is h.entries[0]
     assert other.state is TicketState.QUEUED
 
 
@@ -437,10 +449,10 @@ async def test_retry_of_a_ticket_that_is_not_running_is_ignored(h: Harness) -> N
     h.scrape(waiting=10)
     t = h.ticket("a")
     await h.submit(t)
-    h.d.retry(t)
+    h.fail(t)
     await settle()
     assert t.retries == 0
-    assert len(h.d.queue) == 1
+    assert len(h.queue) == 1
 
 
 # -- aging ---------------------------------------------------------------------------------
@@ -458,7 +470,7 @@ async def test_aging_lets_batch_overtake_once_per_interval_and_not_before() -> N
             """Let one running request finish at time t; return what was dispatched."""
             h.clock.now = 1000.0 + t
             h.scrape()  # keep the snapshot fresh, marks move on
-            h.d.release(h.running()[0])
+            h.release(h.running()[0])
             before = len(h.order)
             await settle()
             assert len(h.order) == before + 1
@@ -482,7 +494,7 @@ async def test_without_aging_batch_waits_for_interactive_to_drain(h: Harness) ->
     await h.submit(b, *inter)
     for _ in range(3):
         h.clock.now += 1000.0
-        h.d.release(h.running()[0])
+        h.release(h.running()[0])
         await settle()
     assert b not in h.order
     assert h.order == inter
@@ -499,13 +511,13 @@ async def test_a_burst_spreads_across_backends_within_the_slack(prefix: tuple[in
     async with Harness(3, tiers=tiers, routing_slack=2) as h:
         for n in range(1, 31):
             await h.submit(h.ticket(f"u{n}", prefix=prefix))
-            loads = [e.load.in_flight for e in h.entries]
+            loads = [e.in_flight for e in h.entries]
             assert sum(loads) == n
             assert max(loads) <= math.ceil(n / 3) + 2, loads
             assert max(loads) - min(loads) <= 3, loads
         if not prefix:  # no affinity at all: plain least-loaded rotation
-            assert [e.load.in_flight for e in h.entries] == [10, 10, 10]
-            assert [assigned(t) for t in h.order[:3]] == h.entries
+            assert [e.in_flight for e in h.entries] == [10, 10, 10]
+            assert [h.assigned.get(t) for t in h.order[:3]] == h.entries
 
 
 async def test_prefix_affinity_follows_the_backend_that_served_the_prefix_within_slack() -> None:
@@ -515,25 +527,25 @@ async def test_prefix_affinity_follows_the_backend_that_served_the_prefix_within
         h.scrape(x, waiting=10_000)  # y takes the first request with the prefix
         first = h.ticket("a", prefix=PREFIX)
         await h.submit(first)
-        assert assigned(first) is y
-        h.d.release(first)
+        assert h.assigned.get(first) is y
+        h.release(first)
         h.scrape()
         fillers = [h.ticket(f"f{i}") for i in range(2)]
         h.scrape(x, waiting=10_000)
         await h.submit(*fillers)  # y: 2 in flight, x: 0
         h.scrape()
-        assert [e.load.in_flight for e in (x, y)] == [0, 2]
+        assert [e.in_flight for e in (x, y)] == [0, 2]
         same = h.ticket("b", prefix=PREFIX)
         await h.submit(same)
-        assert assigned(same) is y  # 2 in flight <= 0 + slack: affinity wins
+        assert h.assigned.get(same) is y  # 2 in flight <= 0 + slack: affinity wins
         again = h.ticket("c", prefix=PREFIX)
         await h.submit(again)
-        assert assigned(again) is x  # y at 3 > 0 + slack: load wins
+        assert h.assigned.get(again) is x  # y at 3 > 0 + slack: load wins
         # A request sharing only part of the prefix still counts its matched blocks.
         partial = h.ticket("d", prefix=(*PREFIX[:2], 12345))
         assert x.prefixes.match(partial.prefix) == y.prefixes.match(partial.prefix) == 2
         await h.submit(partial)
-        assert assigned(partial) is x  # equal match: least loaded
+        assert h.assigned.get(partial) is x  # equal match: least loaded
 
 
 # -- prefix grouping within the quantum ----------------------------------------------------
@@ -543,8 +555,8 @@ async def remember_prefix(h: Harness, prefix: tuple[int, ...]) -> None:
     """Have the backend serve (and finish) one request with ``prefix`` for user 'seed'."""
     seed = h.ticket("seed", prefix=prefix)
     await h.submit(seed)
-    assert assigned(seed) is h.entries[0]
-    h.d.release(seed)
+    assert h.assigned.get(seed) is h.entries[0]
+    h.release(seed)
     await settle()
     h.order.clear()
 
@@ -555,7 +567,7 @@ async def serve_one_at_a_time(h: Harness, n: int) -> list[str]:
     for _ in range(n):
         h.scrape(waiting=10)  # closed while the previous one finishes
         for t in h.running():
-            h.d.release(t)
+            h.release(t)
         await settle()
         before = len(h.order)
         h.scrape(waiting=2)  # one place under the interactive threshold of 3
@@ -582,7 +594,7 @@ async def test_grouping_never_picks_a_user_beyond_q() -> None:
         h.scrape(waiting=10)
         a, c = h.ticket("a"), h.ticket("c", prefix=PREFIX)
         await h.submit(a, c)
-        h.d.charge(c, 11, 0)  # c is now 11 above a: outside Q
+        h.queue.tiers[0].fairness.charge("c", Cost(prompt_tokens=11))  # 11 above a: beyond Q
         await settle()
         assert (await serve_one_at_a_time(h, 2)) == ["a", "c"]
 

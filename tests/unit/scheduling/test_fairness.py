@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairq_server.scheduling.fairness import CounterFairness, VtcFairness
+from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.registry import (
     FAIRNESS_POLICIES,
     ORDERING_POLICIES,
@@ -41,8 +42,8 @@ async def test_conformance_charged_user_yields_its_turn(name: str) -> None:
     policy.activate("a", 1.0)
     policy.activate("b", 1.0)
     t = ticket("a")
-    policy.charge_dispatch(t)
-    policy.charge_tokens("a", 10, 10)
+    policy.charge(t.user, Cost(requests=1, prompt_tokens=t.prompt_tokens), t.weight)
+    policy.charge("a", Cost(prompt_tokens=10, completion_tokens=10))
     assert policy.select() == "b"
     assert policy.counter("a") > policy.counter("b")
 
@@ -58,7 +59,7 @@ def test_unknown_policy_names_list_the_valid_ones() -> None:
 async def test_vtc_charges_input_plus_twice_output_over_weight() -> None:
     vtc = VtcFairness()
     vtc.activate("a", 2.0)
-    vtc.charge_tokens("a", 100, 50)
+    vtc.charge("a", Cost(prompt_tokens=100, completion_tokens=50))
     assert vtc.counter("a") == pytest.approx((100 + 2 * 50) / 2.0)
 
 
@@ -66,8 +67,8 @@ async def test_vtc_lifts_returning_user_to_min_backlogged_counter() -> None:
     vtc = VtcFairness()
     vtc.activate("a", 1.0)
     vtc.activate("b", 1.0)
-    vtc.charge_tokens("a", 300, 0)
-    vtc.charge_tokens("b", 500, 0)
+    vtc.charge("a", Cost(prompt_tokens=300, completion_tokens=0))
+    vtc.charge("b", Cost(prompt_tokens=500, completion_tokens=0))
     vtc.deactivate("c")  # unknown users are ignored
     vtc.activate("c", 1.0)  # new user, backlogged minimum is a's 300
     assert vtc.counter("c") == 300
@@ -82,12 +83,12 @@ async def test_memory_follows_active_users_not_every_name_ever_seen(name: str) -
         one_off = f"user-{i}"
         policy.activate(one_off, 1.0)
         t = ticket(one_off)
-        policy.charge_dispatch(t)
-        policy.charge_tokens(one_off, 10, 10, 2.0)
+        policy.charge(t.user, Cost(requests=1, prompt_tokens=t.prompt_tokens), t.weight)
+        policy.charge(one_off, Cost(prompt_tokens=10, completion_tokens=10), 2.0)
         policy.deactivate(one_off)
         policy.select()
-        policy.charge_dispatch(ticket("steady"))
-        policy.charge_tokens("steady", 10, 10)
+        policy.charge("steady", Cost(requests=1))
+        policy.charge("steady", Cost(prompt_tokens=10, completion_tokens=10))
     assert len(policy._users) < 50  # type: ignore[attr-defined]
 
 
@@ -96,16 +97,18 @@ async def test_late_charges_use_the_request_weight_after_the_user_went_idle() ->
     vtc.activate("x", 1.0)  # backlogged: charges to others matter relative to x
     vtc.activate("w", 4.0)
     vtc.deactivate("w")
-    vtc.charge_tokens("w", 40, 0, 4.0)
+    vtc.charge("w", Cost(prompt_tokens=40, completion_tokens=0), 4.0)
     assert vtc.counter("w") == pytest.approx(10.0)
 
 
 async def test_an_empty_tier_forgets_everyone_and_lifts_returners_to_the_top() -> None:
     vtc = VtcFairness()
     vtc.activate("a", 1.0)
-    vtc.charge_tokens("a", 30, 0)
+    vtc.charge("a", Cost(prompt_tokens=30, completion_tokens=0))
     vtc.deactivate("a")
-    vtc.charge_tokens("late", 5, 5)  # nobody backlogged: nothing to be fair against
+    vtc.charge(
+        "late", Cost(prompt_tokens=5, completion_tokens=5)
+    )  # nobody backlogged: nothing to be fair against
     assert vtc._users == {}  # type: ignore[attr-defined]
     vtc.activate("b", 1.0)
     assert vtc.counter("b") == 30
@@ -155,7 +158,7 @@ def test_candidates_match_popping_the_heap(
         elif op == "deactivate":
             policy.deactivate(user)
         elif op == "charge":
-            policy._charge(user, float(amount))
+            policy._add(user, float(amount))
         elif policy._clean_top() is not None:
             policy.select()
         expected = _candidates_by_popping(policy, quantum, limit)
@@ -170,8 +173,8 @@ def test_candidates_rank_an_entry_charged_in_place_after_an_equal_counter(name: 
     assert isinstance(policy, CounterFairness)
     for user in ("u3", "u1", "u4"):
         policy.activate(user, 1.0)
-    policy._charge("u4", 2.0)
+    policy._add("u4", 2.0)
     policy.deactivate("u4")
-    policy._charge("u1", 2.0)
+    policy._add("u1", 2.0)
     policy.activate("u4", 1.0)
     assert policy.candidates(5.0, 8) == ["u3", "u4", "u1"] == _candidates_by_popping(policy, 5.0, 8)

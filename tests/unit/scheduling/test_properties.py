@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairq_server.scheduling.fairness import CounterFairness
+from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.registry import (
     FAIRNESS_POLICIES,
@@ -288,7 +289,9 @@ async def test_no_ticket_is_lost_or_served_twice(
                 assert t.seq not in left
                 left[t.seq] = "removed"
         else:
-            q.tiers[op.tier].fairness.charge_tokens(op.user, op.prompt, op.completion)
+            q.tiers[op.tier].fairness.charge(
+                op.user, Cost(prompt_tokens=op.prompt, completion_tokens=op.completion)
+            )
         check_counts(q, m)
 
     while len(q):
@@ -343,7 +346,9 @@ async def test_round_robin_serves_nobody_twice_between_two_turns_of_a_backlogged
                 q.remove(t)
                 m.discard(t)
         else:
-            q.tiers[op.tier].fairness.charge_tokens(op.user, op.prompt, op.completion)
+            q.tiers[op.tier].fairness.charge(
+                op.user, Cost(prompt_tokens=op.prompt, completion_tokens=op.completion)
+            )
 
     for log in served.values():
         for i, turn in enumerate(log):
@@ -419,7 +424,9 @@ async def test_vtc_service_difference_is_bounded(
                 continue
             got = q.pop(0, pick_user(q, 0, quantum, op.pick))
             output = int(got.max_tokens * op.output)
-            fair.charge_tokens(got.user, 0, output)  # the prompt was charged at dispatch
+            fair.charge(
+                got.user, Cost(prompt_tokens=0, completion_tokens=output)
+            )  # the prompt was charged at dispatch
             service[got.user] += (got.prompt_tokens + 2 * output) / got.weight
             # The service happened while the user was backlogged: account it before a pop
             # that emptied the user's flow ends its joint backlog periods.
@@ -442,7 +449,7 @@ async def test_vtc_grouping_bound_2u_plus_2q_is_reached() -> None:
     def serve(user: str, cost: int) -> None:
         assert user in fair.candidates(5.0, CANDIDATES)
         got = q.pop(0, user)
-        fair.charge_tokens(got.user, cost, 0)
+        fair.charge(got.user, Cost(prompt_tokens=cost, completion_tokens=0))
 
     for _ in range(4):
         q.push(ticket("a", prompt=""))  # no prompt: the test charges whole costs itself
@@ -467,7 +474,7 @@ async def test_vtc_tokens_streaming_after_the_queue_emptied_are_weighted() -> No
     q.push(ticket("w", weight=2.0))
     q.pop(0, "w")
     before = fair.counter("w")
-    fair.charge_tokens("w", 100, 50, 2.0)
+    fair.charge("w", Cost(prompt_tokens=100, completion_tokens=50), 2.0)
     assert fair.counter("w") - before == (100 + 2 * 50) / 2.0
 
 
@@ -522,7 +529,9 @@ async def test_returning_user_is_lifted_and_counters_never_decrease(
                 q.remove(t)
                 m.discard(t)
         else:
-            q.tiers[op.tier].fairness.charge_tokens(op.user, op.prompt, op.completion)
+            q.tiers[op.tier].fairness.charge(
+                op.user, Cost(prompt_tokens=op.prompt, completion_tokens=op.completion)
+            )
         for i, tier_queue in enumerate(q.tiers):
             for user in USERS:
                 now = tier_queue.fairness.counter(user)

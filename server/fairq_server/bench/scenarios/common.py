@@ -101,7 +101,7 @@ class FairqSetup:
     """A fairq configuration for one run.
 
     Attributes:
-        fairness: ``round-robin``, ``vtc`` (or a bench-only policy, see :mod:`.nolift`).
+        fairness: ``round-robin`` or ``vtc`` (options go in ``scheduler``).
         tiers: tiers in strict order.
         weights: if set, API keys are configured for these users with these weights and
             requests carry the key; otherwise open mode (every user weight 1).

@@ -2,7 +2,8 @@
 
 User A is backlogged throughout. User B is backlogged, goes idle, and comes back backlogged.
 With vtc's lift, B returns at the smallest active counter and shares the backend equally
-with A at once. The baseline ``vtc-no-lift`` (a bench-only policy, see :mod:`.nolift`) keeps
+with A at once. The baseline ``vtc-no-lift`` (vtc with the option ``lift = false``, see
+:mod:`.nolift`) keeps
 B's old, low counter: B then takes the whole backend until it has "caught up" with the
 service A received while B was away, and A starves.
 """
@@ -27,7 +28,6 @@ __all__ = ["on_off"]
 NAME = "on-off"
 SEED = 5
 A, B = "A-always", "B-on-off"
-NOLIFT = ("-m", "fairq_server.bench.scenarios.nolift")
 
 
 def workload(on1: float, off: float, on2: float) -> list[RequestSpec]:
@@ -67,7 +67,12 @@ async def on_off(args: argparse.Namespace, url: str, out: Path) -> bool:
     tiers = (Tier("standard"),)
     setups: list[tuple[str, FairqSetup | None]] = [("vtc (lift)", FairqSetup("vtc", tiers))]
     if not quick:
-        setups.append(("vtc-no-lift (baseline)", FairqSetup("vtc-no-lift", tiers, module=NOLIFT)))
+        setups.append(
+            (
+                "vtc-no-lift (baseline)",
+                FairqSetup("vtc", tiers, scheduler={"fairness_options": "{ lift = false }"}),
+            )
+        )
         setups.append(("FIFO (direct)", None))
     runs = await run_all(sim, workload(on1, off, on2), setups, duration)
 
@@ -126,7 +131,7 @@ Simulated vLLM, profile `{sim.profile}`, `--max-num-seqs {sim.max_num_seqs}` (~
 simulated seconds, seed {SEED}. A sends 3 requests/s (Poisson, 256 in / 256 out) for the
 whole {duration:g} s; B the same in [0, {on1:g}) and [{back:g}, {duration:g}), nothing in
 between. Both are backlogged whenever they send. `vtc-no-lift` is vtc with the lift removed
-(a bench-only policy in `bench/scenarios/nolift.py`, never registered in the server): a
+(`[scheduler.fairness_options] lift = false`, a baseline for this benchmark only): a
 returning user keeps its old counter.
 """,
     )

@@ -72,8 +72,7 @@ async def fairq_module_process(
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     """Run ``python MODULE serve`` with ``config_text``; yield the process and gRPC target.
 
-    ``module`` lets a scenario run fairq under a profiler or with a bench-only policy
-    registered (see :mod:`.nolift`).
+    ``module`` lets a scenario run fairq under a profiler.
     """
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fairq.toml"

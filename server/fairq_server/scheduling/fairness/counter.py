@@ -1,9 +1,10 @@
-"""Fairness between users inside one tier.
+"""Shared machinery of the counter-based fairness policies.
 
-Both policies keep a service counter per user and serve the backlogged user with the smallest
-counter; they differ in what they charge. The counters live in a heap with lazy updates:
-charges only ever raise a counter, so a heap entry whose key is lower than its user's current
-counter is simply re-pushed when it surfaces. Every operation is O(log n) amortised.
+Each policy keeps a service counter per user and serves the backlogged user with the smallest
+counter; they differ in what they charge (see :mod:`.round_robin`, :mod:`.vtc`). The counters
+live in a heap with lazy updates: charges only ever raise a counter, so a heap entry whose key
+is lower than its user's current counter is simply re-pushed when it surfaces. Every operation
+is O(log n) amortised.
 
 A user whose queue goes from empty to non-empty is lifted to the smallest counter among
 backlogged users (or, with none backlogged, to the counter of the last user served): idle time
@@ -16,9 +17,9 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from fairq_server.scheduling.ticket import Ticket
+from fairq_server.scheduling.interfaces import Cost
 
-__all__ = ["CounterFairness", "RoundRobinFairness", "VtcFairness"]
+__all__ = ["CounterFairness"]
 
 _FRESH = 1 << 62
 
@@ -38,11 +39,19 @@ class CounterFairness:
     round-robin order. A user lifted on becoming backlogged goes before users who reached
     that counter by being served: it joins the rotation next, as in round-robin, instead of
     after one more turn of everyone already there (a user that was not lifted had its turn
-    at this counter and queues behind as usual). Subclasses decide what a dispatch and a
-    token cost.
+    at this counter and queues behind as usual). Subclasses decide what a :class:`Cost` is
+    worth (:meth:`price`).
+
+    Args:
+        lift: lift a user who becomes backlogged to the smallest active counter (the default,
+            and the only fair choice). ``lift=False`` keeps whatever counter the user had (0
+            for a new one) and never forgets an idle user, so idle time is banked as credit:
+            a baseline for benchmarks that show what the lift prevents.
+
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, lift: bool = True) -> None:
+        self._lift = lift
         self._users: dict[str, _UserState] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._stamps = itertools.count()
@@ -79,10 +88,16 @@ class CounterFairness:
         if state is None:
             # New, or forgotten at a counter <= the virtual time: it starts there, so a user
             # served moments ago and forgotten is not mistaken for one that was never served.
-            state = self._users[user] = _UserState(counter=self._virtual_time)
+            start = self._virtual_time if self._lift else 0.0
+            state = self._users[user] = _UserState(counter=start)
         if state.active:
             return
         state.weight = weight if weight > 0 else 1.0
+        if not self._lift:
+            state.active = True
+            self._active += 1
+            self._push(user, state)
+            return
         top = self._clean_top()
         floor = top[0] if top is not None else self._virtual_time
         lifted = state.counter < floor
@@ -98,6 +113,8 @@ class CounterFairness:
             return
         state.active = False
         self._active -= 1
+        if not self._lift:
+            return  # the record, and its low counter, stay: that is the baseline's point
         if self._active == 0:
             # Nobody is backlogged: counters only matter relative to backlogged users, so the
             # history can go. Everyone who comes back is lifted to the highest counter seen,
@@ -167,7 +184,13 @@ class CounterFairness:
         top = self._clean_top()
         return top[0] if top is not None else 0.0
 
-    def _charge(self, user: str, amount: float, weight: float | None = None) -> None:
+    def charge(self, user: str, cost: Cost, weight: float | None = None) -> None:
+        """See :meth:`FairnessPolicy.charge`."""
+        self._add(user, self.price(cost), weight)
+
+    def _add(self, user: str, amount: float, weight: float | None = None) -> None:
+        if not amount:
+            return
         state = self._users.get(user)
         if state is None:
             if self._active == 0:
@@ -178,43 +201,6 @@ class CounterFairness:
         w = weight if weight is not None and weight > 0 else state.weight
         state.counter += amount / w
 
-    def charge_dispatch(self, ticket: Ticket) -> None:
-        """See :meth:`FairnessPolicy.charge_dispatch`. Charges nothing by default."""
-
-    def charge_tokens(
-        self, user: str, prompt_tokens: int, completion_tokens: int, weight: float | None = None
-    ) -> None:
-        """See :meth:`FairnessPolicy.charge_tokens`. Charges nothing by default."""
-
-
-class RoundRobinFairness(CounterFairness):
-    """One request per backlogged user per turn (the counter counts requests)."""
-
-    def charge_dispatch(self, ticket: Ticket) -> None:
-        """Charge one unit per dispatched request, regardless of weight."""
-        self._charge(ticket.user, 1.0, weight=1.0)
-
-
-class VtcFairness(CounterFairness):
-    """Virtual token counters: charge ``(input + 2 * output) / weight`` as tokens stream.
-
-    Output tokens weigh double because decoding a token costs a backend more than prefilling
-    one; the factor follows the VTC paper's default cost function.
-    """
-
-    OUTPUT_WEIGHT = 2.0
-
-    def charge_dispatch(self, ticket: Ticket) -> None:
-        """Charge the (estimated) prompt on admission, as VTC does.
-
-        Without it, one dispatch pass would hand every free slot to the same user, since no
-        token has been counted yet; the servicer settles the estimate against the backend's
-        own count when the request ends.
-        """
-        self._charge(ticket.user, float(ticket.prompt_tokens), ticket.weight)
-
-    def charge_tokens(
-        self, user: str, prompt_tokens: int, completion_tokens: int, weight: float | None = None
-    ) -> None:
-        """Charge processed tokens to ``user``'s counter, divided by the request's weight."""
-        self._charge(user, prompt_tokens + self.OUTPUT_WEIGHT * completion_tokens, weight)
+    def price(self, cost: Cost) -> float:
+        """Return what ``cost`` adds to a counter before the weight divides it."""
+        raise NotImplementedError

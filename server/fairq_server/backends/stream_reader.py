@@ -1,0 +1,85 @@
+"""Reading one backend stream at the backend's pace, reporting to a sink as it goes.
+
+The reader is the first to know when a backend starts a request (its first token) and when it
+is done, so it reports those itself, whatever the caller of fairq is doing: a backend slot is
+freed when the backend finishes, not when a slow client has read the last word.
+
+Reading paces itself for fast streams: once a read had to wait for the network (fairq has
+caught up with the backend), the next read waits out ``window`` first, so the socket gathers
+that window's tokens and the HTTP parser hands them over at once, instead of waking fairq per
+token.
+
+The reading task starts when :func:`start_reading` is called, not when anything awaits it:
+requests started together reach the backend in the order they were started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+from fairq_server import loop_share
+from fairq_server.backends.base import StreamEnd, StreamEvent, TextDelta
+from fairq_server.backends.errors import BackendError, BackendFailure
+
+__all__ = ["StreamSink", "start_reading"]
+
+# A read that took longer than this waited for the network (a buffered one takes ~20 us).
+_CAUGHT_UP = 0.001
+
+
+class StreamSink(Protocol):
+    """Where a reader reports one backend stream.
+
+    Exactly one of :meth:`ended` and :meth:`failed` is called, unless the reading task is
+    cancelled (then neither is).
+    """
+
+    def text(self, delta: TextDelta) -> bool:
+        """Take generated text; return False to stop reading (and abort the request)."""
+        ...
+
+    def ended(self, end: StreamEnd) -> None:
+        """Report that the backend finished the generation."""
+        ...
+
+    def failed(self, error: Exception) -> None:
+        """Report a failed stream: a backend error, or anything the adapter raised."""
+        ...
+
+
+def start_reading(
+    stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: float = 0.0
+) -> asyncio.Task[None]:
+    """Start reading ``stream`` into ``sink``; cancel the task to abort the backend request."""
+    return asyncio.create_task(_read(stream, sink, window))
+
+
+async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: float) -> None:
+    async with contextlib.aclosing(stream):  # closing the stream aborts the backend request
+        # Opening a backend request is bulk work: a wave of finished streams frees as many
+        # slots at once.
+        await loop_share.turn()
+        try:
+            asked = time.monotonic()
+            async for event in stream:
+                if isinstance(event, StreamEnd):
+                    sink.ended(event)
+                    return
+                if not sink.text(event):
+                    return
+                now = time.monotonic()
+                if window and now - asked > _CAUGHT_UP:
+                    await asyncio.sleep(window)
+                    now = time.monotonic()
+                asked = now
+        except Exception as exc:  # reported, never raised: nothing awaits this task
+            sink.failed(exc)
+            return
+    # Adapters raise when a stream stops without its final event; this is the backstop.
+    sink.failed(
+        BackendError("the backend ended the stream without finishing", BackendFailure.UNAVAILABLE)
+    )

@@ -1,0 +1,267 @@
+"""Requests on backends: starting an attempt, and what its stream reports.
+
+The dispatcher starts an attempt through a launcher (by default :class:`StreamLauncher`,
+which reads the backend's stream with :func:`~fairq_server.backends.stream_reader.start_reading`
+into an :class:`AttemptSink`). The sink puts text straight into the request's outbox and
+posts first token, token counts, end and failure to the dispatcher, which applies them here:
+backend load and health, retries, fairness charges and the final event are its decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fairq_server.backends.base import StreamEnd, TextDelta
+from fairq_server.backends.errors import BackendError
+from fairq_server.backends.stream_reader import start_reading
+from fairq_server.errors import (
+    BackendFailedError,
+    InternalError,
+    SchedulerError,
+    SlowClientError,
+)
+from fairq_server.scheduling import events as ev
+from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.outbox import Finished, Started
+from fairq_server.scheduling.ticket import AttemptHandle, Ticket, TicketState
+
+if TYPE_CHECKING:
+    from fairq_server.scheduling.dispatcher import Dispatcher
+
+__all__ = ["AttemptBook", "AttemptSink", "Launcher", "StreamLauncher"]
+
+log = logging.getLogger(__name__)
+
+#: Starts ``ticket``'s current attempt on ``ticket.backend`` with ``ticket.priority``.
+Launcher = Callable[[Ticket], AttemptHandle]
+
+# Token charges are batched so a fast stream does not post one event per token.
+CHARGE_EVERY = 16
+
+
+class AttemptSink:
+    """Reports one attempt's stream: text to the outbox, lifecycle to the dispatcher."""
+
+    def __init__(self, post: Callable[[ev.Event], None], ticket: Ticket) -> None:
+        self._post = post
+        self._ticket = ticket
+        self._attempt = ticket.attempt
+        self._tokens = 0
+        self._uncharged = 0
+
+    def text(self, delta: TextDelta) -> bool:
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.text`."""
+        ticket, attempt = self._ticket, self._attempt
+        if not self._tokens:
+            self._post(ev.FirstToken(ticket, attempt, time.monotonic()))
+        self._tokens += delta.tokens
+        self._uncharged += delta.tokens
+        if self._uncharged >= CHARGE_EVERY:
+            self._post(ev.Tokens(ticket, attempt, self._uncharged))
+            self._uncharged = 0
+        if ticket.outbox.put_text(delta.text):
+            return True
+        error = SlowClientError(
+            f"the client left more than {ticket.outbox.limit} characters of text unread; "
+            "the stream was cut off"
+        )
+        self._post(ev.StreamFailed(ticket, attempt, error))
+        return False
+
+    def ended(self, end: StreamEnd) -> None:
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.ended`."""
+        self._post(ev.StreamEnded(self._ticket, self._attempt, end, self._tokens))
+
+    def failed(self, error: Exception) -> None:
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.failed`."""
+        self._post(ev.StreamFailed(self._ticket, self._attempt, error))
+
+
+class StreamLauncher:
+    """Reads each attempt's backend stream into an :class:`AttemptSink`.
+
+    Args:
+        post: where the sinks post events (the dispatcher's inbox).
+        window: read pacing of fast streams (see :mod:`~fairq_server.backends.stream_reader`).
+
+    """
+
+    def __init__(self, post: Callable[[ev.Event], None], window: float) -> None:
+        self._post = post
+        self.window = window
+
+    def __call__(self, ticket: Ticket) -> AttemptHandle:
+        """Start reading ``ticket``'s current attempt."""
+        assert ticket.backend is not None
+        stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
+        return start_reading(stream, AttemptSink(self._post, ticket), self.window)
+
+
+class AttemptBook:
+    """The dispatcher's handling of running requests (called from its loop only)."""
+
+    def __init__(self, dispatcher: Dispatcher, launcher: Launcher | None) -> None:
+        self._d = dispatcher
+        self._launcher = launcher or StreamLauncher(
+            dispatcher.post, dispatcher.config.stream_coalesce_seconds
+        )
+        self.running = 0
+
+    def set_window(self, window: float) -> None:
+        """Apply a new read-pacing window to attempts started from now on."""
+        if isinstance(self._launcher, StreamLauncher):
+            self._launcher.window = window
+
+    def start(self, ticket: Ticket, backend: BackendState, now: float) -> None:
+        """Send ``ticket`` to ``backend`` and tell its caller."""
+        tier = self._d.tiers[ticket.tier].name
+        backend.started(tier)
+        backend.prefixes.add(ticket.prefix)
+        self.running += 1
+        if ticket.attempt == 0:
+            # The queue charged the estimated prompt at dispatch (vtc); settled at the end.
+            ticket.charged_prompt = ticket.prompt_tokens
+        ticket.state = TicketState.RUNNING
+        ticket.backend = backend
+        ticket.attempt += 1
+        ticket.generating = False
+        ticket.dispatched_at = now
+        ticket.priority = self._priority(ticket)
+        t = self._d.telemetry
+        t.dispatches.labels(backend.id, tier).inc()
+        t.queue_wait.labels(tier).observe(now - ticket.arrival)
+        t.backend_in_flight.labels(backend.id).set(backend.in_flight)
+        # The backend request goes out before the caller is told, so requests dispatched in
+        # one pass reach the backend in dispatch order.
+        ticket.handle = self._launcher(ticket)
+        ticket.outbox.put(Started(backend.id, now - ticket.arrival, tier))
+
+    def _priority(self, ticket: Ticket) -> int:
+        """Return the backend priority: the tier's, or the overtaken tier's if it aged."""
+        index = ticket.priority_tier if ticket.priority_tier is not None else ticket.tier
+        cfg = self._d.tiers[index]
+        return cfg.priority if cfg.priority is not None else index
+
+    def apply(self, event: ev.FirstToken | ev.Tokens | ev.StreamEnded | ev.StreamFailed) -> None:
+        """Apply a stream event of a running attempt; stale ones are ignored."""
+        ticket = event.ticket
+        if ticket.attempt != event.attempt or ticket.state is not TicketState.RUNNING:
+            return
+        match event:
+            case ev.FirstToken(at=at):
+                self._first_token(ticket, at)
+            case ev.Tokens(count=count):
+                self._charge(ticket, Cost(completion_tokens=count))
+                ticket.charged_completion += count
+            case ev.StreamEnded(end=end, tokens=tokens):
+                self._ended(ticket, end, tokens)
+            case ev.StreamFailed(error=error):
+                self._failed(ticket, error)
+
+    def _first_token(self, ticket: Ticket, at: float) -> None:
+        assert ticket.backend is not None
+        if ticket.generating:
+            return
+        ticket.generating = True
+        ticket.backend.first_token()
+        if ticket.first_token_at is None:
+            ticket.first_token_at = at
+            tier = self._d.tiers[ticket.tier].name
+            self._d.telemetry.ttft.labels(tier).observe(at - ticket.arrival)
+
+    def _ended(self, ticket: Ticket, end: StreamEnd, tokens: int) -> None:
+        self._release(ticket)
+        ticket.state = TicketState.DONE
+        # Settle the fairness account with the backend's own token counts.
+        prompt = end.prompt_tokens or ticket.prompt_tokens
+        completion = end.completion_tokens or tokens
+        self._charge(
+            ticket,
+            Cost(
+                prompt_tokens=prompt - ticket.charged_prompt,
+                completion_tokens=completion - ticket.charged_completion,
+            ),
+        )
+        t = self._d.telemetry
+        t.tokens.labels(ticket.group, "prompt").inc(max(prompt, 0))
+        t.tokens.labels(ticket.group, "completion").inc(max(completion, 0))
+        now = time.monotonic()
+        ticket.outbox.put(
+            Finished(
+                end=end,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                queue_seconds=ticket.dispatched_at - ticket.arrival,
+                ttft_seconds=(ticket.first_token_at or now) - ticket.arrival,
+                total_seconds=now - ticket.arrival,
+            )
+        )
+
+    def _failed(self, ticket: Ticket, error: Exception) -> None:
+        backend = self._release(ticket)
+        if (
+            isinstance(error, BackendError)
+            and error.retryable
+            and ticket.first_token_at is None
+            and ticket.retries < self._d.config.max_retries
+        ):
+            log.warning("retrying request %s: %s", ticket.request.request_id, error)
+            # Suspect until its next successful scrape: no more work meanwhile.
+            backend.healthy = False
+            self._d.telemetry.backend_healthy.labels(backend.id).set(0)
+            self._d.telemetry.retries.labels(backend.id).inc()
+            ticket.retries += 1
+            ticket.excluded |= {backend.id}
+            self._d.requeue(ticket)
+            return
+        ticket.state = TicketState.DONE
+        ticket.outbox.fail(_caller_error(ticket, error))
+
+    def abort(self, ticket: Ticket) -> None:
+        """Abort a running attempt at the backend (the caller is gone)."""
+        if ticket.handle is not None:
+            ticket.handle.cancel()
+        self._release(ticket)
+
+    def abandon(self, ticket: Ticket, error: SchedulerError) -> None:
+        """End ``ticket`` with ``error`` wherever it is (refused, expired, or a fault)."""
+        if ticket.state is TicketState.DONE:
+            return
+        if ticket.state is TicketState.RUNNING and ticket.backend is not None:
+            self.abort(ticket)
+        ticket.state = TicketState.DONE
+        ticket.outbox.fail(error)
+
+    def _release(self, ticket: Ticket) -> BackendState:
+        backend = ticket.backend
+        assert backend is not None, "a running ticket has a backend"
+        ticket.backend = None
+        ticket.handle = None
+        self.running -= 1
+        backend.ended(self._d.tiers[ticket.tier].name, generating=ticket.generating)
+        self._d.telemetry.backend_in_flight.labels(backend.id).set(backend.in_flight)
+        return backend
+
+    def _charge(self, ticket: Ticket, cost: Cost) -> None:
+        model = self._d.model_state(ticket.request.model)
+        if model is not None:
+            model.queue.tiers[ticket.tier].fairness.charge(ticket.user, cost, ticket.weight)
+
+
+def _caller_error(ticket: Ticket, error: Exception) -> SchedulerError:
+    """Return what the caller sees: the backend's error, fairq's own, or INTERNAL."""
+    if isinstance(error, BackendError):
+        log.info("request %s failed on its backend: %s", ticket.request.request_id, error)
+        return BackendFailedError(error)
+    if isinstance(error, SchedulerError):
+        return error
+    log.error(
+        "request %s failed inside fairq",
+        ticket.request.request_id,
+        exc_info=(type(error), error, error.__traceback__),
+    )
+    return InternalError()

@@ -1,0 +1,169 @@
+"""What the dispatcher knows about one backend: load, latest metrics and health.
+
+The dispatcher is the only writer. Scrape outcomes and stream events reach it as events, and
+it applies them here; everything else (the gate, routing, the Admin API, telemetry) reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from fairq_server.backends.base import Backend, MetricsSample
+from fairq_server.backends.errors import BackendError
+from fairq_server.scheduling.prefix import PrefixCache
+
+__all__ = ["BackendState"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class BackendState:
+    """Live state of one registered backend.
+
+    Attributes:
+        backend: the adapter (how to reach the backend, and what it serves).
+        prefixes: prefix blocks recently sent to it.
+        sample: the last successful scrape, None before the first.
+        sampled_at: monotonic time that scrape was sent.
+        awaiting_mark: fairq's requests to it without a token yet when that scrape was sent
+            (the part of ``sample.waiting`` that is fairq's own).
+        tpot_seconds: mean time per output token over the last scrape window (None if no
+            request finished in it while nothing ran).
+        healthy: None until the first scrape answers; False after ``unhealthy_after``
+            consecutive failed scrapes (the first, for a backend that never answered), or
+            after a request failed to reach it; True again with the next good scrape.
+        draining: deregistered; takes no new work, finishes what it runs.
+        in_flight: fairq's requests running on it.
+        awaiting_first_token: those without a token yet (waiting in its queue, or prefill).
+        tier_in_flight: ``in_flight`` by tier name.
+        dispatched: requests ever started on it.
+        finished: requests ever ended on it (any way).
+        idle: set while ``in_flight`` is 0.
+
+    """
+
+    backend: Backend
+    prefixes: PrefixCache
+    sample: MetricsSample | None = None
+    sampled_at: float = 0.0
+    awaiting_mark: int = 0
+    tpot_seconds: float | None = None
+    healthy: bool | None = None
+    draining: bool = False
+    in_flight: int = 0
+    awaiting_first_token: int = 0
+    tier_in_flight: dict[str, int] = field(default_factory=dict)
+    dispatched: int = 0
+    finished: int = 0
+    scrapes: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    last_error: str = ""
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _sent_at: float = 0.0
+    _sent_mark: int = 0
+    _previous: MetricsSample | None = None
+    _last_tpot: float | None = None
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    @property
+    def id(self) -> str:
+        """The backend's id."""
+        return self.backend.id
+
+    @property
+    def max_in_flight(self) -> int:
+        """The backend's own cap on fairq's requests (0: none)."""
+        return self.backend.max_in_flight
+
+    @property
+    def serving(self) -> bool:
+        """Whether it may be given new work at all (not known broken, not draining)."""
+        return self.healthy is not False and not self.draining
+
+    def scrape_sent(self, now: float) -> None:
+        """Remember when a scrape left, and how many of fairq's requests lacked a token."""
+        self._sent_at = now
+        self._sent_mark = self.awaiting_first_token
+
+    def scrape_landed(self, result: MetricsSample | BackendError, unhealthy_after: int) -> None:
+        """Apply a scrape's outcome: a fresh sample, or one more failure."""
+        if isinstance(result, BackendError):
+            self._scrape_failed(result, unhealthy_after)
+            return
+        self.scrapes += 1
+        self.consecutive_failures = 0
+        if self.healthy is False:
+            log.info("backend %s healthy again", self.id)
+        self.healthy = True
+        self.last_error = ""
+        self.tpot_seconds = self._window_tpot(result)
+        self.sample = result
+        self.sampled_at = self._sent_at
+        self.awaiting_mark = self._sent_mark
+
+    def _scrape_failed(self, error: BackendError, unhealthy_after: int) -> None:
+        # The old sample stays, to go stale: the gate fails closed after stale_after.
+        self.failures += 1
+        self.consecutive_failures += 1
+        self.last_error = str(error)
+        if self.healthy is False:
+            return
+        n = self.consecutive_failures
+        if self.healthy is None or n >= unhealthy_after:
+            log.warning("backend %s unhealthy after %d failed scrape(s): %s", self.id, n, error)
+            self.healthy = False
+        else:
+            log.warning(
+                "backend %s: scrape failed (%d of %d before it counts as unhealthy): %s",
+                self.id,
+                n,
+                unhealthy_after,
+                error,
+            )
+
+    def _window_tpot(self, sample: MetricsSample) -> float | None:
+        """Time per output token between the previous scrape and ``sample``.
+
+        A difference of two cumulative histograms, so one slow request long ago does not
+        hold the gate shut.
+        """
+        prev, self._previous = self._previous, sample
+        if prev is None:
+            return None
+        count = sample.tpot_count - prev.tpot_count
+        if count < 0:  # the backend restarted and its counters began again
+            return None
+        if count == 0:
+            # No request finished in this window: keep the last measurement while work is
+            # running, so a saturated backend does not look fast just between completions.
+            return self._last_tpot if sample.running else None
+        self._last_tpot = (sample.tpot_sum - prev.tpot_sum) / count
+        return self._last_tpot
+
+    def started(self, tier: str) -> None:
+        """Count a request of ``tier`` started on this backend."""
+        self.dispatched += 1
+        self.in_flight += 1
+        self.awaiting_first_token += 1
+        self.tier_in_flight[tier] = self.tier_in_flight.get(tier, 0) + 1
+        self.idle.clear()
+
+    def first_token(self) -> None:
+        """Count a request that got its first token (it no longer waits there)."""
+        self.awaiting_first_token -= 1
+
+    def ended(self, tier: str, *, generating: bool) -> None:
+        """Count a request that ended (any way); ``generating``: it had had a token."""
+        self.in_flight -= 1
+        self.finished += 1
+        self.tier_in_flight[tier] -= 1
+        if not generating:
+            self.awaiting_first_token -= 1
+        if self.in_flight == 0:
+            self.idle.set()

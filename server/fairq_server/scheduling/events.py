@@ -1,0 +1,152 @@
+"""What the dispatcher is told: every change to scheduling state arrives as one of these.
+
+Events flow to the dispatcher from the API layer (submit, cancel), from the pollers (a
+scrape sent, a scrape landed), from the stream readers at the backend edge (first token,
+tokens, ended, failed) and from the wiring (backends added and removed, a new
+configuration). The dispatcher applies them in arrival order; nothing else writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fairq_server.backends.base import StreamEnd
+from fairq_server.backends.poller import ScrapeResult
+from fairq_server.config import SchedulerConfig, TierConfig
+from fairq_server.scheduling.ticket import Ticket
+
+if TYPE_CHECKING:
+    from fairq_server.scheduling.backend_state import BackendState
+    from fairq_server.scheduling.policies import Policies
+
+__all__ = [
+    "AddBackend",
+    "Barrier",
+    "Cancel",
+    "Event",
+    "FirstToken",
+    "Reconfigure",
+    "RemoveBackend",
+    "ScrapeLanded",
+    "ScrapeSent",
+    "StreamEnded",
+    "StreamFailed",
+    "Submit",
+    "Tokens",
+]
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Queue ``ticket`` (or refuse it through its outbox)."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The caller is gone: dequeue ``ticket``, or abort its backend request."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class ScrapeSent:
+    """A scrape of ``backend_id``'s metrics is leaving now."""
+
+    backend_id: str
+
+
+@dataclass(frozen=True)
+class ScrapeLanded:
+    """The outcome of the last scrape sent to ``backend_id``."""
+
+    backend_id: str
+    result: ScrapeResult
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """Attempt ``attempt`` of ``ticket`` produced its first text at ``at``."""
+
+    ticket: Ticket
+    attempt: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Attempt ``attempt`` of ``ticket`` produced ``count`` more tokens (batched)."""
+
+    ticket: Ticket
+    attempt: int
+    count: int
+
+
+@dataclass(frozen=True)
+class StreamEnded:
+    """The backend finished attempt ``attempt``; ``tokens`` counts what was relayed."""
+
+    ticket: Ticket
+    attempt: int
+    end: StreamEnd
+    tokens: int
+
+
+@dataclass(frozen=True)
+class StreamFailed:
+    """Attempt ``attempt`` failed with ``error`` (a backend error or an unexpected one)."""
+
+    ticket: Ticket
+    attempt: int
+    error: Exception
+
+
+@dataclass(frozen=True)
+class AddBackend:
+    """Start routing to ``backend`` (replacing one with the same id)."""
+
+    backend: BackendState
+
+
+@dataclass(frozen=True)
+class RemoveBackend:
+    """Stop routing to ``backend_id``; its running requests finish."""
+
+    backend_id: str
+    done: asyncio.Future[BackendState | None]
+
+
+@dataclass(frozen=True)
+class Reconfigure:
+    """Switch to new settings and plugins; with ``rebuild``, queues are rebuilt with them."""
+
+    tiers: tuple[TierConfig, ...]
+    config: SchedulerConfig
+    policies: Policies
+    rebuild: bool
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Resolve ``done`` once every event posted before this one is applied."""
+
+    done: asyncio.Future[None]
+
+
+Event = (
+    Submit
+    | Cancel
+    | ScrapeSent
+    | ScrapeLanded
+    | FirstToken
+    | Tokens
+    | StreamEnded
+    | StreamFailed
+    | AddBackend
+    | RemoveBackend
+    | Reconfigure
+    | Barrier
+)

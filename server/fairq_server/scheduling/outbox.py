@@ -1,0 +1,149 @@
+"""What one request tells its caller, in order, with bounded buffering.
+
+The dispatcher puts lifecycle events (queued, started, finished, or the error) and the stream
+reader at the backend edge puts generated text; the API layer takes them. The backend is read
+as fast as it answers, whatever the caller does, so a backend slot is free as soon as the
+backend is done. Text the caller has not taken yet is buffered up to ``limit`` characters: a
+caller that stops reading is cut off (:meth:`put_text` returns False) instead of holding
+memory or the backend.
+
+Text is merged: a take returns everything buffered as one piece, and a fast stream is handed
+out at most once per ``window`` (the first piece goes out at once; later text waits at most
+one window, far below what a reader notices), because each message towards the caller costs
+about the same whatever its length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from fairq_server.backends.base import StreamEnd
+from fairq_server.errors import SchedulerError
+
+__all__ = ["Finished", "Outbox", "OutboxEvent", "Queued", "Started", "Text"]
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The request is queued; ``position`` requests are estimated to go first."""
+
+    position: int
+
+
+@dataclass(frozen=True)
+class Started:
+    """The request was sent to ``backend_id`` after ``queue_seconds`` in fairq's queue."""
+
+    backend_id: str
+    queue_seconds: float
+    tier: str
+
+
+@dataclass(frozen=True)
+class Text:
+    """Generated text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The generation ended normally; token counts are the backend's where it gave them."""
+
+    end: StreamEnd
+    prompt_tokens: int
+    completion_tokens: int
+    queue_seconds: float
+    ttft_seconds: float
+    total_seconds: float
+
+
+OutboxEvent = Queued | Started | Text | Finished
+
+
+class Outbox:
+    """A request's events on their way to the caller.
+
+    Args:
+        limit: most characters of text held for a caller that does not read.
+        window: text is handed out at most once per this many seconds (0: as it comes).
+
+    """
+
+    def __init__(self, limit: int = 1 << 20, window: float = 0.0) -> None:
+        self.limit = limit
+        self._window = window
+        self._items: deque[OutboxEvent | SchedulerError] = deque()
+        self._text: list[str] = []  # text after the last item, not yet an item
+        self._buffered = 0
+        self._ready = asyncio.Event()
+        self._last_taken = -window
+        self.closed = False  # a final event (finished or an error) was put
+
+    @property
+    def buffered(self) -> int:
+        """Characters of text put and not yet taken."""
+        return self._buffered
+
+    def put(self, event: Queued | Started | Finished) -> None:
+        """Append a lifecycle event."""
+        self._flush_text()
+        self._items.append(event)
+        if isinstance(event, Finished):
+            self.closed = True
+        self._ready.set()
+
+    def put_text(self, text: str) -> bool:
+        """Append text; False if the caller has left more than ``limit`` characters unread."""
+        self._text.append(text)
+        self._buffered += len(text)
+        self._ready.set()
+        return self._buffered <= self.limit
+
+    def fail(self, error: SchedulerError) -> None:
+        """End with ``error``, after what was put before it."""
+        self._flush_text()
+        self._items.append(error)
+        self.closed = True
+        self._ready.set()
+
+    def _flush_text(self) -> None:
+        if self._text:
+            self._items.append(Text("".join(self._text)))
+            self._text = []
+
+    async def take(self) -> list[OutboxEvent]:
+        """Wait for events and return all there are, text merged.
+
+        Raises:
+            SchedulerError: the request failed (after the events before it were taken).
+
+        """
+        while not self._items and not self._text:
+            self._ready.clear()
+            await self._ready.wait()
+        if not self._items:
+            wait = self._last_taken + self._window - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)  # pacing: let the rest of this window arrive
+        self._flush_text()
+        taken: list[OutboxEvent] = []
+        while self._items:
+            item = self._items.popleft()
+            if isinstance(item, SchedulerError):
+                if taken:
+                    self._items.appendleft(item)  # raised at the next take
+                    break
+                raise item
+            if isinstance(item, Text):
+                self._buffered -= len(item.text)
+                if taken and isinstance(taken[-1], Text):
+                    taken[-1] = Text(taken[-1].text + item.text)
+                    continue
+            taken.append(item)
+        if any(isinstance(e, Text) for e in taken):
+            self._last_taken = time.monotonic()
+        return taken

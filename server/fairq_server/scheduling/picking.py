@@ -1,0 +1,151 @@
+"""One dispatch pass: which queued request goes to which backend now.
+
+For each model with queued work: the highest backlogged tier decides which gates must be
+open (strict tiers: lower tiers wait while a higher one is refused); an aged lower tier may
+overtake under that gate; a retried request goes first, to a backend it has not failed on;
+otherwise fairness picks the user, with prefix grouping inside quantum Q, and the router
+picks the backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.interfaces import GateOutcome, Route
+from fairq_server.scheduling.model_state import ModelState
+from fairq_server.scheduling.ticket import Ticket
+
+if TYPE_CHECKING:
+    from fairq_server.scheduling.dispatcher import Dispatcher
+
+__all__ = ["Picker"]
+
+
+class Picker:
+    """The dispatch pass of ``dispatcher`` (its state, its plugins)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+
+    def dispatch(self, now: float, batch: int) -> bool:
+        """Start what the gates admit, at most ``batch`` requests over all models.
+
+        Returns:
+            True if the batch was full (more may be admitted after a yield).
+
+        """
+        started = 0
+        for model in self._d.model_states():
+            while started < batch and len(model.queue):
+                if not self._dispatch_one(model, now):
+                    break
+                started += 1
+            if started >= batch:
+                return True
+        return False
+
+    def _dispatch_one(self, model: ModelState, now: float) -> bool:
+        queue = model.queue
+        first = queue.first_tier()
+        if first is None:
+            return False
+        # Gates are checked against the highest backlogged tier; an aged lower tier overtakes
+        # under that gate, since its own may never open while the higher tier keeps the
+        # backend busy.
+        candidates = self._admitting(model, first, now)
+        if not candidates:
+            return False  # strict tiers: lower tiers wait too; their gates are no looser
+        tier = model.aged_tier(first, now, self._d.tiers)
+        tier_queue = queue.tiers[tier]
+        retry = tier_queue.peek_retry() if tier_queue.has_retries else None
+        router = self._d.policies.router
+        if retry is not None:
+            preferred = [b for b in candidates if b.id not in retry.excluded]
+            if preferred or not self._another_backend(model.name, retry):
+                ticket = queue.pop(tier)
+                route = router.route(ticket, preferred or candidates)
+            elif tier_queue.active_users:
+                # The retry waits for a backend it has not failed on; the backends admitting
+                # now serve the requests behind it meanwhile.
+                user, route = self._pick(model, tier, candidates)
+                ticket = queue.pop(tier, user)
+            else:
+                return False  # only a waiting retry: strict tiers keep lower ones behind it
+        else:
+            user, route = self._pick(model, tier, candidates)
+            ticket = queue.pop(tier, user)
+        model.last_served[tier] = now
+        # An aged request is sent with the priority of the tier it overtook, so a
+        # priority-scheduling backend does not let later higher-tier work pass it again.
+        ticket.priority_tier = first
+        self._d.attempts.start(ticket, route.backend, now)
+        return True
+
+    def _admitting(self, model: ModelState, tier: int, now: float) -> list[BackendState]:
+        cfg = self._d.tiers[tier]
+        gate = self._d.policies.gate
+        stale_after = self._d.config.stale_after_seconds
+        admitted: list[BackendState] = []
+        refusals: list[tuple[str, GateOutcome]] = []
+        for backend in self._d.backends_of(model.name):
+            outcome = gate.check(backend, cfg, now, stale_after)
+            if outcome is GateOutcome.ADMIT:
+                admitted.append(backend)
+            else:
+                refusals.append((backend.id, outcome))
+        if not admitted and refusals:
+            self._count_refusal(model, tier, refusals)
+        return admitted
+
+    def _count_refusal(
+        self, model: ModelState, tier: int, refusals: list[tuple[str, GateOutcome]]
+    ) -> None:
+        """Count a refused dispatch attempt, once per request that was next in line."""
+        head = self._head(model, tier)
+        if head is None or head.refused:
+            return
+        head.refused = True
+        counter = self._d.telemetry.gate_refusals
+        for backend_id, outcome in refusals:
+            counter.labels(backend_id, outcome.value).inc()
+
+    @staticmethod
+    def _head(model: ModelState, tier: int) -> Ticket | None:
+        tier_queue = model.queue.tiers[tier]
+        if tier_queue.has_retries:
+            return tier_queue.peek_retry()
+        if not tier_queue.active_users:
+            return None
+        return tier_queue.head_of(tier_queue.fairness.select())
+
+    def _another_backend(self, model: str, ticket: Ticket) -> bool:
+        """Whether a serving backend of ``model`` exists that ``ticket`` has not failed on."""
+        return any(b.id not in ticket.excluded and b.serving for b in self._d.backends_of(model))
+
+    def _pick(
+        self, model: ModelState, tier: int, candidates: list[BackendState]
+    ) -> tuple[str, Route]:
+        """Choose the user to serve and its backend (prefix grouping within quantum Q).
+
+        With Q = 0 the fairness policy's choice stands and only the backend is chosen by the
+        router. With Q > 0, any user whose standing is within Q of the best may go instead if
+        its next request has a longer prefix remembered by its routed backend; ties keep
+        fairness order.
+        """
+        tier_queue = model.queue.tiers[tier]
+        fairness = tier_queue.fairness
+        router = self._d.policies.router
+        cfg = self._d.config
+        if cfg.prefix_quantum > 0:
+            users = fairness.candidates(cfg.prefix_quantum, cfg.prefix_candidates)
+        else:
+            users = [fairness.select()]
+        best: tuple[tuple[int, int], str, Route] | None = None
+        for rank, user in enumerate(users):
+            route = router.route(tier_queue.head_of(user), candidates)
+            key = (-route.affinity, rank)
+            if best is None or key < best[0]:
+                best = (key, user, route)
+        assert best is not None, "fairness returns at least one active user"
+        return best[1], best[2]

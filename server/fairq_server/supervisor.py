@@ -1,0 +1,51 @@
+"""Keeping a long-running loop alive: log its crash, let the owner clean up, restart it.
+
+A single-writer loop that dies silently turns what it owns into a black hole (a model whose
+requests are never dispatched, a backend whose metrics silently go stale), so every such loop
+runs under :func:`supervise`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+__all__ = ["RESTART_DELAYS", "supervise"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds before each restart: the first is short, repeated crashes back off.
+RESTART_DELAYS = (0.05, 0.2, 1.0, 5.0)
+
+
+async def supervise(
+    name: str,
+    run: Callable[[], Awaitable[None]],
+    *,
+    on_crash: Callable[[BaseException], None] = lambda exc: None,
+    on_restart: Callable[[], None] = lambda: None,
+    delays: Sequence[float] = RESTART_DELAYS,
+) -> None:
+    """Run ``run()`` until cancelled, restarting it whenever it raises.
+
+    Args:
+        name: what the loop is, for the log.
+        run: starts the loop (it should never return; a return ends supervision).
+        on_crash: told the exception, before the restart delay (fail what the crash
+            affected, report NOT_SERVING).
+        on_restart: told when the loop is started again.
+        delays: restart delays; the last repeats.
+
+    """
+    crashes = 0
+    while True:
+        try:
+            await run()
+            return
+        except Exception as exc:
+            log.exception("%s crashed (%d so far); restarting", name, crashes + 1)
+            on_crash(exc)
+            await asyncio.sleep(delays[min(crashes, len(delays) - 1)])
+            crashes += 1
+            on_restart()
