@@ -211,7 +211,7 @@ class AttemptBook:
         ):
             log.warning("retrying request %s: %s", ticket.request.request_id, error)
             # Suspect until its next successful scrape: no more work meanwhile.
-            backend.healthy = False
+            backend.suspect()
             self._d.telemetry.backend_healthy.labels(backend.id).set(0)
             self._d.telemetry.retries.labels(backend.id).inc()
             ticket.retries += 1

@@ -7,6 +7,7 @@ it applies them here; everything else (the gate, routing, the Admin API, telemet
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from dataclasses import dataclass, field
 
@@ -14,9 +15,25 @@ from fairq_server.backends.base import Backend, MetricsSample
 from fairq_server.backends.errors import BackendError
 from fairq_server.scheduling.prefix import PrefixCache
 
-__all__ = ["BackendState"]
+__all__ = ["BackendState", "Health"]
 
 log = logging.getLogger(__name__)
+
+
+class Health(enum.Enum):
+    """A backend's health, one state machine fed by scrapes and by requests.
+
+    ``UNKNOWN`` until the first scrape answers; ``UP`` after a good scrape; ``SUSPECT`` when a
+    request could not reach it although scrapes were fine (no new work until the next good
+    scrape, but requests are still accepted: it is not known to be down); ``DOWN`` after
+    ``unhealthy_after`` consecutive failed scrapes (the first, for a backend that never
+    answered): requests for a model whose every backend is down are refused UNAVAILABLE.
+    """
+
+    UNKNOWN = "unknown"
+    UP = "up"
+    SUSPECT = "suspect"
+    DOWN = "down"
 
 
 @dataclass(eq=False)
@@ -32,9 +49,7 @@ class BackendState:
             (the part of ``sample.waiting`` that is fairq's own).
         tpot_seconds: mean time per output token over the last scrape window (None if no
             request finished in it while nothing ran).
-        healthy: None until the first scrape answers; False after ``unhealthy_after``
-            consecutive failed scrapes (the first, for a backend that never answered), or
-            after a request failed to reach it; True again with the next good scrape.
+        health: see :class:`Health`.
         draining: deregistered; takes no new work, finishes what it runs.
         in_flight: fairq's requests running on it.
         awaiting_first_token: those without a token yet (waiting in its queue, or prefill).
@@ -51,7 +66,7 @@ class BackendState:
     sampled_at: float = 0.0
     awaiting_mark: int = 0
     tpot_seconds: float | None = None
-    healthy: bool | None = None
+    health: Health = Health.UNKNOWN
     draining: bool = False
     in_flight: int = 0
     awaiting_first_token: int = 0
@@ -82,9 +97,19 @@ class BackendState:
         return self.backend.max_in_flight
 
     @property
+    def healthy(self) -> bool | None:
+        """True when up, False when suspect or down, None before the first scrape answered."""
+        return None if self.health is Health.UNKNOWN else self.health is Health.UP
+
+    @property
     def serving(self) -> bool:
-        """Whether it may be given new work at all (not known broken, not draining)."""
-        return self.healthy is not False and not self.draining
+        """Whether requests for it are accepted at all (not known down, not draining)."""
+        return self.health is not Health.DOWN and not self.draining
+
+    def suspect(self) -> None:
+        """Mark that a request could not reach it: no new work until the next good scrape."""
+        if self.health is Health.UP:
+            self.health = Health.SUSPECT
 
     def scrape_sent(self, now: float) -> None:
         """Remember when a scrape left, and how many of fairq's requests lacked a token."""
@@ -98,9 +123,9 @@ class BackendState:
             return
         self.scrapes += 1
         self.consecutive_failures = 0
-        if self.healthy is False:
+        if self.health is Health.DOWN:
             log.info("backend %s healthy again", self.id)
-        self.healthy = True
+        self.health = Health.UP
         self.last_error = ""
         self.tpot_seconds = self._window_tpot(result)
         self.sample = result
@@ -112,12 +137,12 @@ class BackendState:
         self.failures += 1
         self.consecutive_failures += 1
         self.last_error = str(error)
-        if self.healthy is False:
+        if self.health is Health.DOWN:
             return
         n = self.consecutive_failures
-        if self.healthy is None or n >= unhealthy_after:
+        if self.health is Health.UNKNOWN or n >= unhealthy_after:
             log.warning("backend %s unhealthy after %d failed scrape(s): %s", self.id, n, error)
-            self.healthy = False
+            self.health = Health.DOWN
         else:
             log.warning(
                 "backend %s: scrape failed (%d of %d before it counts as unhealthy): %s",

@@ -37,6 +37,7 @@ from fairq_server.errors import (
 )
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.attempts import AttemptBook, Launcher
+from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.outbox import Queued
@@ -45,7 +46,7 @@ from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.prefix import PrefixCache
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.ticket import Ticket, TicketState
-from fairq_server.supervisor import supervise
+from fairq_server.supervisor import RESTART_DELAYS, supervise
 from fairq_server.telemetry import Telemetry
 
 __all__ = ["Dispatcher"]
@@ -94,12 +95,12 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
-        self._backends: dict[str, BackendState] = {}
-        self._by_model: dict[str, list[BackendState]] = {}
+        self._backends = BackendSet()
         self._models: dict[str, ModelState] = {}
         self.attempts = AttemptBook(self, launcher)
         self._picker = Picker(self)
         self.crashes = 0
+        self.restart_delays: Sequence[float] = RESTART_DELAYS
 
     # -- events (any task) --------------------------------------------------------------
 
@@ -152,6 +153,10 @@ class Dispatcher:
         """
         self.post(ev.Reconfigure(tuple(tiers), config, policies, rebuild))
 
+    def wake(self) -> None:
+        """Run a pass now (nothing changed that an event would say; e.g. time passed)."""
+        self._wake.set()
+
     async def sync(self) -> None:
         """Return once every event posted before this call has been applied."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -166,15 +171,11 @@ class Dispatcher:
 
     def backends(self) -> list[BackendState]:
         """Return the states of all registered backends."""
-        return list(self._backends.values())
+        return self._backends.all()
 
     def backends_of(self, model: str) -> list[BackendState]:
         """Return the registered backends serving ``model``."""
-        return self._by_model.get(model, [])
-
-    def models(self) -> set[str]:
-        """Return every model some registered backend serves."""
-        return set(self._by_model)
+        return self._backends.of(model)
 
     def queue(self, model: str) -> ModelQueue:
         """Return the queue of ``model`` (KeyError if no backend ever served it)."""
@@ -185,7 +186,7 @@ class Dispatcher:
         return self._models.get(model)
 
     def model_states(self) -> list[ModelState]:
-        """Return every model's state."""
+        """Return every model's state (the picker's view)."""
         return list(self._models.values())
 
     def live_requests(self) -> int:
@@ -218,6 +219,7 @@ class Dispatcher:
             self._loop,
             on_crash=self._crashed,
             on_restart=lambda: self._on_health(True),
+            delays=self.restart_delays,
         )
 
     def _crashed(self, exc: BaseException) -> None:
@@ -273,7 +275,7 @@ class Dispatcher:
             case ev.AddBackend(state):
                 self._add_backend(state)
             case ev.RemoveBackend(backend_id, done):
-                state = self._drop_backend(backend_id)
+                state = self._backends.drop(backend_id)
                 if not done.done():
                     done.set_result(state)
             case ev.Reconfigure():
@@ -286,11 +288,11 @@ class Dispatcher:
         if ticket.state is not TicketState.NEW:
             return
         model = ticket.request.model
-        backends = self._by_model.get(model)
+        backends = self._backends.of(model)
         if self._closed:
             return self.attempts.abandon(ticket, ShuttingDownError("fairq is shutting down"))
         if not backends:
-            known = ", ".join(sorted(self._by_model)) or "none"
+            known = ", ".join(sorted(self._backends.models())) or "none"
             error: SchedulerError = ModelNotFoundError(
                 f"model '{model}' is not served here; models: {known}"
             )
@@ -341,29 +343,14 @@ class Dispatcher:
             t.backend_tpot.labels(backend_id).set(state.tpot_seconds or 0.0)
 
     def _add_backend(self, state: BackendState) -> None:
-        self._drop_backend(state.id)
-        self._backends[state.id] = state
+        self._backends.add(state)
         now = self._clock()
         for model in state.backend.models:
-            self._by_model.setdefault(model, []).append(state)
             if model not in self._models:
                 # A model's queue outlives its backends: when the last backend of a model
                 # leaves, queued requests stay queued until another one registers.
                 queue = self._policies.new_queue(len(self.tiers))
                 self._models[model] = ModelState(model, queue, self.tiers, self._telemetry, now)
-
-    def _drop_backend(self, backend_id: str) -> BackendState | None:
-        state = self._backends.pop(backend_id, None)
-        if state is None:
-            return None
-        state.draining = True
-        for model in state.backend.models:
-            serving = [b for b in self._by_model.get(model, []) if b is not state]
-            if serving:
-                self._by_model[model] = serving
-            else:
-                self._by_model.pop(model, None)
-        return state
 
     def _reconfigure(self, event: ev.Reconfigure) -> None:
         self.tiers = event.tiers
@@ -400,8 +387,6 @@ class Dispatcher:
             for ticket in tickets:
                 self.attempts.abandon(ticket, error)
             model.update_depth()
-
-    # -- for the picker -------------------------------------------------------------------
 
     @property
     def policies(self) -> Policies:

@@ -43,7 +43,7 @@ class ThresholdGate:
         """See :meth:`fairq_server.scheduling.interfaces.Gate.check`."""
         if backend.draining:
             return GateOutcome.DRAINING
-        if backend.healthy is False:
+        if backend.healthy is False:  # suspect or down
             return GateOutcome.UNHEALTHY
         if backend.max_in_flight and backend.in_flight >= backend.max_in_flight:
             return GateOutcome.IN_FLIGHT

@@ -120,8 +120,11 @@ class Picker:
         return tier_queue.head_of(tier_queue.fairness.select())
 
     def _another_backend(self, model: str, ticket: Ticket) -> bool:
-        """Whether a serving backend of ``model`` exists that ``ticket`` has not failed on."""
-        return any(b.id not in ticket.excluded and b.serving for b in self._d.backends_of(model))
+        """Whether a usable backend of ``model`` exists that ``ticket`` has not failed on."""
+        return any(
+            b.id not in ticket.excluded and b.healthy is not False and not b.draining
+            for b in self._d.backends_of(model)
+        )
 
     def _pick(
         self, model: ModelState, tier: int, candidates: list[BackendState]

@@ -207,7 +207,7 @@ async def test_a_failed_request_keeps_the_backend_suspect_through_a_tolerated_fa
     scrape; a failed scrape below the threshold does not clear that."""
     async with scripted_poller([ok(), boom, ok()]) as (poller, load, _):
         await poller.poll_once()
-        load.healthy = False  # as the dispatcher's retry path does
+        load.suspect()  # as the dispatcher's retry path does
         await poller.poll_once()
         assert load.healthy is False
         await poller.poll_once()

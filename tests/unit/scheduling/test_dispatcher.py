@@ -21,7 +21,7 @@ from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import SchedulerConfig, TierConfig
 from fairq_server.errors import QueueFullError, SchedulerError, ShuttingDownError
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.backend_state import BackendState, Health
 from fairq_server.scheduling.dispatcher import DISPATCH_BATCH, Dispatcher
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.outbox import OutboxEvent, Queued
@@ -618,3 +618,79 @@ async def test_grouping_lets_a_prefix_user_run_ahead_by_at_most_q() -> None:
         for user, prefix in plan:
             await h.submit(h.ticket(user, prefix=prefix))
         assert await serve_one_at_a_time(h, 6) == ["c", "c", "a", "b", "c", "a"]
+
+
+# -- supervision ---------------------------------------------------------------------------
+
+
+async def test_a_crash_in_the_loop_fails_queued_requests_reports_and_restarts() -> None:
+    health: list[bool] = []
+    async with Harness() as h:
+        h.d._on_health = health.append
+        h.scrape(waiting=10)  # everything stays queued
+        running, queued = h.ticket("r"), [h.ticket(u) for u in "ab"]
+        h.scrape(waiting=0)
+        await h.submit(running)
+        h.scrape(waiting=10)
+        await h.submit(*queued)
+        assert running.state is TicketState.RUNNING and len(h.queue) == 2
+
+        real = h.d._picker.dispatch
+        faults = iter([RuntimeError("injected")])
+
+        def faulty(now: float, batch: int) -> bool:
+            for fault in faults:
+                raise fault
+            return real(now, batch)
+
+        h.d._picker.dispatch = faulty  # type: ignore[method-assign]
+        h.scrape()  # wakes the loop into the fault
+        for t in queued:
+            error = await error_of(t)
+            assert type(error).__name__ == "InternalError" and str(error) == "internal error"
+        async with asyncio.timeout(5):  # the first restart comes after 50 ms
+            while len(health) < 2:  # noqa: ASYNC110 - the callback sets no event
+                await asyncio.sleep(0.01)
+        assert health == [False, True] and h.d.crashes == 1
+        # Running requests were not touched, and the restarted loop dispatches again.
+        assert running.state is TicketState.RUNNING
+        after = h.ticket("c")
+        h.scrape(waiting=0)
+        await h.submit(after)
+        assert h.assigned.get(after) is h.entries[0]
+
+
+async def test_a_fault_applying_one_event_fails_only_that_request(h: Harness) -> None:
+    bad, good = h.ticket("bad"), h.ticket("good")
+    bad.request = None  # type: ignore[assignment]  # breaks _submit for this ticket only
+    await h.submit(bad, good)
+    assert type(await error_of(bad)).__name__ == "InternalError"
+    assert h.assigned.get(good) is h.entries[0]
+    assert h.d.crashes == 0
+
+
+async def test_a_failed_request_makes_its_backend_suspect_not_down(h: Harness) -> None:
+    """One request that could not reach the backend holds new work there until the next good
+    scrape, but the model still accepts requests: only failing scrapes make it down."""
+    r = h.ticket("r")
+    await h.submit(r)
+    h.fail(r)
+    await settle()
+    backend = h.entries[0]
+    assert backend.health is Health.SUSPECT and backend.serving
+    late = h.ticket("late")
+    await h.submit(late)
+    (queued,) = await outcome(late)  # accepted
+    assert isinstance(queued, Queued)
+    assert late.state is TicketState.QUEUED and h.refusals("b0", "unhealthy") == 1
+    h.scrape()
+    await settle()
+    assert backend.health is Health.UP
+    assert h.assigned.get(r) is backend and h.assigned.get(late) is backend
+    for _ in range(2):
+        h.d.scrape_landed("b0", BackendError("timeout", BackendFailure.UNAVAILABLE))
+    await settle()
+    assert backend.health is Health.DOWN and not backend.serving
+    refused = h.ticket("refused")
+    await h.submit(refused)
+    assert "no healthy backend" in str(await error_of(refused))
