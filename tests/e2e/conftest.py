@@ -19,6 +19,13 @@ from .vllm_process import VLLM_PYTHON_ENV, VllmProcess, find_vllm_python
 _HERE = Path(__file__).resolve().parent
 _E2E_TIMEOUT_S = 900
 
+#: vLLM runs on core 0 alone and the tests (load generator and fairq) on the others, as an
+#: engine on its own GPU host and a gateway on CPUs of its own would: a CPU engine's OpenMP
+#: threads stall whenever another process takes their core, and on a shared two-core machine
+#: that interference, not scheduling, would dominate every comparison.
+ENGINE_CPUS: tuple[int, ...] = (0,) if len(os.sched_getaffinity(0)) > 1 else ()
+OTHER_CPUS: set[int] = set(os.sched_getaffinity(0)) - set(ENGINE_CPUS)
+
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselection looks at the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -87,7 +94,9 @@ def _serve(
     extra_args: Sequence[str],
 ) -> Iterator[VllmProcess]:
     log_path = tmp_path_factory.mktemp(f"vllm-{name}") / "vllm.log"
-    with VllmProcess(python, model_dir, log_path, extra_args=extra_args) as server:
+    with VllmProcess(
+        python, model_dir, log_path, extra_args=extra_args, cpus=ENGINE_CPUS
+    ) as server:
         # Shown with `-s`; start-up time is worth watching on shared CI machines.
         print(
             f"\n[vllm-{name}] healthy at {server.url} after {server.startup_s:.1f} s;"

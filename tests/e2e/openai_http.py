@@ -72,8 +72,11 @@ def completions_sender(
     model: str,
     *,
     extra_body: Mapping[str, Any] | None = None,
+    chat: bool = False,
 ) -> SendFn:
     """A :data:`flood.SendFn` that streams ``/v1/completions`` with ``ignore_eos``.
+
+    With ``chat``, ``/v1/chat/completions`` instead, the prompt as one user message.
 
     Each stream is checked: it must end with ``[DONE]`` after a usage chunk reporting exactly
     ``max_tokens`` completion tokens, which is what the flood's token accounting relies on.
@@ -86,9 +89,8 @@ def completions_sender(
     """
 
     async def send(user: str, prompt: str, max_tokens: int) -> AsyncIterator[str]:
-        body = {
+        body: dict[str, Any] = {
             "model": model,
-            "prompt": prompt,
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "stream": True,
@@ -96,8 +98,13 @@ def completions_sender(
             "user": user,
             **(extra_body or {}),
         }
+        if chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        path = "/v1/chat/completions" if chat else "/v1/completions"
         completion_tokens: int | None = None
-        async with client.stream("POST", f"{base_url}/v1/completions", json=body) as response:
+        async with client.stream("POST", f"{base_url}{path}", json=body) as response:
             if response.status_code != 200:
                 await response.aread()
                 raise StreamError(f"HTTP {response.status_code}: {response.text}")
@@ -108,7 +115,8 @@ def completions_sender(
                 if event.get("usage"):
                     completion_tokens = event["usage"]["completion_tokens"]
                 for choice in event.get("choices", []):
-                    yield choice.get("text") or ""
+                    delta = choice.get("delta") or {}
+                    yield (delta.get("content") if chat else choice.get("text")) or ""
             else:
                 raise StreamError("stream ended without [DONE]")
         if completion_tokens != max_tokens:

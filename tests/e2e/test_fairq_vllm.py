@@ -17,6 +17,7 @@ import httpx
 import fairq
 from fairq_server.bench.processes import fairq_process, toml_config
 
+from .conftest import OTHER_CPUS
 from .flood import FloodConfig, SendFn, run_flood
 from .openai_http import (
     completions_sender,
@@ -35,18 +36,30 @@ DEEP_STANDARD = "".join(
 
 
 def fairq_send(
-    channel: grpc.aio.Channel, model: str, tiers: Mapping[str, str] | None = None
+    channel: grpc.aio.Channel,
+    model: str,
+    tiers: Mapping[str, str] | None = None,
+    *,
+    chat: bool = False,
 ) -> SendFn:
     """A flood SendFn through fairq: one client per user on a shared channel.
 
-    ``tiers`` maps a user to the tier it asks for (default: its ceiling).
+    ``tiers`` maps a user to the tier it asks for (default: its ceiling); with ``chat`` the
+    prompt goes as one user message.
     """
     clients: dict[str, fairq.AsyncClient] = {}
 
     async def send(user: str, prompt: str, max_tokens: int) -> AsyncIterator[str]:
         client = clients.setdefault(user, fairq.AsyncClient("", user=user, channel=channel))
         tier = (tiers or {}).get(user, "")
-        events = client.generate(model, prompt, max_tokens=max_tokens, ignore_eos=True, tier=tier)
+        events = (
+            client.generate(
+                model, messages=[("user", prompt)], max_tokens=max_tokens, ignore_eos=True,
+                tier=tier,
+            )
+            if chat
+            else client.generate(model, prompt, max_tokens=max_tokens, ignore_eos=True, tier=tier)
+        )  # fmt: skip
         finished = None
         async with contextlib.aclosing(events):
             async for event in events:
@@ -111,24 +124,17 @@ async def _flood(send: SendFn, config: FloodConfig) -> tuple[float, float, float
 def _out_of_the_engines_way() -> Iterator[None]:
     """Run the load generator and fairq (a child, so it inherits this) beside vLLM, not on it.
 
-    vLLM's CPU build binds its model worker to core 0; its engine-core and API-server
-    processes share the other core(s) with everything else. The load generator and fairq keep
-    off core 0 and run at a lower CPU priority, as a gateway would run on CPUs of its own in
-    production; direct and through-fairq runs get the same treatment. On two cores the
-    priority matters: at equal priority the engine core's scheduling steps wait behind the
-    load generator and the relay (makespan ratio ~1.18 vs ~1.12 over three rounds each).
+    vLLM is confined to ``ENGINE_CPUS`` (all its processes and threads); the load generator
+    and fairq take the other cores, as a gateway runs on CPUs of its own in production.
+    Direct and through-fairq runs get the same treatment.
     """
     cpus = os.sched_getaffinity(0)
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if len(cpus) > 1:
-        os.sched_setaffinity(0, cpus - {0})
-    os.setpriority(os.PRIO_PROCESS, 0, max(nice, 15))
+    if OTHER_CPUS:
+        os.sched_setaffinity(0, OTHER_CPUS)
     try:
         yield
     finally:
         os.sched_setaffinity(0, cpus)
-        with contextlib.suppress(PermissionError):  # raising priority back needs privileges
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
 Runs = list[tuple[float, float, float]]
@@ -212,8 +218,8 @@ async def test_tier_reaches_vllm_as_priority(vllm_priority: VllmProcess) -> None
     tiers = {config.power_user: "standard", config.light_user: "interactive"}
     url, model = vllm_priority.url, vllm_priority.model
     cpus = os.sched_getaffinity(0)
-    if len(cpus) > 1:
-        os.sched_setaffinity(0, cpus - {0})
+    if OTHER_CPUS:
+        os.sched_setaffinity(0, OTHER_CPUS)
     light: dict[bool, float] = {}
     try:
         async with flood_client() as http:

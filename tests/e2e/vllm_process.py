@@ -86,6 +86,8 @@ class VllmProcess:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 300.0,
+        cpus: Sequence[int] = (),
+        nice: int = 0,
     ) -> None:
         """Describe the server; nothing runs until :meth:`start`.
 
@@ -97,6 +99,12 @@ class VllmProcess:
             env: Extra environment variables, applied over the defaults.
             startup_timeout_s: How long to wait for ``/health``; a cold start compiles the
                 model with torch inductor, which takes about a minute on two cores.
+            cpus: Confine every vLLM process (API server, engine core, model worker and its
+                OpenMP threads) to these cores, as an engine on its own GPU host would be; a
+                CPU engine's threads stall whenever another process takes their core, which
+                a GPU deployment never sees. Empty: no confinement.
+            nice: Scheduling priority of every vLLM process (negative needs root); a
+                benchmark on a machine with other tenants keeps them off the engine's core.
         """
         self.python = python
         self.model_dir = model_dir
@@ -104,6 +112,8 @@ class VllmProcess:
         self.extra_args = tuple(extra_args)
         self.env = dict(env or {})
         self.startup_timeout_s = startup_timeout_s
+        self.cpus = tuple(cpus)
+        self.nice = nice
         self.port: int | None = None
         #: Seconds from spawn to the first healthy ``/health`` (of the successful attempt).
         self.startup_s: float | None = None
@@ -179,7 +189,11 @@ class VllmProcess:
 
     def _start_once(self) -> None:
         self.port = _free_port()
+        pin = ["taskset", "-c", ",".join(map(str, self.cpus))] if self.cpus else []
+        niced = ["nice", "-n", str(self.nice)] if self.nice else []
         cmd = [
+            *niced,
+            *pin,
             str(self.python),
             "-m",
             "vllm.entrypoints.openai.api_server",
@@ -224,6 +238,8 @@ class VllmProcess:
         for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
             env.pop(name, None)
         env.update(_BASE_ENV)
+        if self.cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cpus))
         env.update(self.env)
         return env
 

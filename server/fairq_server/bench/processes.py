@@ -21,12 +21,14 @@ __all__ = ["fairq_process", "sim_process", "toml_config"]
 _READY_TIMEOUT = 60.0
 
 
-async def _start(args: Sequence[str], pattern: str) -> tuple[asyncio.subprocess.Process, str]:
+async def _start(
+    args: Sequence[str], pattern: str, python: str = sys.executable
+) -> tuple[asyncio.subprocess.Process, str]:
     """Start a child and wait for the stdout line matching ``pattern``; return group 1."""
     # stderr goes to a file: a pipe nobody drains would block a chatty child.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fairq_server", *args,
+        python, "-m", "fairq_server", *args,
         stdout=asyncio.subprocess.PIPE, stderr=log,
         # Own process group (so stop reaches every child) but not a new session: a new session
         # is a new scheduler autogroup, which on a small machine starves the measuring client.
@@ -83,14 +85,18 @@ def toml_config(backend_url: str, model: str, kind: str, extra: str = "") -> str
 
 
 @contextlib.asynccontextmanager
-async def fairq_process(config_text: str) -> AsyncIterator[str]:
-    """Run ``fairq serve`` with ``config_text`` and yield its gRPC target."""
+async def fairq_process(config_text: str, python: str = sys.executable) -> AsyncIterator[str]:
+    """Run ``fairq serve`` with ``config_text`` and yield its gRPC target.
+
+    ``python`` may name another checkout's interpreter, to compare two versions of fairq.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fairq.toml"
         path.write_text(config_text)
         proc, port = await _start(
             ["--log-level", "WARNING", "serve", "--config", str(path), "--grace", "2"],
             r"\(port (\d+)\)",
+            python,
         )
         try:
             yield f"127.0.0.1:{port}"
