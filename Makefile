@@ -5,7 +5,7 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm bench-vllm calibrate demo node bench clean
+.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
@@ -63,6 +63,10 @@ calibrate: sync $(VLLM_VENV)/.installed
 
 bench-vllm: sync $(VLLM_VENV)/.installed
 	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) python -m tests.e2e.bench_vllm flood
+
+# The flood across engine sizes and workloads (~25 min); SWEEP_ARGS=--docs writes docs/benchmarks.
+sweep-vllm: sync $(VLLM_VENV)/.installed
+	FAIRQ_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) python -m tests.e2e.sweep_vllm $(SWEEP_ARGS)
 
 demo: sync
 	$(PY) fairq demo

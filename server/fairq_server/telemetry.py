@@ -66,7 +66,8 @@ class Telemetry:
         )  # fmt: skip
         self.gate_refusals = Counter(
             "fairq_gate_refusals_total",
-            "Dispatch attempts a backend's gate refused, by reason.",
+            "Requests that were next in line and found a backend's gate closed, by reason; "
+            "each request counts once per backend, however long it then waits.",
             ["backend", "reason"],
             registry=r,
         )
