@@ -91,16 +91,22 @@ HEADER = (
 )
 
 
-def flood_config(seqs: int, power_users: int) -> FloodConfig:
+def flood_config(seqs: int, power_users: int, power_tokens: int = 300) -> FloodConfig:
     """15 waves of the engine's batch: behind FIFO a light user waits ~14 of them."""
     return FloodConfig(
-        power_requests=15 * seqs, power_users=power_users, light_requests=3, light_every_s=0.5
+        power_requests=15 * seqs,
+        power_max_tokens=power_tokens,
+        power_users=power_users,
+        light_requests=3,
+        light_every_s=0.5,
     )
 
 
-async def run_cell(url: str, model: str, cell: Cell, rounds: int, python: str) -> None:
+async def run_cell(
+    url: str, model: str, cell: Cell, rounds: int, python: str, power_tokens: int
+) -> None:
     """Fill ``cell`` with ``rounds`` x (direct, fairq, fairq, direct) floods."""
-    config = flood_config(cell.seqs, cell.power_users)
+    config = flood_config(cell.seqs, cell.power_users, power_tokens)
     chat = cell.api == "chat"
     async with flood_client() as http:
         for i, via_fairq in enumerate((False, True, True, False) * rounds):
@@ -218,6 +224,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--power-users", default="1,3")
     parser.add_argument("--apis", default="completions,chat")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--power-tokens", type=int, default=300, help="per power request")
     parser.add_argument("--out", type=Path, default=None, help="folder for the page and plot")
     parser.add_argument("--docs", action="store_true", help="write into docs/benchmarks")
     parser.add_argument("--shared-core", action="store_true")
@@ -266,7 +273,12 @@ def main(argv: Sequence[str]) -> int:
                 for api in args.apis.split(","):
                     cell = Cell(seqs, users, api)
                     print(f"cell: {seqs} seqs, {users} power user(s), {api}", flush=True)
-                    asyncio.run(run_cell(vllm.url, vllm.model, cell, args.rounds, sys.executable))
+                    asyncio.run(
+                        run_cell(
+                            vllm.url, vllm.model, cell, args.rounds, sys.executable,
+                            args.power_tokens,
+                        )
+                    )  # fmt: skip
                     print(HEADER.splitlines()[0] + "\n" + cell.row(), flush=True)
                     cells.append(cell)
     minutes = (time.monotonic() - started) / 60
@@ -303,10 +315,11 @@ def _page(table: str, args: argparse.Namespace, minutes: float) -> str:
 
 Real vLLM 0.32 (CPU build, tiny random Llama) alone on core 0 (`taskset -c 0`,
 `VLLM_CPU_OMP_THREADS_BIND=0`); fairq and the load generator on core 1. Per cell,
-{args.rounds} round(s) of (direct, fairq, fairq, direct) floods: 15 x `max-num-seqs` power
-requests of 300 tokens (split over the power users), three light users with one 16-token
-request each at 0.5, 1.0 and 1.5 s. Ratios are fairq / direct of the means; targets: light
-TTFT <= {LIGHT_TARGET}x, makespan <= {MAKESPAN_TARGET}x. {minutes:.0f} minutes.
+{args.rounds} round(s) of (direct, fairq, fairq, direct) floods: 15 x `max-num-seqs`
+power requests of {args.power_tokens} tokens (split over the power users), three light users
+with one 16-token request each at 0.5, 1.0 and 1.5 s. Ratios are fairq / direct of the
+means; targets: light TTFT <= {LIGHT_TARGET}x, makespan <= {MAKESPAN_TARGET}x.
+{minutes:.0f} minutes.
 
 {table}
 
