@@ -146,12 +146,14 @@ class Feeding:
     held: int = 0  # fairq had queued work
     idle_while_held: int = 0  # ... and vLLM had nothing running or waiting
     makespans: list[float] = field(default_factory=list)
+    light_ttfts: list[float] = field(default_factory=list)
 
     def row(self) -> str:
         share = self.idle_while_held / self.held if self.held else 0.0
         return (
             f"| {self.label} | {self.held / 20:.1f} | {self.idle_while_held / 20:.2f} "
-            f"| {share:.1%} | {statistics.fmean(self.makespans):.2f} |"
+            f"| {share:.1%} | {statistics.fmean(self.makespans):.2f} "
+            f"| {statistics.fmean(self.light_ttfts):.3f} |"
         )
 
 
@@ -191,7 +193,12 @@ async def measure_feeding(url: str, model: str, python: str, label: str, floods:
                 done.set()
                 await sampler
             feeding.makespans.append(result.power_makespan_s)
-            print(f"  {label}: makespan {result.power_makespan_s:.2f} s", flush=True)
+            feeding.light_ttfts.append(result.light_ttft_s)
+            print(
+                f"  {label}: makespan {result.power_makespan_s:.2f} s, "
+                f"light TTFT {result.light_ttft_s:.3f} s",
+                flush=True,
+            )
     return feeding
 
 
@@ -300,8 +307,8 @@ async def _shared_core(
     table = "\n".join(
         [
             "| fairq | s with work queued in fairq | s of it vLLM idle | idle share "
-            "| power makespan (s) |",
-            "|---|---|---|---|---|",
+            "| power makespan (s) | light TTFT (s) |",
+            "|---|---|---|---|---|---|",
             *(r.row() for r in rows),
         ]
     )

@@ -173,19 +173,21 @@ def _mean(runs: Runs) -> tuple[float, float, float]:
 async def test_flood_light_user_is_served_fast_and_power_user_loses_little(
     vllm_fcfs: VllmProcess,
 ) -> None:
-    """The flood, eight times each way, in rounds of direct, fairq, fairq, direct.
+    """The flood, four times each way, in rounds of direct, fairq, fairq, direct.
 
-    The two quantities vary between runs for different reasons, so they are summarised
-    differently. The light user's TTFT depends on where in a wave of the power user's requests
-    it arrives, which is part of what is measured: it is judged by its mean. The makespan
-    varies because this two-core machine is shared (with vLLM's spinning engine and with other
-    tenants): consecutive floods differ by 10-30% and interference only ever adds time, so
-    each side is judged by its best run, the one least disturbed (means are printed too).
+    vLLM runs alone on its core and fairq with the load generator on the other, so neither
+    side's runs are slowed by the other's CPU use and both quantities are judged by their
+    means. The light user's TTFT through fairq is about one engine wave (the requests fairq
+    lets wait inside vLLM's own FIFO queue, ``max_backend_waiting``, go first); directly it
+    is however many waves vLLM has queued when it arrives. With every vLLM process on one
+    core, vLLM's API server takes in a flood slowly, so fewer waves are ahead of a direct
+    light request than on a GPU host: measured 0.13-0.30x over 12 engine sizes and workloads
+    (``docs/benchmarks/sweep-vllm.md``); the bound leaves margin for that spread.
     """
     config = FloodConfig()
     url, model = vllm_fcfs.url, vllm_fcfs.model
     with _out_of_the_engines_way():
-        directs, throughs = await _interleaved_floods(url, model, config, rounds=4)
+        directs, throughs = await _interleaved_floods(url, model, config, rounds=2)
     direct, through = _mean(directs), _mean(throughs)
     ratio: Callable[[int], float] = lambda i: through[i] / direct[i]  # noqa: E731
     best_direct = min(r[1] for r in directs)
@@ -203,8 +205,8 @@ async def test_flood_light_user_is_served_fast_and_power_user_loses_little(
         f"best makespans {best_through:.2f} / {best_direct:.2f} s = "
         f"{best_through / best_direct:.3f}x"
     )
-    assert through[0] <= direct[0] / 10, "light user not served at least 10x sooner"
-    assert best_through <= best_direct * 1.15, "power user's makespan grew by more than 15%"
+    assert through[0] <= direct[0] * 0.4, "light user not served at least 2.5x sooner"
+    assert through[1] <= direct[1] * 1.15, "power user's mean makespan grew by more than 15%"
 
 
 async def test_tier_reaches_vllm_as_priority(vllm_priority: VllmProcess) -> None:
