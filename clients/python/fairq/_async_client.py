@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 import grpc.aio
@@ -25,6 +25,10 @@ from fairq._errors import translate_rpc_error
 from fairq._events import Completion, CompletionBuilder, Event, event_from_proto
 from fairq._requests import ChatMessages, build_generate_request, build_metadata
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+if TYPE_CHECKING:
+    # typing.Self is 3.11+; the client installs on 3.10 too (annotations are not evaluated).
+    from typing import Self
 
 __all__ = ["AsyncClient"]
 
