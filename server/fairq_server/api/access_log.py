@@ -96,7 +96,8 @@ def format_line(trace: RequestTrace, outcome: str, ended_at: float, wall: float)
             "completion_tokens": trace.completion_tokens,
         },
         separators=(", ", ": "),
-        ensure_ascii=False,
+        # ASCII only: a raw U+2028 in a model name would split the line for some readers.
+        ensure_ascii=True,
     )
 
 
