@@ -29,7 +29,7 @@ from fairq._errors import (
 )
 from fairq._events import Chunk, Completion, Event, Finished, Queued, Started
 from fairq._requests import ChatMessages
-from fairq._snapshot import BackendLoad, ModelQueue, QueueSnapshot, UserLoad
+from fairq._snapshot import BackendLoad, ModelQueue, Snapshot, UserLoad
 from fairq._sync_client import Client
 
 __all__ = [
@@ -51,9 +51,9 @@ __all__ = [
     "NotFoundError",
     "PermissionDeniedError",
     "Queued",
-    "QueueSnapshot",
     "RequestCancelledError",
     "ResourceExhaustedError",
+    "Snapshot",
     "Started",
     "UnauthenticatedError",
     "UnavailableError",

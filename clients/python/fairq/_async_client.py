@@ -24,7 +24,7 @@ from fairq._backends import (
 from fairq._errors import translate_rpc_error
 from fairq._events import Completion, CompletionBuilder, Event, event_from_proto
 from fairq._requests import ChatMessages, build_generate_request, build_metadata
-from fairq._snapshot import QueueSnapshot, snapshot_from_proto
+from fairq._snapshot import Snapshot, snapshot_from_proto
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 if TYPE_CHECKING:
@@ -295,9 +295,7 @@ class AsyncClient:
         request = admin_pb2.DeregisterBackendRequest(id=id, drain=drain)
         await self._unary(self._admin.DeregisterBackend, request, timeout)
 
-    async def queue_snapshot(
-        self, *, top_users: int = 0, timeout: float | None = None
-    ) -> QueueSnapshot:
+    async def queue_snapshot(self, *, top_users: int = 0, timeout: float | None = None) -> Snapshot:
         """Report queue depth per model and tier, top users and backend gates (admin only).
 
         Args:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from fairq._backends import BackendStatus, backend_status_from_proto
 from fairq.v1 import admin_pb2
 
-__all__ = ["BackendLoad", "ModelQueue", "QueueSnapshot", "UserLoad"]
+__all__ = ["BackendLoad", "ModelQueue", "Snapshot", "UserLoad"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class BackendLoad:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueSnapshot:
+class Snapshot:
     """fairq's queues and backends at one moment.
 
     Attributes:
@@ -81,9 +81,9 @@ class QueueSnapshot:
     known_users: int
 
 
-def snapshot_from_proto(response: admin_pb2.GetQueueSnapshotResponse) -> QueueSnapshot:
+def snapshot_from_proto(response: admin_pb2.GetQueueSnapshotResponse) -> Snapshot:
     """Convert a ``fairq.v1.GetQueueSnapshotResponse`` message."""
-    return QueueSnapshot(
+    return Snapshot(
         taken_at=response.taken_at_unix_seconds,
         models=tuple(
             ModelQueue(
