@@ -81,7 +81,7 @@ def render(snap: fairq.Snapshot, target: str, width: int = 120) -> list[str]:
         )  # fmt: skip
     else:
         out.append("no backends")
-    return out
+    return [line[:width] for line in out]
 
 
 def _client(args: argparse.Namespace) -> fairq.Client:
