@@ -31,7 +31,9 @@ sync: bootstrap
 $(BUF): clients/node/package.json clients/node/package-lock.json
 	cd clients/node && npm ci --no-audit --no-fund --silent
 
+# The Node client loads the protos from inside its package: refresh that copy every time.
 node: $(BUF)
+	cd clients/node && node scripts/copy-protos.js
 
 protos: sync
 	$(PY) python -m grpc_tools.protoc -I protos \
