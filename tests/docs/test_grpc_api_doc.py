@@ -87,6 +87,6 @@ async def test_every_buf_curl_block_works_against_a_live_fairq(
     assert snapshot["models"][0]["model"] == "sim"
     assert {b["status"]["backend"]["id"] for b in snapshot["backends"]} == {"sim-a", "vllm-b"}
     assert outputs["fairq.v1.Admin/DeregisterBackend"][0].strip() == "{}"
-    assert server.core.pool.get("vllm-b") is None
+    assert server.core.backend("vllm-b") is None
     assert '"SERVING"' in outputs["grpc.health.v1.Health/Check"][0]
     assert "fairq.v1.Admin/GetQueueSnapshot" in outputs[""][0]
