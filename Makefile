@@ -5,16 +5,22 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench clean
+.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
 	@echo "make test       - the fast test suite (lint, types, stubs, unit, API, simulator, Node client)"
 	@echo "make test-vllm  - end-to-end tests against a real vLLM (installs it, ~2 min)"
 	@echo "make protos     - regenerate Python stubs from protos/"
+	@echo "make gen        - Go and Java stubs under gen/ (buf managed mode, buf.gen.yaml)"
+	@echo "make bench      - the flood benchmark on the simulator (results in bench-results/)"
+	@echo "make packages-check / deploy-check - the CI checks of the client packages / deployment files"
 
+# pip's --user install lands in ~/.local/bin; a Python marked externally managed (PEP 668,
+# Debian's) refuses it unless told, and ~/.local is the user's own.
 $(UV):
-	python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv
+	python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv \
+		|| python3 -m pip install --quiet --user --break-system-packages uv
 
 bootstrap: $(UV)
 	@command -v $(UV) >/dev/null || (echo "uv not found"; exit 1)
@@ -25,7 +31,9 @@ sync: bootstrap
 $(BUF): clients/node/package.json clients/node/package-lock.json
 	cd clients/node && npm ci --no-audit --no-fund --silent
 
+# The Node client loads the protos from inside its package: refresh that copy every time.
 node: $(BUF)
+	cd clients/node && node scripts/copy-protos.js
 
 protos: sync
 	$(PY) python -m grpc_tools.protoc -I protos \
@@ -74,5 +82,14 @@ demo: sync
 bench: sync
 	$(PY) fairq bench flood --backend sim
 
+gen: node
+	$(BUF) generate --template buf.gen.yaml
+
+packages-check: sync node
+	.ci/packages-check
+
+deploy-check: sync
+	.ci/deploy-check
+
 clean:
-	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache gen bench-results

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ __all__ = ["ANONYMOUS_USER", "Authenticator", "Principal", "hash_key"]
 
 ANONYMOUS_USER = "anonymous"
 _MAX_USER_CHARS = 128
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Authenticator:
     def __init__(self, keys: Iterable[KeyConfig], tier_names: Sequence[str]) -> None:
         self._tier_names = tuple(tier_names)
         self._keys: list[tuple[bytes, Principal]] = []
+        self._warned_ignored_key = False
         self.update(keys)
 
     def update(self, keys: Iterable[KeyConfig]) -> None:
@@ -81,6 +85,15 @@ class Authenticator:
         """
         md = {k.lower(): v for k, v in metadata}
         if self.open_mode:
+            if "authorization" in md and not self._warned_ignored_key:
+                # Once per process: a client sending a key to a key-less server believes it is
+                # someone it is not (every such caller is the x-fairq-user name or anonymous).
+                self._warned_ignored_key = True
+                log.warning(
+                    "a caller sent an API key, but no [[keys]] are configured (open mode): "
+                    "the key is ignored and the caller is named by x-fairq-user, else "
+                    "'anonymous' (logged once)"
+                )
             user = md.get("x-fairq-user", ANONYMOUS_USER)
             user = user.decode(errors="replace") if isinstance(user, bytes) else user
             if not user or len(user) > _MAX_USER_CHARS:

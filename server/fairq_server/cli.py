@@ -1,9 +1,11 @@
-"""The ``fairq`` command: ``serve``, ``sim``, ``demo`` and ``bench``."""
+"""The ``fairq`` command: ``serve``, ``health``, ``keys``, ``top``, ``sim``, ``demo``, ``bench``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import importlib
 import logging
 import signal
 import sys
@@ -19,6 +21,8 @@ __all__ = ["main"]
 def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
+        if args.access_log:
+            config = dataclasses.replace(config, access_log=True)
     except (OSError, ConfigError) as exc:
         print(f"fairq: {exc}", file=sys.stderr)
         return 2
@@ -33,7 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         reloads: set[asyncio.Task[None]] = set()
         loop.add_signal_handler(
-            signal.SIGHUP, lambda: _spawn(reloads, _reload(server, args.config))
+            signal.SIGHUP, lambda: _spawn(reloads, _reload(server, args.config, args.access_log))
         )
         await stop.wait()
         logging.getLogger("fairq").info("stopping: draining for %.0f s", args.grace)
@@ -49,10 +53,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _reload(server: FairqServer, path: str) -> None:
+async def _reload(server: FairqServer, path: str, access_log: bool) -> None:
     log = logging.getLogger("fairq")
     try:
-        await server.reload(load_config(path))
+        config = load_config(path)
+        if access_log:  # the command line's --access-log outlives reloads
+            config = dataclasses.replace(config, access_log=True)
+        await server.reload(config)
     except (OSError, ConfigError) as exc:
         log.error("reload of %s refused, configuration unchanged: %s", path, exc)
 
@@ -71,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the gRPC scheduling service")
     serve.add_argument("--config", required=True, help="TOML configuration file")
     serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
+    serve.add_argument(
+        "--access-log", action="store_true", help="one JSON line per request on stdout"
+    )
+    sub.add_parser("health", help="exit 0 if a fairq reports SERVING", add_help=False)
+    sub.add_parser("keys", help="make API keys (fairq keys new --user NAME)", add_help=False)
+    sub.add_parser("top", help="live view of queues, users and backends", add_help=False)
     sub.add_parser("sim", help="run the simulated backend (see fairq sim --help)", add_help=False)
     sub.add_parser("demo", help="the power-user story on a simulated backend", add_help=False)
     sub.add_parser("bench", help="run benchmark scenarios", add_help=False)
@@ -84,17 +97,34 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return _serve(args)
-    if args.command == "sim":
-        from fairq_server.sim.cli import main as sim_main
+    if args.command in _TOOLS:
+        module = importlib.import_module(_TOOLS[args.command])
+        return int(module.main(rest))
+    extra = "sim" if args.command == "sim" else "bench"
+    try:
+        module = importlib.import_module(_EXTRAS[args.command])
+    except ModuleNotFoundError as exc:
+        print(
+            f"fairq {args.command} needs the '{extra}' extra ({exc.name} is missing): "
+            f"pip install 'fairq[{extra}]' (a checkout's `make sync` installs it)",
+            file=sys.stderr,
+        )
+        return 2
+    return int(module.main(rest))
 
-        return sim_main(rest)
-    if args.command == "demo":
-        from fairq_server.bench.demo import main as demo_main
 
-        return demo_main(rest)
-    from fairq_server.bench.cli import main as bench_main
-
-    return bench_main(rest)
+# Imported on use: the operator tools need only the server's own dependencies, the simulator
+# and benchmarks their extras.
+_TOOLS = {
+    "health": "fairq_server.tools.health",
+    "keys": "fairq_server.tools.keys",
+    "top": "fairq_server.tools.top",
+}
+_EXTRAS = {
+    "sim": "fairq_server.sim.cli",
+    "demo": "fairq_server.bench.demo",
+    "bench": "fairq_server.bench.cli",
+}
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Example::
 
     listen = "127.0.0.1:50051"
     metrics_listen = "127.0.0.1:9464"      # "" turns fairq's own /metrics off
+    access_log = false                      # true: one JSON line per request on stdout
 
     [scheduler]
     fairness = "round-robin"                # or "vtc"
@@ -257,10 +258,17 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """The whole configuration."""
+    """The whole configuration.
+
+    Attributes:
+        access_log: write one JSON line per finished request to standard output (see
+            :mod:`fairq_server.api.access_log`).
+
+    """
 
     listen: str = "127.0.0.1:50051"
     metrics_listen: str = ""
+    access_log: bool = False
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     limits: Limits = field(default_factory=Limits)
     tls: TlsConfig | None = None
@@ -365,6 +373,11 @@ def parse_config(raw: dict[str, Any]) -> Config:
     for key in ("listen", "metrics_listen"):
         if key in raw:
             kwargs[key] = str(raw.pop(key))
+    if "access_log" in raw:
+        access_log = raw.pop("access_log")
+        if not isinstance(access_log, bool):
+            raise ConfigError(f"access_log must be true or false, not {access_log!r}")
+        kwargs["access_log"] = access_log
     if "scheduler" in raw:
         kwargs["scheduler"] = _build(SchedulerConfig, "scheduler", raw.pop("scheduler"))
     if "limits" in raw:

@@ -6,9 +6,35 @@ request id or a user name.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+from importlib import metadata
 
-__all__ = ["Telemetry"]
+import grpc
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+__all__ = ["Telemetry", "build_info"]
+
+
+def build_info() -> dict[str, str]:
+    """Return the labels of ``fairq_build_info``: fairq, Python and gRPC versions."""
+    try:
+        version = metadata.version("fairq")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        version = "unknown"
+    return {
+        "version": version,
+        "python_version": platform.python_version(),
+        "grpc_version": grpc.__version__,
+    }
+
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -22,6 +48,12 @@ class Telemetry:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # process_* (CPU seconds, resident memory, open file descriptors, start time) and
+        # python_info, as the default registry would have them.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.build = Info("fairq_build", "The running fairq's version.", registry=r)
+        self.build.info(build_info())
         self.loop_lag = Histogram(
             "fairq_event_loop_lag_seconds",
             "How late a 10 ms timer fired on fairq's event loop (time the loop spent on "

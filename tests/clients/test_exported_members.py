@@ -13,6 +13,7 @@ PUBLIC_API = [
     "AsyncClient",
     "Backend",
     "BackendKind",
+    "BackendLoad",
     "BackendStatus",
     "ChatMessages",
     "Chunk",
@@ -23,14 +24,17 @@ PUBLIC_API = [
     "FairqError",
     "Finished",
     "InvalidArgumentError",
+    "ModelQueue",
     "NotFoundError",
     "PermissionDeniedError",
     "Queued",
     "RequestCancelledError",
     "ResourceExhaustedError",
+    "Snapshot",
     "Started",
     "UnauthenticatedError",
     "UnavailableError",
+    "UserLoad",
 ]
 
 

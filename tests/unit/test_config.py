@@ -15,7 +15,7 @@ def test_example_config_loads() -> None:
     config = load_config(EXAMPLE)
     assert [t.name for t in config.tiers] == ["interactive", "standard", "batch"]
     assert config.tiers[2].max_backend_waiting == 0
-    assert config.backends[0].models == ("tiny",)
+    assert config.backends[0].models == ("sim",)  # what `fairq sim` serves
 
 
 def test_defaults() -> None:

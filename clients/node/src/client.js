@@ -1,4 +1,5 @@
-// fairq client for Node.js, built at run time from the protos in ../../../protos.
+// fairq client for Node.js, built at run time from the .proto files shipped in
+// this package (protos/, copied from the repository's protos/ by scripts/copy-protos.js).
 //
 // Field names stay exactly as in the .proto files (snake_case: max_tokens,
 // backend_id, completion_tokens, ...), in requests and in events alike, so they
@@ -24,7 +25,7 @@ import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 
-const PROTO_ROOT = fileURLToPath(new URL('../../../protos', import.meta.url));
+const PROTO_ROOT = fileURLToPath(new URL('../protos', import.meta.url));
 
 const packageDefinition = protoLoader.loadSync(
   ['fairq/v1/scheduler.proto', 'fairq/v1/admin.proto'],
@@ -162,6 +163,40 @@ function eventFromResponse(response) {
 }
 
 const KIND_NAMES = { BACKEND_KIND_VLLM: 'vllm', BACKEND_KIND_TGI: 'tgi' };
+const KIND_VALUES = { vllm: 'BACKEND_KIND_VLLM', tgi: 'BACKEND_KIND_TGI' };
+
+// Builds a fairq.v1.Backend from {id, kind, base_url, models, priority_scheduling, max_in_flight}.
+function toBackend({ id, kind, base_url, models, priority_scheduling = false, max_in_flight = 0 }) {
+  if (!(kind in KIND_VALUES)) {
+    throw new TypeError(`unknown backend kind '${kind}'; valid: ${Object.keys(KIND_VALUES).join(', ')}`);
+  }
+  if (!Array.isArray(models)) {
+    throw new TypeError('models must be an array of model names');
+  }
+  return { id, kind: KIND_VALUES[kind], base_url, models, priority_scheduling, max_in_flight };
+}
+
+function snapshotFromProto(response) {
+  return {
+    taken_at_unix_seconds: response.taken_at_unix_seconds,
+    models: response.models.map((m) => ({
+      model: m.model,
+      queued: m.queued,
+      tiers: m.tiers.map((t) => ({ tier: t.tier, queued: t.queued })),
+      queued_users: m.queued_users,
+    })),
+    users: response.users.map((u) => ({
+      user: u.user,
+      queued: u.queued,
+      recent_tokens: u.recent_tokens,
+    })),
+    backends: response.backends.map((b) => ({
+      status: backendStatusFromProto(b.status ?? {}),
+      gates: b.gates.map((g) => ({ tier: g.tier, state: g.state })),
+    })),
+    known_users: response.known_users,
+  };
+}
 
 function backendStatusFromProto(status) {
   const b = status.backend ?? {};
@@ -268,6 +303,43 @@ export function createClient(target, { apiKey, user, credentials } = {}) {
     async listBackends(options = {}) {
       const response = await unary('ListBackends', {}, options);
       return response.backends.map(backendStatusFromProto);
+    },
+
+    /**
+     * Register a backend, or replace the one with the same id (admin only).
+     *
+     * @param {{id: string, kind: 'vllm' | 'tgi', base_url: string, models: string[],
+     *   priority_scheduling?: boolean, max_in_flight?: number}} backend
+     * @param {{timeoutMs?: number}} [options]
+     * @returns {Promise<object>} the backend's BackendStatus right after registration.
+     */
+    async registerBackend(backend, options = {}) {
+      const request = { backend: toBackend(backend) };
+      const response = await unary('RegisterBackend', request, options);
+      return backendStatusFromProto(response.status ?? {});
+    },
+
+    /**
+     * Remove a backend (admin only). With `drain`, resolves once its in-flight
+     * requests have finished.
+     *
+     * @param {string} id
+     * @param {{drain?: boolean, timeoutMs?: number}} [options]
+     * @returns {Promise<void>}
+     */
+    async deregisterBackend(id, { drain = false, ...options } = {}) {
+      await unary('DeregisterBackend', { id, drain }, options);
+    },
+
+    /**
+     * Queue depth per model and tier, top users and backend gates (admin only).
+     *
+     * @param {{topUsers?: number, timeoutMs?: number}} [options]
+     * @returns {Promise<object>} field names as in the proto's GetQueueSnapshotResponse.
+     */
+    async queueSnapshot({ topUsers = 0, ...options } = {}) {
+      const response = await unary('GetQueueSnapshot', { top_users: topUsers }, options);
+      return snapshotFromProto(response);
     },
 
     /** Close the channel; calls still running are cancelled. */

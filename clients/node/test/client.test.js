@@ -107,10 +107,44 @@ server.addService(fairqV1.Admin.service, {
     });
   },
   RegisterBackend(call, callback) {
-    callback({ code: grpc.status.UNIMPLEMENTED, details: 'not faked' });
+    fake.requests.push(call.request);
+    callback(null, { status: { backend: call.request.backend, healthy: true } });
   },
   DeregisterBackend(call, callback) {
-    callback({ code: grpc.status.UNIMPLEMENTED, details: 'not faked' });
+    fake.requests.push(call.request);
+    if (call.request.id === 'nope') {
+      callback({ code: grpc.status.NOT_FOUND, details: "no backend 'nope'" });
+    } else {
+      callback(null, {});
+    }
+  },
+  GetQueueSnapshot(call, callback) {
+    fake.requests.push(call.request);
+    callback(null, {
+      taken_at_unix_seconds: 1800000000.5,
+      models: [
+        {
+          model: 'm',
+          queued: 3,
+          tiers: [
+            { tier: 'interactive', queued: 1 },
+            { tier: 'batch', queued: 2 },
+          ],
+          queued_users: 2,
+        },
+      ],
+      users: [{ user: 'bob', queued: 2, recent_tokens: 12.5 }],
+      backends: [
+        {
+          status: { backend: { id: 'vllm-a', kind: 'BACKEND_KIND_VLLM' }, in_flight: 4 },
+          gates: [
+            { tier: 'interactive', state: 'admit' },
+            { tier: 'batch', state: 'waiting' },
+          ],
+        },
+      ],
+      known_users: 5,
+    });
   },
 });
 
@@ -253,6 +287,56 @@ describe('listBackends', () => {
     } finally {
       unreachable.close();
     }
+  });
+});
+
+describe('backend management and the queue snapshot', () => {
+  it('registers a backend with proto field names and kind names', async () => {
+    const status = await client.registerBackend({
+      id: 'vllm-b',
+      kind: 'vllm',
+      base_url: 'http://127.0.0.1:8001',
+      models: ['m'],
+      max_in_flight: 8,
+    });
+    assert.equal(fake.requests[0].backend.kind, 1); // BACKEND_KIND_VLLM on the wire
+    assert.equal(fake.requests[0].backend.max_in_flight, 8);
+    assert.deepEqual(status.backend, {
+      id: 'vllm-b',
+      kind: 'vllm',
+      base_url: 'http://127.0.0.1:8001',
+      models: ['m'],
+      priority_scheduling: false,
+      max_in_flight: 8,
+    });
+    assert.equal(status.healthy, true);
+  });
+
+  it('rejects a malformed backend before any call', async () => {
+    await assert.rejects(client.registerBackend({ id: 'x', kind: 'sglang', models: [] }), TypeError);
+    await assert.rejects(client.registerBackend({ id: 'x', kind: 'tgi', models: 'm' }), TypeError);
+    assert.equal(fake.requests.length, 0);
+  });
+
+  it('deregisters with drain and maps NOT_FOUND', async () => {
+    await client.deregisterBackend('vllm-b', { drain: true });
+    assert.deepEqual(fake.requests[0], { id: 'vllm-b', drain: true });
+    await assert.rejects(client.deregisterBackend('nope'), (err) => err.codeName === 'NOT_FOUND');
+  });
+
+  it('returns the queue snapshot with proto field names', async () => {
+    const snap = await client.queueSnapshot({ topUsers: 3 });
+    assert.equal(fake.requests[0].top_users, 3);
+    assert.equal(snap.taken_at_unix_seconds, 1800000000.5);
+    assert.deepEqual(snap.models[0].tiers, [
+      { tier: 'interactive', queued: 1 },
+      { tier: 'batch', queued: 2 },
+    ]);
+    assert.deepEqual(snap.users, [{ user: 'bob', queued: 2, recent_tokens: 12.5 }]);
+    assert.equal(snap.backends[0].status.backend.kind, 'vllm');
+    assert.equal(snap.backends[0].status.in_flight, 4);
+    assert.deepEqual(snap.backends[0].gates[1], { tier: 'batch', state: 'waiting' });
+    assert.equal(snap.known_users, 5);
   });
 });
 

@@ -29,12 +29,14 @@ from fairq._errors import (
 )
 from fairq._events import Chunk, Completion, Event, Finished, Queued, Started
 from fairq._requests import ChatMessages
+from fairq._snapshot import BackendLoad, ModelQueue, Snapshot, UserLoad
 from fairq._sync_client import Client
 
 __all__ = [
     "AsyncClient",
     "Backend",
     "BackendKind",
+    "BackendLoad",
     "BackendStatus",
     "ChatMessages",
     "Chunk",
@@ -45,12 +47,15 @@ __all__ = [
     "FairqError",
     "Finished",
     "InvalidArgumentError",
+    "ModelQueue",
     "NotFoundError",
     "PermissionDeniedError",
     "Queued",
     "RequestCancelledError",
     "ResourceExhaustedError",
+    "Snapshot",
     "Started",
     "UnauthenticatedError",
     "UnavailableError",
+    "UserLoad",
 ]

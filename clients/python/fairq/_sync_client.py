@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Generator, Sequence
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
@@ -24,7 +24,12 @@ from fairq._backends import (
 from fairq._errors import translate_rpc_error
 from fairq._events import Completion, CompletionBuilder, Event, event_from_proto
 from fairq._requests import ChatMessages, build_generate_request, build_metadata
+from fairq._snapshot import Snapshot, snapshot_from_proto
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+if TYPE_CHECKING:
+    # typing.Self is 3.11+; the client installs on 3.10 too (annotations are not evaluated).
+    from typing import Self
 
 __all__ = ["Client"]
 
@@ -239,6 +244,25 @@ class Client:
         """
         request = admin_pb2.DeregisterBackendRequest(id=id, drain=drain)
         self._unary(self._admin.DeregisterBackend, request, timeout)
+
+    def queue_snapshot(self, *, top_users: int = 0, timeout: float | None = None) -> Snapshot:
+        """Report queue depth per model and tier, top users and backend gates (admin only).
+
+        Args:
+            top_users: How many users to list (0: the server's default, 10;
+                at most 1000).
+            timeout: Deadline for the call in seconds.
+
+        Raises:
+            ValueError: ``top_users`` is negative.
+            FairqError: The call failed.
+
+        """
+        if top_users < 0:
+            raise ValueError("top_users must be 0 or more")
+        request = admin_pb2.GetQueueSnapshotRequest(top_users=top_users)
+        response = self._unary(self._admin.GetQueueSnapshot, request, timeout)
+        return snapshot_from_proto(response)
 
     def list_backends(self, *, timeout: float | None = None) -> list[BackendStatus]:
         """Report every registered backend and its live state (admin only).

@@ -1,4 +1,4 @@
-"""The ``fairq.v1.Admin`` servicer: register, drain and list backends."""
+"""The ``fairq.v1.Admin`` servicer: register, drain and list backends; queue snapshots."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import time
 import grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
+from fairq_server.api.recent import RecentService
+from fairq_server.api.snapshot import build_snapshot, read_core
 from fairq_server.auth import Authenticator
 from fairq_server.backends.kinds import BACKEND_KINDS
 from fairq_server.config import BackendConfig
@@ -26,9 +28,12 @@ Context = grpc.aio.ServicerContext
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     """Backend management; every call requires an admin principal."""
 
-    def __init__(self, core: FairqCore, auth: Authenticator) -> None:
+    def __init__(
+        self, core: FairqCore, auth: Authenticator, recent: RecentService | None = None
+    ) -> None:
         self._core = core
         self._auth = auth
+        self._recent = recent if recent is not None else RecentService()
 
     async def _authorize(self, context: Context[object, object]) -> None:
         try:
@@ -83,6 +88,16 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return admin_pb2.ListBackendsResponse(
             backends=[self._status(b) for b in self._core.backends()]
         )
+
+    async def GetQueueSnapshot(
+        self,
+        request: admin_pb2.GetQueueSnapshotRequest,
+        context: Context[admin_pb2.GetQueueSnapshotRequest, admin_pb2.GetQueueSnapshotResponse],
+    ) -> admin_pb2.GetQueueSnapshotResponse:
+        """Report queue depth, top users and backend gate state at this moment."""
+        await self._authorize(context)  # type: ignore[arg-type]
+        view = read_core(self._core, _status)
+        return build_snapshot(view, self._recent, request.top_users, time.time())
 
     def _status(self, state: BackendState) -> admin_pb2.BackendStatus:
         return _status(state, self._core.config.scheduler.stale_after_seconds, time.monotonic())

@@ -15,6 +15,7 @@ import grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server import loop_share
+from fairq_server.api.access_log import RequestLog, RequestTrace
 from fairq_server.api.validation import estimate_tokens, resolve_tier, to_backend_request
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
@@ -33,9 +34,12 @@ Response = scheduler_pb2.GenerateResponse
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     """Serves ``Generate``: authenticate, validate, queue, stream."""
 
-    def __init__(self, core: FairqCore, auth: Authenticator) -> None:
+    def __init__(
+        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
+    ) -> None:
         self._core = core
         self._auth = auth
+        self._request_log = request_log if request_log is not None else RequestLog()
 
     async def Generate(
         self,
@@ -47,6 +51,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         config = self._core.config
         telemetry = self._core.telemetry
         tier_name = ""
+        trace = RequestTrace(request_id=request.request_id[:256], model=request.model[:256],
+                             arrival=arrival)  # fmt: skip
         try:
             principal = self._auth.authenticate(context.invocation_metadata() or ())
             backend_request = to_backend_request(request, config.limits)
@@ -54,6 +60,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             tier_name = self._core.tier_names[tier]
         except SchedulerError as exc:
             telemetry.requests.labels(tier_name or "none", _outcome(exc)).inc()
+            trace.tier = tier_name
+            self._request_log.finished(trace, _outcome(exc))
             await context.abort(*status_for(exc))
         ticket = Ticket(
             request=backend_request,
@@ -71,6 +79,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             ),
             outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
         )
+        trace.request_id, trace.user, trace.group, trace.tier = (
+            backend_request.request_id, principal.user, principal.group, tier_name
+        )  # fmt: skip
         dispatcher = self._core.dispatcher
         dispatcher.submit(ticket)
         outcome = "cancelled"
@@ -81,6 +92,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     # Writing to the client is bulk work: the tokens of all streams on a
                     # backend arrive in the same engine step (see loop_share).
                     await loop_share.turn()
+                    trace.observe(event, time.monotonic())
                     yield _response(event, backend_request.request_id)
                     finished = isinstance(event, Finished)
             outcome = "finished"
@@ -92,6 +104,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         finally:
             dispatcher.cancel(ticket)
             telemetry.requests.labels(tier_name, outcome).inc()
+            self._request_log.finished(trace, outcome)
 
 
 def _response(event: OutboxEvent, request_id: str) -> Response:

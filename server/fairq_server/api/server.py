@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from fairq_server.api.access_log import RequestLog
 from fairq_server.api.admin import AdminServicer
 from fairq_server.api.scheduler import SchedulerServicer
 from fairq_server.auth import Authenticator
@@ -96,6 +97,7 @@ class FairqServer:
         self.config = config
         self.core = FairqCore(config, telemetry, on_health=self._scheduling_health)
         self.auth = Authenticator(config.keys, self.core.tier_names)
+        self.request_log = RequestLog(config.access_log)
         self.port = 0
         self.metrics_port = 0
         self._server = grpc.aio.server(options=server_options(config))
@@ -132,10 +134,10 @@ class FairqServer:
         """Register configured backends, bind the ports and start serving."""
         await self.core.start()
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-            SchedulerServicer(self.core, self.auth), self._server
+            SchedulerServicer(self.core, self.auth, self.request_log), self._server
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.core, self.auth), self._server
+            AdminServicer(self.core, self.auth, self.request_log.recent), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -162,6 +164,7 @@ class FairqServer:
         # Last: what exists now lives as long as the server and is frozen out of collections.
         self._collector.start()
         log.info("fairq listening on %s (port %d)", self.config.listen, self.port)
+        _warn_open_mode(self.config)
 
     async def reload(self, config: Config) -> None:
         """Apply a new configuration without dropping queued or running requests.
@@ -180,7 +183,9 @@ class FairqServer:
             log.warning("listen addresses cannot change on reload; restart to apply them")
         await self.core.reconfigure(config)
         self.auth.update(config.keys)
+        self.request_log.set_enabled(config.access_log)
         self.config = config
+        _warn_open_mode(config)
         log.info("configuration reloaded")
 
     async def stop(self, grace: float) -> None:
@@ -199,3 +204,16 @@ class FairqServer:
     async def wait_for_termination(self) -> None:
         """Block until the server stops."""
         await self._server.wait_for_termination()
+
+
+def _warn_open_mode(config: Config) -> None:
+    """Say loudly that without keys every caller is trusted, and an admin."""
+    if config.keys:
+        return
+    log.warning(
+        "OPEN MODE: no [[keys]] are configured, so fairq trusts every caller: the "
+        "x-fairq-user metadata names the user, every tier is allowed, every caller may call "
+        "Admin (register, deregister backends), and API keys sent are ignored. Add [[keys]] "
+        "(`fairq keys new --user NAME`) before exposing %s beyond this machine.",
+        config.listen,
+    )

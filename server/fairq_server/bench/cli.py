@@ -1,4 +1,8 @@
-"""``fairq bench``: run benchmark scenarios and write their tables and plots under docs/."""
+"""``fairq bench``: run benchmark scenarios and write their tables and plots.
+
+Results go to a scratch folder (``--out``, default ``bench-results/`` in the working
+directory); ``--write-docs`` writes them over the committed pages in ``docs/benchmarks/``.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ from fairq_server.bench.scenarios import TITLES
 from fairq_server.bench.scenarios.docs import write_readme
 
 __all__ = ["main"]
+
+DOCS_DIR = Path("docs/benchmarks")
+SCRATCH_DIR = Path("bench-results")
 
 Scenario = Callable[[argparse.Namespace, str, Path], Awaitable[bool]]
 
@@ -81,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="tiny-cpu", help="simulator profile")
     parser.add_argument("--max-num-seqs", type=int, default=4, help="simulator batch size")
     parser.add_argument("--label", default="", help="suffix of output files (default: backend)")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    parser.add_argument(
+        "--out", type=Path, help="output folder (default: bench-results/, never the docs)"
+    )
+    parser.add_argument(
+        "--write-docs", action="store_true",
+        help=f"write the results into {DOCS_DIR}/ (the committed pages)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="reduced sizes (CI)")
     parser.add_argument("--describe", default="", help="backend description for the report")
     parser.add_argument("--reproduce", default="", help="command shown in the report")
@@ -99,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenarios {unknown}; valid: {', '.join(SCENARIOS)}")
+    if args.write_docs and args.out is not None:
+        parser.error("--write-docs and --out exclude each other")
+    if args.write_docs and args.quick:
+        parser.error("--write-docs publishes full-size results; drop --quick")
+    args.out = DOCS_DIR if args.write_docs else (args.out or SCRATCH_DIR)
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"results go to {args.out}/", flush=True)
 
     async def run() -> bool:
         ok = True

@@ -8,6 +8,9 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Never
+
+from tqdm import tqdm
 
 from fairq_server.bench.workload import RequestResult
 
@@ -108,7 +111,11 @@ def plot_ttft(
 
 
 class Progress:
-    """A one-line progress counter on stderr (rewritten in place on a terminal)."""
+    """Request progress on stderr: a bar with rate and ETA on a terminal, else decile lines.
+
+    The bar is tqdm's; piped or captured output (CI logs) gets one line per tenth instead of
+    carriage-return redraws.
+    """
 
     def __init__(self, label: str, total: int) -> None:
         self.label = label
@@ -117,14 +124,24 @@ class Progress:
         self.errors = 0
         self._tty = sys.stderr.isatty()
         self._last_decile = -1
+        self._bar: tqdm[Never] | None = None
+        if self._tty:
+            self._bar = tqdm(total=total, desc=f"  {label}", unit="req", file=sys.stderr,
+                             dynamic_ncols=True, leave=True)  # fmt: skip
 
     def __call__(self, result: RequestResult) -> None:
         self.done += 1
         self.errors += bool(result.error)
+        if self._bar is not None:
+            if result.error:
+                self._bar.set_postfix(errors=self.errors, refresh=False)
+            self._bar.update(1)
+            if self.done == self.total:
+                self._bar.close()
+            return
         decile = self.done * 10 // self.total
-        if self._tty or decile != self._last_decile or self.done == self.total:
+        if decile != self._last_decile or self.done == self.total:
             self._last_decile = decile
-            end = "\n" if self.done == self.total or not self._tty else "\r"
             errors = f", {self.errors} errors" if self.errors else ""
-            print(f"  {self.label}: {self.done}/{self.total} requests done{errors}", end=end,
+            print(f"  {self.label}: {self.done}/{self.total} requests done{errors}",
                   file=sys.stderr, flush=True)  # fmt: skip

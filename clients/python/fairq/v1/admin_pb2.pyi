@@ -83,3 +83,69 @@ class ListBackendsResponse(_message.Message):
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     backends: _containers.RepeatedCompositeFieldContainer[BackendStatus]
     def __init__(self, backends: _Optional[_Iterable[_Union[BackendStatus, _Mapping]]] = ...) -> None: ...
+
+class GetQueueSnapshotRequest(_message.Message):
+    __slots__ = ("top_users",)
+    TOP_USERS_FIELD_NUMBER: _ClassVar[int]
+    top_users: int
+    def __init__(self, top_users: _Optional[int] = ...) -> None: ...
+
+class TierDepth(_message.Message):
+    __slots__ = ("tier", "queued")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    queued: int
+    def __init__(self, tier: _Optional[str] = ..., queued: _Optional[int] = ...) -> None: ...
+
+class ModelQueue(_message.Message):
+    __slots__ = ("model", "queued", "tiers", "queued_users")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_USERS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    queued: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierDepth]
+    queued_users: int
+    def __init__(self, model: _Optional[str] = ..., queued: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierDepth, _Mapping]]] = ..., queued_users: _Optional[int] = ...) -> None: ...
+
+class UserLoad(_message.Message):
+    __slots__ = ("user", "queued", "recent_tokens")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RECENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    queued: int
+    recent_tokens: float
+    def __init__(self, user: _Optional[str] = ..., queued: _Optional[int] = ..., recent_tokens: _Optional[float] = ...) -> None: ...
+
+class TierGate(_message.Message):
+    __slots__ = ("tier", "state")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    state: str
+    def __init__(self, tier: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class BackendLoad(_message.Message):
+    __slots__ = ("status", "gates")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    GATES_FIELD_NUMBER: _ClassVar[int]
+    status: BackendStatus
+    gates: _containers.RepeatedCompositeFieldContainer[TierGate]
+    def __init__(self, status: _Optional[_Union[BackendStatus, _Mapping]] = ..., gates: _Optional[_Iterable[_Union[TierGate, _Mapping]]] = ...) -> None: ...
+
+class GetQueueSnapshotResponse(_message.Message):
+    __slots__ = ("taken_at_unix_seconds", "models", "users", "backends", "known_users")
+    TAKEN_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_USERS_FIELD_NUMBER: _ClassVar[int]
+    taken_at_unix_seconds: float
+    models: _containers.RepeatedCompositeFieldContainer[ModelQueue]
+    users: _containers.RepeatedCompositeFieldContainer[UserLoad]
+    backends: _containers.RepeatedCompositeFieldContainer[BackendLoad]
+    known_users: int
+    def __init__(self, taken_at_unix_seconds: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelQueue, _Mapping]]] = ..., users: _Optional[_Iterable[_Union[UserLoad, _Mapping]]] = ..., backends: _Optional[_Iterable[_Union[BackendLoad, _Mapping]]] = ..., known_users: _Optional[int] = ...) -> None: ...

@@ -51,6 +51,11 @@ class AdminStub:
                 request_serializer=fairq_dot_v1_dot_admin__pb2.ListBackendsRequest.SerializeToString,
                 response_deserializer=fairq_dot_v1_dot_admin__pb2.ListBackendsResponse.FromString,
                 _registered_method=True)
+        self.GetQueueSnapshot = channel.unary_unary(
+                '/fairq.v1.Admin/GetQueueSnapshot',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -80,6 +85,16 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQueueSnapshot(self, request, context):
+        """GetQueueSnapshot reports fairq's queues and backends at one moment: depth
+        per model and tier, the users with the most queued requests and their
+        recent service, and each backend's load and gate state per tier. It feeds
+        `fairq top` and is meant for scripts too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +112,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListBackends,
                     request_deserializer=fairq_dot_v1_dot_admin__pb2.ListBackendsRequest.FromString,
                     response_serializer=fairq_dot_v1_dot_admin__pb2.ListBackendsResponse.SerializeToString,
+            ),
+            'GetQueueSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueSnapshot,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +202,33 @@ class Admin:
             '/fairq.v1.Admin/ListBackends',
             fairq_dot_v1_dot_admin__pb2.ListBackendsRequest.SerializeToString,
             fairq_dot_v1_dot_admin__pb2.ListBackendsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/GetQueueSnapshot',
+            fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,12 @@ class AdminStub:
     """
     ListBackends: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListBackendsRequest, _admin_pb2.ListBackendsResponse]
     """ListBackends reports every registered backend and its live state."""
+    GetQueueSnapshot: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetQueueSnapshotRequest, _admin_pb2.GetQueueSnapshotResponse]
+    """GetQueueSnapshot reports fairq's queues and backends at one moment: depth
+    per model and tier, the users with the most queued requests and their
+    recent service, and each backend's load and gate state per tier. It feeds
+    `fairq top` and is meant for scripts too.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -59,6 +65,12 @@ class AdminAsyncStub(AdminStub):
     """
     ListBackends: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListBackendsRequest, _admin_pb2.ListBackendsResponse]  # type: ignore[assignment]
     """ListBackends reports every registered backend and its live state."""
+    GetQueueSnapshot: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetQueueSnapshotRequest, _admin_pb2.GetQueueSnapshotResponse]  # type: ignore[assignment]
+    """GetQueueSnapshot reports fairq's queues and backends at one moment: depth
+    per model and tier, the users with the most queued requests and their
+    recent service, and each backend's load and gate state per tier. It feeds
+    `fairq top` and is meant for scripts too.
+    """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """Admin manages the backends fairq forwards work to. Every call requires an
@@ -90,5 +102,17 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListBackendsResponse, _abc.Awaitable[_admin_pb2.ListBackendsResponse]]:
         """ListBackends reports every registered backend and its live state."""
+
+    @_abc_1.abstractmethod
+    def GetQueueSnapshot(
+        self,
+        request: _admin_pb2.GetQueueSnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetQueueSnapshotResponse, _abc.Awaitable[_admin_pb2.GetQueueSnapshotResponse]]:
+        """GetQueueSnapshot reports fairq's queues and backends at one moment: depth
+        per model and tier, the users with the most queued requests and their
+        recent service, and each backend's load and gate state per tier. It feeds
+        `fairq top` and is meant for scripts too.
+        """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

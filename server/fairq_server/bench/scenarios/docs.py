@@ -53,6 +53,7 @@ compared with its baseline from the same run; ratios matter, absolute values les
 
 Run everything: `uv run fairq bench all --backend sim` (add `--quick` for the reduced CI
 version, which checks that each result points the right way and exits 1 if one does not).
+Results go to `bench-results/` (or `--out DIR`); `--write-docs` writes these pages instead.
 
 | scenario | page | result |
 |---|---|---|

@@ -1,0 +1,1 @@
+"""Operator tools behind ``fairq keys``, ``fairq top`` and ``fairq health``."""

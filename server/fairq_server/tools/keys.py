@@ -1,0 +1,83 @@
+"""``fairq keys new``: make an API key and the ``[[keys]]`` entry that admits it.
+
+The key is printed once and never stored: the configuration holds only its SHA-256 digest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+
+from fairq_server.auth import hash_key
+
+__all__ = ["KEY_PREFIX", "key_entry", "main", "new_key"]
+
+# A recognisable prefix lets secret scanners and people spot a leaked fairq key.
+KEY_PREFIX = "fq_"
+
+
+def new_key() -> str:
+    """Return a fresh API key: the prefix and 256 random bits, URL-safe base64."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def _toml_string(value: str) -> str:
+    # A JSON string is a valid TOML basic string (same escapes, \uXXXX for the rest).
+    return json.dumps(value)
+
+
+def key_entry(
+    user: str,
+    digest: str,
+    *,
+    tiers: list[str] | None = None,
+    admin: bool = False,
+    weight: float | None = None,
+    group: str | None = None,
+) -> str:
+    """Return the TOML ``[[keys]]`` table for a key with SHA-256 ``digest``."""
+    lines = ["[[keys]]", f"user = {_toml_string(user)}", f'sha256 = "{digest}"']
+    if tiers:
+        lines.append(f"tiers = [{', '.join(_toml_string(t) for t in tiers)}]")
+    if admin:
+        lines.append("admin = true")
+    if weight is not None:
+        lines.append(f"weight = {weight!r}")
+    if group is not None:
+        lines.append(f"group = {_toml_string(group)}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``fairq keys``."""
+    parser = argparse.ArgumentParser(prog="fairq keys", description=__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    new = sub.add_parser("new", help="print a fresh key once, and its [[keys]] entry")
+    new.add_argument("--user", required=True, help="the user the key identifies")
+    new.add_argument("--tiers", default="", help="comma-separated tiers it may use (default: all)")
+    new.add_argument("--admin", action="store_true", help="may call the Admin service")
+    new.add_argument("--weight", type=float, help="share of service under vtc fairness")
+    new.add_argument("--group", help="metrics label for this user's traffic")
+    new.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    args = parser.parse_args(argv)
+    user = args.user.strip()
+    if not user or len(user) > 128:
+        parser.error("--user must be 1-128 characters")
+    tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+    if args.weight is not None and not args.weight > 0:
+        parser.error("--weight must be above 0")
+    key = new_key()
+    digest = hash_key(key)
+    entry = key_entry(user, digest, tiers=tiers, admin=args.admin, weight=args.weight,
+                      group=args.group)  # fmt: skip
+    if args.json:
+        print(json.dumps({"user": user, "key": key, "sha256": digest, "toml": entry}))
+        return 0
+    print(f"API key for {user} (shown once; give it to the user, it is not stored):\n")
+    print(f"    {key}\n")
+    print("Add this to fairq's configuration, then reload (SIGHUP) or restart:\n")
+    print(entry, end="")
+    sys.stdout.flush()
+    return 0

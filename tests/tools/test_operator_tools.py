@@ -1,0 +1,128 @@
+"""fairq keys, health and top: the commands an operator runs, against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tomllib
+
+import pytest
+
+import fairq
+from fairq_server.auth import Authenticator
+from fairq_server.config import parse_config
+from fairq_server.sim import SimServer
+from fairq_server.tools import keys, top
+
+from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
+
+
+async def fairq_cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fairq_server", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def test_keys_new_prints_a_key_its_entry_admits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert keys.main(["new", "--user", 'o"hara', "--tiers", "batch", "--admin", "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["key"].startswith("fq_") and len(made["key"]) > 40
+    config = parse_config(tomllib.loads(made["toml"]))
+    [entry] = config.keys
+    assert (entry.user, entry.tiers, entry.admin) == ('o"hara', ("batch",), True)
+    auth = Authenticator(config.keys, ("interactive", "standard", "batch"))
+    principal = auth.authenticate([("authorization", f"Bearer {made['key']}")])
+    assert principal.user == 'o"hara' and principal.admin
+    assert principal.tiers == frozenset({"batch"})
+
+
+def test_keys_new_makes_a_different_key_each_time(capsys: pytest.CaptureFixture[str]) -> None:
+    for _ in range(2):
+        keys.main(["new", "--user", "u", "--json"])
+    first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert first["key"] != second["key"] and first["sha256"] != second["sha256"]
+    assert "admin" not in first["toml"] and "tiers" not in first["toml"]
+
+
+def test_keys_new_refuses_bad_input() -> None:
+    with pytest.raises(SystemExit):
+        keys.main(["new", "--user", ""])
+    with pytest.raises(SystemExit):
+        keys.main(["new", "--user", "u", "--weight", "0"])
+
+
+async def test_keys_new_from_the_command_line_shows_the_key_and_the_entry() -> None:
+    code, out, _ = await fairq_cli("keys", "new", "--user", "alice", "--group", "team-a")
+    assert code == 0
+    key = next(line.strip() for line in out.splitlines() if line.strip().startswith("fq_"))
+    toml = out[out.index("[[keys]]") :]
+    [entry] = parse_config(tomllib.loads(toml)).keys
+    assert entry.group == "team-a"
+    auth = Authenticator([entry], ("interactive",))
+    assert auth.authenticate([("authorization", f"Bearer {key}")]).user == "alice"
+
+
+async def test_health_exits_0_while_serving_and_1_when_gone(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    server = await fairq_factory(make_config([sim_backend(sim)]))
+    target = f"127.0.0.1:{server.port}"
+    assert await fairq_cli("health", "--target", target) == (0, "SERVING\n", "")
+    code, out, _ = await fairq_cli("health", "--target", target, "--service", "fairq.v1.Admin")
+    assert (code, out) == (0, "SERVING\n")
+    code, _, err = await fairq_cli("health", "--target", target, "--service", "nope")
+    assert code == 1 and "NOT_FOUND" in err
+    await server.stop(grace=0.1)
+    code, _, err = await fairq_cli("health", "--target", target, "--timeout", "1")
+    assert code == 1 and "UNAVAILABLE" in err
+
+
+async def test_top_prints_a_frame_and_json_for_an_admin(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    server = await fairq_factory(make_config([sim_backend(sim)], keys=list(KEYS.values())))
+    target = f"127.0.0.1:{server.port}"
+    async with fairq.AsyncClient(target, api_key="bob-key") as bob:
+        await bob.complete("sim", "hi", max_tokens=4)
+        freeze_gate(server)
+        streams = [bob.generate("sim", "hi", max_tokens=4, tier="batch") for _ in range(2)]
+        for stream in streams:
+            assert isinstance(await anext(stream), fairq.Queued)
+        code, out, err = await fairq_cli("top", "--target", target, "--api-key", "root-key")
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0].startswith(f"fairq top  {target}") and "queued 2" in lines[0]
+        model_header = next(i for i, line in enumerate(lines) if line.startswith("MODEL"))
+        assert lines[model_header].split() == [
+            "MODEL", "QUEUED", "interactive", "standard", "batch", "USERS",
+        ]  # fmt: skip
+        assert lines[model_header + 1].split() == ["sim", "2", "0", "0", "2", "1"]
+        bob_row = next(line for line in lines if line.startswith("bob"))
+        assert bob_row.split()[1] == "2" and int(bob_row.split()[2]) > 0
+        backend_row = next(line for line in lines if line.startswith("sim-a"))
+        assert backend_row.split()[-3:] == ["stale", "stale", "stale"]
+
+        code, out, _ = await fairq_cli(
+            "top", "--target", target, "--json", "--users", "1"
+        )  # no key: refused
+        assert code == 1
+        code, out, _ = await fairq_cli("top", "--target", target, "--json",
+                                       "--api-key", "root-key")  # fmt: skip
+        snap = json.loads(out)
+        assert snap["models"][0]["queued"] == 2 and snap["users"][0]["user"] == "bob"
+        for stream in streams:
+            await stream.aclose()
+
+
+def test_render_fits_the_width_and_handles_an_empty_server() -> None:
+    empty = fairq.Snapshot(taken_at=0.0, models=(), users=(), backends=(), known_users=0)
+    lines = top.render(empty, "h:1", width=40)
+    assert "no models (no backend registered)" in lines and "no backends" in lines
+    users = tuple(fairq.UserLoad(f"user-{i}-" + "x" * 40, i, 1e6) for i in range(3))
+    snap = fairq.Snapshot(taken_at=0.0, models=(), users=users, backends=(), known_users=3)
+    assert all(len(line) <= 30 for line in top.render(snap, "h:1", width=30))
