@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fairq_server.backends.base import Backend
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.credentials import refuse_unserved
+from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.registry import make_backend
 from fairq_server.config import BackendConfig, Config, ConfigError

@@ -68,17 +68,15 @@ async def test_sglang_preset_reads_sglang_metrics_and_serves(
     sglang: SimServer, fairq_factory: FairqFactory
 ) -> None:
     server = await fairq_factory(make_config([openai_backend(sglang, metrics_preset="sglang")]))
-    entry = server.core.pool.get("sg")
+    entry = server.core.backend("sg")
     assert entry is not None and isinstance(entry.backend, OpenAIBackend)
     assert entry.backend.metrics.waiting == "sglang:num_queue_reqs"
-    assert entry.poller.healthy is True and entry.load.snapshot is not None
+    assert entry.healthy is True and entry.sample is not None
     req = scheduler_pb2.GenerateRequest(
         model="sg", prompt="hello", sampling=scheduler_pb2.SamplingParams(max_tokens=6)
     )
     events = await generate(server.port, req)
     assert events[-1].finished.usage.completion_tokens == 6
-    # The scrape after the request saw SGLang's counters move.
-    await entry.poller.poll_once()
     text = sglang.state.metrics.render().decode()
     assert "sglang:generation_tokens_total" in text
 
@@ -130,8 +128,8 @@ async def test_without_metrics_the_gate_holds_at_the_slot_count(
     server = await fairq_factory(
         make_config([openai_backend(sglang, metrics_preset="none", max_in_flight=2)])
     )
-    entry = server.core.pool.get("sg")
-    assert entry is not None and entry.poller.healthy is True
+    entry = server.core.backend("sg")
+    assert entry is not None and entry.healthy is True
     req = scheduler_pb2.GenerateRequest(
         model="sg", prompt="hello", sampling=scheduler_pb2.SamplingParams(max_tokens=12)
     )
@@ -160,9 +158,9 @@ async def test_backend_api_key_from_env(
     async with SimServer(config) as sim:
         plain = BackendConfig("v", "vllm", sim.url, ("sim",))
         server = await fairq_factory(make_config([plain]))
-        entry = server.core.pool.get("v")
-        assert entry is not None and entry.poller.healthy is False
-        assert "api_key_env or api_key_file" in entry.poller.last_error
+        entry = server.core.backend("v")
+        assert entry is not None and entry.healthy is False
+        assert "api_key_env or api_key_file" in entry.last_error
 
         monkeypatch.setenv("FAIRQ_TEST_BACKEND_KEY", "s3cret")
         keyed = BackendConfig("v", "vllm", sim.url, ("sim",), api_key_env="FAIRQ_TEST_BACKEND_KEY")
@@ -202,10 +200,10 @@ async def test_models_check_refuses_over_rpc_and_marks_config_backend_unhealthy(
 ) -> None:
     wrong = BackendConfig("w", "vllm", sim.url, ("llama-70b",))
     server = await fairq_factory(make_config([wrong], keys=list(KEYS.values())))
-    entry = server.core.pool.get("w")
-    assert entry is not None and entry.poller.healthy is False
-    assert "does not serve llama-70b" in entry.poller.last_error
-    assert "lists: sim" in entry.poller.last_error
+    entry = server.core.backend("w")
+    assert entry is not None and entry.healthy is False
+    assert "does not serve llama-70b" in entry.last_error
+    assert "lists: sim" in entry.last_error
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         admin = admin_pb2_grpc.AdminStub(ch)
         listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)

@@ -17,8 +17,8 @@ from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.config import BackendConfig, HttpConfig
 from fairq_server.sim import SimServer
 
-from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend
-from .conftest import Door, start_door
+from ..conftest import FairqFactory, make_config, sim_backend
+from .conftest import Door, freeze, start_door
 
 CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -172,7 +172,7 @@ async def test_queue_cap_429_with_retry_after_and_shared_with_grpc(
     config = make_config([sim_backend(sim)], max_queued_per_user=2)
     config = replace(config, http=HttpConfig(listen="127.0.0.1:0", retry_after_seconds=3))
     server = await fairq_factory(config)
-    freeze_gate(server)
+    await freeze(server)
     url = f"http://127.0.0.1:{server.http_port}/v1/chat/completions"
     carol = {"x-fairq-user": "carol"}
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -184,8 +184,8 @@ async def test_queue_cap_429_with_retry_after_and_shared_with_grpc(
         first = await grpc_call.read()
         assert first.WhichOneof("event") == "queued"
         http_task = asyncio.create_task(post(url, CHAT, carol))
-        dispatcher = server.core.dispatcher("sim")
-        await until(lambda: dispatcher.queue.user_len("carol") == 2)
+        queue = server.core.dispatcher.queue("sim")
+        await until(lambda: queue.user_len("carol") == 2)
         # carol's third request, through either door, hits the one per-user cap.
         status, headers, doc = await post(url, CHAT, carol)
         assert status == 429 and headers["Retry-After"] == "3"
@@ -198,12 +198,12 @@ async def test_queue_cap_429_with_retry_after_and_shared_with_grpc(
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # Another user is not affected.
         other = asyncio.create_task(post(url, CHAT, {"x-fairq-user": "dave"}))
-        await until(lambda: dispatcher.queue.user_len("dave") == 1)
+        await until(lambda: queue.user_len("dave") == 1)
         grpc_call.cancel()
         http_task.cancel()
         other.cancel()
         await asyncio.gather(http_task, other, return_exceptions=True)
-    await until(lambda: len(dispatcher.queue) == 0)
+    await until(lambda: len(queue) == 0)
 
 
 async def test_queue_timeout_504_and_no_backend_503(
@@ -212,7 +212,7 @@ async def test_queue_timeout_504_and_no_backend_503(
     config = make_config([sim_backend(sim)], queue_ttl_seconds=0.2)
     config = replace(config, http=HttpConfig(listen="127.0.0.1:0"))
     server = await fairq_factory(config)
-    freeze_gate(server)
+    await freeze(server)
     url = f"http://127.0.0.1:{server.http_port}/v1/chat/completions"
     status, _, doc = await post(url, CHAT)
     assert status == 504 and doc["error"]["code"] == "queue_timeout"
@@ -234,7 +234,7 @@ async def test_disconnect_cancels_queued_and_running_requests(
 ) -> None:
     door = await start_door(fairq_factory, sim)
     server = door.server
-    entry = server.core.pool.get("sim-a")
+    entry = server.core.backend("sim-a")
     assert entry is not None
     url = f"{door.url}/v1/chat/completions"
     # Running: the backend request is aborted when the client goes away mid-stream.
@@ -249,15 +249,15 @@ async def test_disconnect_cancels_queued_and_running_requests(
     await until(lambda: sim.engine.running_count == 0)
     async with asyncio.timeout(5):
         await entry.idle.wait()
-    assert entry.load.in_flight == 0
+    assert entry.in_flight == 0
     # Queued: the ticket leaves the queue.
-    freeze_gate(server)
-    dispatcher = server.core.dispatcher("sim")
+    await freeze(server)
+    queue = server.core.dispatcher.queue("sim")
     task = asyncio.create_task(post(url, CHAT))
-    await until(lambda: len(dispatcher.queue) == 1)
+    await until(lambda: len(queue) == 1)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    await until(lambda: len(dispatcher.queue) == 0)
+    await until(lambda: len(queue) == 0)
 
 
 async def test_queue_position_comments(sim: SimServer, fairq_factory: FairqFactory) -> None:
@@ -303,10 +303,10 @@ async def test_backend_errors_passed_on(sim: SimServer, fairq_factory: FairqFact
 
 
 async def test_open_mode_user_from_body(door: Door) -> None:
-    freeze_gate(door.server)
-    dispatcher = door.server.core.dispatcher("sim")
+    await freeze(door.server)
+    queue = door.server.core.dispatcher.queue("sim")
     url = f"{door.url}/v1/chat/completions"
     task = asyncio.create_task(post(url, {**CHAT, "user": "erin"}))
-    await until(lambda: dispatcher.queue.user_len("erin") == 1)
+    await until(lambda: queue.user_len("erin") == 1)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

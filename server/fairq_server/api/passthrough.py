@@ -16,9 +16,9 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from fairq.v1 import scheduler_pb2
-from fairq_server.backends.base import TextDelta
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
+from fairq_server.scheduling.outbox import Text
 
 __all__ = ["GRPC_RESERVED", "check_extra", "chunk_message", "json_depth"]
 
@@ -109,7 +109,7 @@ def check_extra(
     return dict(extra)
 
 
-def chunk_message(delta: TextDelta) -> scheduler_pb2.Chunk:
+def chunk_message(delta: Text) -> scheduler_pb2.Chunk:
     """Return the gRPC chunk of ``delta``: its text, and what came beside it in ``extra``."""
     if not delta.extra:
         return scheduler_pb2.Chunk(text=delta.text)

@@ -214,7 +214,7 @@ class FairqServer:
         # Queued requests are answered by close_queues; running ones end with their backend.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
-                await asyncio.gather(*(e.idle.wait() for e in self.core.pool.entries()))
+                await asyncio.gather(*(b.idle.wait() for b in self.core.backends()))
         await self._http.stop()
 
     async def wait_for_termination(self) -> None:

@@ -73,6 +73,10 @@ class BackendRequest:
             into the backend's JSON body under fairq's own fields.
         raw_messages: the chat messages exactly as the caller sent them (content parts,
             ``tool_calls``, ``tool_call_id``); sent instead of ``messages`` when set.
+        relay_chunks: stream the backend's OpenAI chunks as they came, framed as SSE, in
+            each delta's text (the HTTP door), instead of the generated text (gRPC).
+        relay_usage: with ``relay_chunks``, keep the final usage chunk (the caller asked
+            for it too).
 
     """
 
@@ -83,6 +87,8 @@ class BackendRequest:
     request_id: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
     raw_messages: tuple[Mapping[str, Any], ...] | None = None
+    relay_chunks: bool = False
+    relay_usage: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ import os
 from typing import TYPE_CHECKING
 
 import aiohttp
-import grpc
 
-from fairq_server.config import BackendConfig
-from fairq_server.errors import BackendError, InvalidRequestError
+from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from fairq_server.backends.base import Backend
+    from fairq_server.config import BackendConfig
 
 __all__ = ["RPC_ENV_PREFIX", "check_served_models", "read_api_key", "refuse_unserved"]
 
@@ -92,7 +92,7 @@ async def check_served_models(backend: Backend, timeout: float) -> None:
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise BackendError(
             f"backend {backend.id}: cannot list models at {url}: {exc!r}",
-            grpc.StatusCode.UNAVAILABLE,
+            BackendFailure.UNAVAILABLE,
         ) from exc
     if resp.status == 404:
         return  # no model listing (older servers): trust the registration
@@ -100,19 +100,19 @@ async def check_served_models(backend: Backend, timeout: float) -> None:
         raise BackendError(
             f"backend {backend.id} refused fairq's credentials at /v1/models (HTTP "
             f"{resp.status}): set api_key_env or api_key_file to the backend's API key",
-            grpc.StatusCode.UNAVAILABLE,
+            BackendFailure.UNAVAILABLE,
         )
     if resp.status != 200 or len(body) > _MAX_MODELS_BYTES:
         raise BackendError(
             f"backend {backend.id}: /v1/models answered HTTP {resp.status} ({len(body)} bytes)",
-            grpc.StatusCode.UNAVAILABLE,
+            BackendFailure.UNAVAILABLE,
         )
     try:
         doc = json.loads(body)
     except ValueError as exc:
         raise BackendError(
             f"backend {backend.id}: unreadable /v1/models answer: {body[:200]!r}",
-            grpc.StatusCode.UNAVAILABLE,
+            BackendFailure.UNAVAILABLE,
         ) from exc
     listing = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(listing, list):

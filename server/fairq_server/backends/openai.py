@@ -24,14 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from fairq_server.backends.base import BackendRequest, MetricsSample, openai_body
 from fairq_server.backends.credentials import read_api_key
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import BackendConfig
 from fairq_server.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from fairq_server.config import BackendConfig
 
 __all__ = ["METRIC_PRESETS", "MetricMap", "OpenAIBackend", "metric_map"]
 

@@ -1,24 +1,24 @@
 """A backend's OpenAI stream relayed as it is, for the HTTP door.
 
 The gRPC door turns a backend's stream into text (:meth:`Backend.stream`). The HTTP door
-answers in the backend's own format, so it needs the chunks themselves: each ``data:``
-payload is forwarded as received, and parsed once only to see what fairq must know (tokens
-for the first-token event and the fairness charge, the finish reason, usage) and to rewrite
-the one field fairq may have to: ``model``, when the backend names its model differently
-from the name the caller asked for. Every payload is bounded by the SSE reader's limit.
+answers in the backend's own format, so for its requests (``BackendRequest.relay_chunks``)
+the adapters hand over the chunks themselves: each ``data:`` payload is forwarded as
+received, already framed as a server-sent event, in :attr:`TextDelta.text`. The payload is
+parsed once only to see what fairq must know (tokens for the first-token event and the
+fairness charge, the finish reason, usage) and to rewrite the one field fairq may have to:
+``model``, when the backend names its model differently from the name the caller asked for.
+The usage chunk fairq asks for is dropped unless the caller asked for it too
+(``BackendRequest.relay_usage``). Every payload is bounded by the SSE reader's limit.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import grpc
 
 from fairq_server.backends.base import (
     Backend,
@@ -29,14 +29,12 @@ from fairq_server.backends.base import (
     http_error,
     utf8_chunks,
 )
+from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
-from fairq_server.errors import BackendError
 
 __all__ = ["BackendHttpError", "RawDelta", "openai_stream"]
 
 _MAX_ERROR_BYTES = 64 * 1024
-# A read that took longer than this waited for the network (a buffered one takes ~20 us).
-_CAUGHT_UP = 0.001
 _OUTPUT_KEYS = ("content", "tool_calls", "reasoning_content", "reasoning", "refusal")
 
 
@@ -51,7 +49,7 @@ class BackendHttpError(BackendError):
     """
 
     def __init__(self, error: BackendError, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(str(error), error.code, retryable=error.retryable)
+        super().__init__(str(error), error.kind, retryable=error.retryable)
         self.status = status
         self.body = body
         self.content_type = content_type
@@ -59,9 +57,8 @@ class BackendHttpError(BackendError):
 
 @dataclass(frozen=True)
 class RawDelta(TextDelta):
-    """Chunks of one network read: ``data`` to forward, ``objects`` the same parsed."""
+    """Chunks of one network read: ``text`` is them framed as SSE, ``objects`` parsed."""
 
-    data: tuple[str, ...] = ()
     objects: tuple[Mapping[str, Any], ...] = ()
 
 
@@ -79,18 +76,12 @@ def _output_tokens(obj: Mapping[str, Any]) -> int:
 
 
 async def openai_stream(
-    backend: Backend, request: BackendRequest, priority: int, window: float = 0.0
+    backend: Backend, request: BackendRequest, priority: int
 ) -> AsyncGenerator[StreamEvent]:
     """Stream ``request`` from ``backend``'s OpenAI-compatible API, chunks as they come.
 
     Yields one :class:`RawDelta` per network read and one :class:`StreamEnd` after the last
     chunk. Closing the generator early closes the HTTP stream (the backend aborts).
-
-    With a ``window``, once fairq has caught up with the backend (a read had to wait for
-    the network) the next read waits out the window, so the socket gathers that window's
-    chunks and they go out in one write, as :class:`~fairq_server.backends.relay.Relay`
-    does for the gRPC door: per-write work, not bytes, is what a relay's CPU goes to. The
-    first token is never held.
 
     Raises:
         BackendHttpError: the backend answered an HTTP error.
@@ -109,9 +100,7 @@ async def openai_stream(
                 raw = await resp.content.read(_MAX_ERROR_BYTES)
                 error = http_error(backend.id, resp.status, raw)
                 raise BackendHttpError(error, resp.status, raw, resp.content_type)
-            asked = time.monotonic()
             async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
-                waited = time.monotonic() - asked > _CAUGHT_UP
                 data: list[str] = []
                 objects: list[Mapping[str, Any]] = []
                 tokens = 0
@@ -132,29 +121,29 @@ async def openai_stream(
                             completion_tokens = int(usage.get("completion_tokens") or 0)
                     except (AttributeError, TypeError, ValueError) as exc:
                         raise backend.shape_error(obj, exc) from exc
+                    if not request.relay_usage and not obj.get("choices") and obj.get("usage"):
+                        continue  # the usage fairq asked for, not the caller
                     if obj.get("model") != request.model and "model" in obj:
                         obj["model"] = request.model
                         payload = json.dumps(obj, separators=(",", ":"))
                     data.append(payload)
                     objects.append(obj)
                 if data:
-                    yield RawDelta("", tokens, (), tuple(data), tuple(objects))
+                    framed = "".join(f"data: {d}\n\n" for d in data)
+                    yield RawDelta(framed, tokens, (), tuple(objects))
                 if done:
                     break
-                if window and tokens and waited:
-                    await asyncio.sleep(window)  # coalescing: let the window's chunks arrive
-                asked = time.monotonic()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise BackendError(
             f"backend {backend.id}: connection failed: {exc!r}",
-            grpc.StatusCode.UNAVAILABLE,
+            BackendFailure.UNAVAILABLE,
             retryable=True,
         ) from exc
     except SseLimitError as exc:
         raise BackendError(
             f"backend {backend.id}: malformed stream: a line or event exceeds the limit of "
             f"{exc.limit} characters",
-            grpc.StatusCode.INTERNAL,
+            BackendFailure.FAILED,
         ) from exc
     if not finish:
         raise backend.unfinished()

@@ -16,6 +16,7 @@ from fairq_server.backends.base import (
 )
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.metrics import sample_sums
+from fairq_server.backends.passthrough import openai_stream
 
 __all__ = ["TgiBackend"]
 
@@ -97,6 +98,10 @@ class TgiBackend(Backend):
 
     async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
         """Stream text deltas, then one :class:`StreamEnd`; ``priority`` is not used."""
+        if request.relay_chunks:  # the HTTP door: the backend's own chunks
+            async for event in openai_stream(self, request, priority):
+                yield event
+            return
         path, body = self.payload(request)
         finish = ""
         prompt_tokens = completion_tokens = 0

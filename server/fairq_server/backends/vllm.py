@@ -15,6 +15,7 @@ from fairq_server.backends.base import (
     openai_body,
 )
 from fairq_server.backends.metrics import sample_sums
+from fairq_server.backends.passthrough import openai_stream
 
 __all__ = ["TPOT_HISTOGRAMS", "VllmBackend"]
 
@@ -74,6 +75,10 @@ class VllmBackend(Backend):
         What a choice carries beside text (tool calls, logprobs, reasoning) travels in the
         delta's ``extra``, one object per choice event.
         """
+        if request.relay_chunks:  # the HTTP door: the backend's own chunks
+            async for event in openai_stream(self, request, priority):
+                yield event
+            return
         path, body = self.payload(request, priority)
         finish = ""
         prompt_tokens = completion_tokens = 0

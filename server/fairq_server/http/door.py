@@ -2,10 +2,12 @@
 
 Each request is authenticated like a gRPC call (the same keys; ``Authorization: Bearer``;
 in open mode ``x-fairq-user`` or the body's ``user``), parsed (:mod:`.parse`), and then run
-through :func:`fairq_server.api.lifecycle.run_request`, the lifecycle the gRPC door uses: one
-queue and one fairness account per user whichever door a request comes through.
+through the lifecycle the gRPC door uses (:mod:`fairq_server.api.lifecycle`): one queue and
+one fairness account per user whichever door a request comes through. Its backend stream is
+read in relay mode (``BackendRequest.relay_chunks``): the outbox carries the backend's own
+chunks, framed as server-sent events, which are written as they are.
 
-Streaming answers start (HTTP 200) only with the first generated token, so an error before
+Streaming answers start (HTTP 200) only with the first backend chunk, so an error before
 it (queue full, queue timeout, the backend refusing the request) still gets its own HTTP
 status; a caller that asked for queue events (``x-fairq-queue-events: true``) gets the 200 at
 once and SSE comments while queued. A client that disconnects is cancelled like a cancelled
@@ -20,22 +22,24 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
 
 from aiohttp import web
 
 from fairq_server import loop_share
-from fairq_server.api.lifecycle import Event, Finished, Queued, Started, run_request
+from fairq_server.api.lifecycle import count_rejection, open_ticket, ticket_events
 from fairq_server.auth import Authenticator, Principal
-from fairq_server.backends.base import Backend, BackendRequest, StreamEvent
-from fairq_server.backends.passthrough import BackendHttpError, RawDelta, openai_stream
+from fairq_server.backends.passthrough import BackendHttpError
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
-from fairq_server.errors import SchedulerError
+from fairq_server.errors import BackendFailedError, SchedulerError
 from fairq_server.http.aggregate import ChunkMerger
 from fairq_server.http.errors import HttpError, error_body, error_for, error_response
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
-from fairq_server.http.sse import DONE, SSE_HEADERS, comment, data_events, error_event
+from fairq_server.http.sse import DONE, SSE_HEADERS, comment, error_event
+from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
 __all__ = ["OpenAIHandlers"]
 
@@ -71,7 +75,7 @@ class OpenAIHandlers:
         usable = bool(principal.tiers & set(self._core.tier_names))
         data = [
             {"id": m, "object": "model", "created": self._created, "owned_by": "fairq"}
-            for m in sorted(self._core.pool.models())
+            for m in sorted(self._core.dispatcher.models())
             if usable
         ]
         return web.json_response({"object": "list", "data": data})
@@ -87,34 +91,33 @@ class OpenAIHandlers:
             parsed = parse_request(await _read_json(request, config), kind, config.limits)
             if principal is None:
                 principal = self._authenticate(request, parsed.user)
+            backend_request = replace(
+                parsed.request,
+                relay_chunks=True,
+                # A merged answer always carries usage; a stream only if the caller asked.
+                relay_usage=parsed.include_usage or not parsed.stream,
+            )
+            ticket = open_ticket(
+                self._core,
+                principal,
+                backend_request,
+                request.headers.get("x-fairq-tier", ""),
+                arrival=arrival,
+                max_tokens=_output_bound(parsed),
+            )
         except HttpError as exc:
             return _closing(error_response(exc, retry_after))
         except SchedulerError as exc:
-            error = error_for(exc)
-            self._core.telemetry.requests.labels("none", _outcome(error.status)).inc()
-            return error_response(error, retry_after)
-        events = run_request(
-            self._core,
-            principal,
-            parsed.request,
-            request.headers.get("x-fairq-tier", ""),
-            self._open_stream,
-            arrival=arrival,
-            max_tokens=_output_bound(parsed),
-        )
+            count_rejection(self._core, exc)
+            return error_response(error_for(exc), retry_after)
+        events = ticket_events(self._core, ticket)
         try:
             if parsed.stream:
-                return await self._stream(request, parsed, events, retry_after)
+                return await self._stream(request, events, retry_after)
             return await self._collect(parsed, events, retry_after)
         except ConnectionResetError:
-            # The client went away while fairq wrote to it: the lifecycle is closed already.
+            # The client went away while fairq wrote to it: the ticket is cancelled already.
             return web.Response(status=499)
-
-    def _open_stream(
-        self, backend: Backend, request: BackendRequest, priority: int
-    ) -> AsyncGenerator[StreamEvent]:
-        window = self._core.config.scheduler.stream_coalesce_seconds
-        return openai_stream(backend, request, priority, window)
 
     def _authenticate(self, request: web.Request, body_user: str | None) -> Principal:
         headers = [(k.lower(), v) for k, v in request.headers.items()]
@@ -123,80 +126,70 @@ class OpenAIHandlers:
         return self._auth.authenticate(headers)
 
     async def _collect(
-        self, parsed: ParsedRequest, events: AsyncIterator[Event], retry_after: int
+        self, parsed: ParsedRequest, events: AsyncIterator[list[OutboxEvent]], retry_after: int
     ) -> web.StreamResponse:
-        merger = ChunkMerger(parsed.kind == "chat")
+        frames: list[str] = []
         try:
             async with contextlib.aclosing(events):  # type: ignore[type-var]
-                async for event in events:
-                    if isinstance(event, RawDelta):
-                        merger.add(event.objects)
-                    elif isinstance(event, Started):
-                        merger = ChunkMerger(parsed.kind == "chat")  # a retry starts afresh
-        except BackendHttpError as exc:
-            return _backend_error(exc)
+                async for batch in events:
+                    for event in batch:
+                        if isinstance(event, Text):
+                            frames.append(event.text)
+                        elif isinstance(event, Started):
+                            frames.clear()  # a retry on another backend starts afresh
         except SchedulerError as exc:
-            return error_response(error_for(exc), retry_after)
+            return _error_answer(exc, retry_after)
+        merger = ChunkMerger(parsed.kind == "chat")
+        merger.add(_parse_frames("".join(frames)))
         body = json.dumps(merger.result(), separators=(",", ":"))
         return web.Response(text=body, content_type="application/json")
 
     async def _stream(
         self,
         request: web.Request,
-        parsed: ParsedRequest,
-        events: AsyncIterator[Event],
+        events: AsyncIterator[list[OutboxEvent]],
         retry_after: int,
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         want_comments = request.headers.get("x-fairq-queue-events", "").lower() in _TRUE
         keepalive: asyncio.Task[None] | None = None
-        # Chunks without a token (the opening role chunk) wait for the first token: until
-        # then a failure can still be answered with its HTTP status, and a retry on another
-        # backend does not leave the first backend's opening chunk behind.
-        held: list[str] = []
         try:
             async with contextlib.aclosing(events):  # type: ignore[type-var]
-                async for event in events:
-                    if isinstance(event, Queued):
-                        if want_comments:
-                            resp = await _prepare(request)
-                            await resp.write(comment(f"fairq queued position={event.position}"))
-                            interval = self._core.config.http.queue_comment_seconds
-                            keepalive = asyncio.create_task(_keepalive(resp, interval))
-                    elif isinstance(event, Started):
-                        held.clear()
-                        if keepalive is not None:
-                            keepalive.cancel()
-                            await asyncio.gather(keepalive, return_exceptions=True)
-                            keepalive = None
-                        if resp is not None:
-                            await resp.write(
-                                comment(
-                                    f"fairq started backend={event.backend_id} "
-                                    f"queue_seconds={event.queue_seconds:.3f}"
+                async for batch in events:
+                    for event in batch:
+                        if isinstance(event, Queued):
+                            if want_comments:
+                                resp = resp or await _prepare(request)
+                                await resp.write(comment(f"fairq queued position={event.position}"))
+                                interval = self._core.config.http.queue_comment_seconds
+                                keepalive = asyncio.create_task(_keepalive(resp, interval))
+                        elif isinstance(event, Started):
+                            if keepalive is not None:
+                                keepalive.cancel()
+                                await asyncio.gather(keepalive, return_exceptions=True)
+                                keepalive = None
+                            if resp is not None:
+                                await resp.write(
+                                    comment(
+                                        f"fairq started backend={event.backend_id} "
+                                        f"queue_seconds={event.queue_seconds:.3f}"
+                                    )
                                 )
-                            )
-                    elif isinstance(event, RawDelta):
-                        held.extend(_visible(event, parsed.include_usage))
-                        if event.tokens and held:
+                        elif isinstance(event, Text):
+                            # The backend's chunks, already framed as server-sent events. The
+                            # response starts with the first of them, so a failure before it
+                            # still gets its own HTTP status.
                             resp = resp or await _prepare(request)
                             # Writing to clients is bulk work (see loop_share).
                             await loop_share.turn()
-                            await resp.write(data_events(held))
-                            held.clear()
-                    elif isinstance(event, Finished):
-                        resp = resp or await _prepare(request)
-                        await resp.write(data_events(held) + DONE)
-        except BackendHttpError as exc:
-            if resp is None:
-                return _backend_error(exc)
-            await resp.write(error_event(exc.body if _is_json(exc) else _body_of(exc)))
+                            await resp.write(event.text.encode())
+                        elif isinstance(event, Finished):
+                            resp = resp or await _prepare(request)
+                            await resp.write(DONE)
         except SchedulerError as exc:
-            error = error_for(exc)
             if resp is None:
-                return error_response(error, retry_after)
-            body = error_body(error.message, error.type, code=error.code)
-            await resp.write(error_event(body))
+                return _error_answer(exc, retry_after)
+            await resp.write(error_event(_error_json(exc)))
         finally:
             if keepalive is not None:
                 keepalive.cancel()
@@ -205,20 +198,43 @@ class OpenAIHandlers:
         return resp
 
 
+def _parse_frames(text: str) -> list[dict[str, Any]]:
+    """Parse relayed ``data:`` frames back into chunks (for a merged answer)."""
+    chunks = []
+    for frame in text.split("\n\n"):
+        if frame.startswith("data: "):
+            chunks.append(json.loads(frame[6:]))
+    return chunks
+
+
+def _backend_http_error(exc: SchedulerError) -> BackendHttpError | None:
+    cause = exc.cause if isinstance(exc, BackendFailedError) else None
+    return cause if isinstance(cause, BackendHttpError) else None
+
+
+def _error_json(exc: SchedulerError) -> bytes:
+    """Return the OpenAI error object for ``exc``: the backend's own if it sent one."""
+    backend = _backend_http_error(exc)
+    if backend is not None and _is_json(backend):
+        return backend.body
+    error = error_for(exc)
+    return error_body(error.message, error.type, code=error.code)
+
+
+def _error_answer(exc: SchedulerError, retry_after: int) -> web.Response:
+    """Return the answer to a request that failed before its response began."""
+    backend = _backend_http_error(exc)
+    if backend is not None:
+        # The backend refused the request itself: its status and body, unchanged.
+        return web.Response(
+            status=backend.status, body=_error_json(exc), content_type="application/json"
+        )
+    return error_response(error_for(exc), retry_after)
+
+
 def _output_bound(parsed: ParsedRequest) -> int | None:
     value = parsed.request.extra.get("max_completion_tokens")
     return value if isinstance(value, int) else None
-
-
-def _visible(delta: RawDelta, include_usage: bool) -> list[str]:
-    """Return the payloads to forward; the usage chunk only if the caller asked for it."""
-    if include_usage:
-        return list(delta.data)
-    return [
-        data
-        for data, obj in zip(delta.data, delta.objects, strict=True)
-        if obj.get("choices") or not obj.get("usage")
-    ]
 
 
 async def _prepare(request: web.Request) -> web.StreamResponse:
@@ -275,21 +291,3 @@ def _closing(resp: web.Response) -> web.Response:
 
 def _is_json(exc: BackendHttpError) -> bool:
     return exc.content_type == "application/json" and exc.body.lstrip().startswith(b"{")
-
-
-def _body_of(exc: BackendHttpError) -> bytes:
-    error = error_for(exc)
-    return error_body(error.message, error.type, code=error.code)
-
-
-def _backend_error(exc: BackendHttpError) -> web.Response:
-    """Pass a backend's error answer on unchanged (wrapped if it was not JSON)."""
-    if _is_json(exc):
-        return web.Response(status=exc.status, body=exc.body, content_type="application/json")
-    return web.Response(status=exc.status, body=_body_of(exc), content_type="application/json")
-
-
-def _outcome(status: int) -> str:
-    return {401: "unauthenticated", 403: "permission_denied", 400: "invalid_argument"}.get(
-        status, "rejected"
-    )
