@@ -75,7 +75,7 @@ class OpenAIHandlers:
         usable = bool(principal.tiers & set(self._core.tier_names))
         data = [
             {"id": m, "object": "model", "created": self._created, "owned_by": "fairq"}
-            for m in sorted(self._core.dispatcher.models())
+            for m in sorted({m for b in self._core.backends() for m in b.backend.models})
             if usable
         ]
         return web.json_response({"object": "list", "data": data})
