@@ -80,43 +80,49 @@ def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
 async def check_served_models(backend: Backend, timeout: float) -> None:
     """Ask ``/v1/models`` and compare it with ``backend.models``.
 
+    Only a conclusive answer counts: a model list without a registered model refuses the
+    backend, a refused API key keeps it unverified. Anything else (no such endpoint, an
+    error status, an answer that is not a model list: TGI before 2.0, test servers) is
+    logged and the registration is trusted, since the check is a safeguard, not a
+    condition for serving.
+
     Raises:
         InvalidRequestError: some registered model is not listed (the message names both).
-        BackendError: unreachable, an error status other than 404, or an unreadable answer.
+        BackendError: unreachable, or the backend refused fairq's credentials (a timeout
+            is not conclusive: logged and trusted).
 
     """
     url = f"{backend.base_url}/v1/models"
     try:
         async with backend.session().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             body = await resp.content.read(_MAX_MODELS_BYTES + 1)
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except TimeoutError:
+        log.warning("backend %s: /v1/models did not answer; its models are not checked", backend.id)
+        return
+    except aiohttp.ClientError as exc:
         raise BackendError(
             f"backend {backend.id}: cannot list models at {url}: {exc!r}",
             BackendFailure.UNAVAILABLE,
         ) from exc
-    if resp.status == 404:
-        return  # no model listing (older servers): trust the registration
     if resp.status in (401, 403):
         raise BackendError(
             f"backend {backend.id} refused fairq's credentials at /v1/models (HTTP "
             f"{resp.status}): set api_key_env or api_key_file to the backend's API key",
             BackendFailure.UNAVAILABLE,
         )
-    if resp.status != 200 or len(body) > _MAX_MODELS_BYTES:
-        raise BackendError(
-            f"backend {backend.id}: /v1/models answered HTTP {resp.status} ({len(body)} bytes)",
-            BackendFailure.UNAVAILABLE,
-        )
-    try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise BackendError(
-            f"backend {backend.id}: unreadable /v1/models answer: {body[:200]!r}",
-            BackendFailure.UNAVAILABLE,
-        ) from exc
-    listing = doc.get("data") if isinstance(doc, dict) else None
+    listing = None
+    if resp.status == 200 and len(body) <= _MAX_MODELS_BYTES:
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        listing = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(listing, list):
-        log.warning("backend %s: /v1/models lists no models; not checked", backend.id)
+        log.warning(
+            "backend %s: /v1/models gave no model list (HTTP %d); its models are not checked",
+            backend.id,
+            resp.status,
+        )
         return
     served = {str(m["id"]) for m in listing if isinstance(m, dict) and "id" in m}
     missing = [m for m in backend.models if m not in served]
