@@ -6,6 +6,9 @@ Example::
     metrics_listen = "127.0.0.1:9464"      # "" turns fairq's own /metrics off
     access_log = false                      # true: one JSON line per request on stdout
 
+    [http]                                  # the OpenAI-compatible HTTP door (off if absent)
+    listen = "127.0.0.1:8080"
+
     [scheduler]
     fairness = "round-robin"                # or "vtc"
     ordering = "fifo"                       # or "shortest-first"
@@ -49,10 +52,12 @@ from fairq_server.backends.kinds import BACKEND_KINDS
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
     "DEFAULT_TIERS",
+    "PRIORITY_ORDERS",
     "AdminConfig",
     "BackendConfig",
     "Config",
     "ConfigError",
+    "HttpConfig",
     "KeyConfig",
     "Limits",
     "SchedulerConfig",
@@ -61,6 +66,8 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
+
+PRIORITY_ORDERS = ("lower-first", "higher-first")
 
 
 class ConfigError(ValueError):
@@ -109,7 +116,33 @@ DEFAULT_TIERS: tuple[TierConfig, ...] = (
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """A backend registered at start-up (the Admin API registers more at run time)."""
+    """A backend registered at start-up (the Admin API registers more at run time).
+
+    Attributes:
+        id: unique id used in routing, logs and metrics.
+        kind: ``vllm``, ``tgi`` or ``openai`` (any OpenAI-compatible server: SGLang,
+            llama.cpp's server, ...).
+        base_url: ``http(s)://host[:port]``.
+        models: the models this backend serves (checked against its ``/v1/models``).
+        priority_scheduling: the backend orders its queue by the request's ``priority``.
+        max_in_flight: cap on requests fairq keeps in flight here (0: none). For a backend
+            without a waiting metric this is its slot count, and required.
+        metrics_preset: ``openai`` kind: ``sglang``, ``llamacpp`` or ``none`` (no
+            ``/metrics``: the gate runs on fairq's own counts and ``max_in_flight``).
+        waiting_metric: ``openai`` kind: gauge of requests waiting in the backend.
+        running_metric: ``openai`` kind: gauge of requests running.
+        kv_usage_metric: ``openai`` kind: gauge of KV-cache usage 0-1.
+        tpot_metric: ``openai`` kind: histogram of time per output token (or inter-token
+            latency); ``sum_name/count_name`` names two counters instead.
+        priority_order: ``lower-first`` (vLLM; SGLang with
+            ``--schedule-low-priority-values-first``) or ``higher-first`` (SGLang's default):
+            how the backend reads the ``priority`` fairq sends.
+        api_key_env: environment variable holding the backend's API key (sent as
+            ``Authorization: Bearer``).
+        api_key_file: file holding the backend's API key (first line).
+        verify_models: check ``/v1/models`` lists every registered model.
+
+    """
 
     id: str
     kind: str
@@ -117,6 +150,15 @@ class BackendConfig:
     models: tuple[str, ...]
     priority_scheduling: bool = False
     max_in_flight: int = 0
+    metrics_preset: str = ""
+    waiting_metric: str = ""
+    running_metric: str = ""
+    kv_usage_metric: str = ""
+    tpot_metric: str = ""
+    priority_order: str = ""
+    api_key_env: str = ""
+    api_key_file: str = ""
+    verify_models: bool = True
 
 
 @dataclass(frozen=True)
@@ -139,6 +181,10 @@ class Limits:
         max_unread_chars: generated text held for a caller that does not read it; past
             this, the request ends with RESOURCE_EXHAUSTED and its backend request is
             aborted, so a stalled reader holds neither memory nor a backend slot.
+        max_extra_bytes, max_extra_depth: bound the pass-through parameters (the gRPC
+            ``extra`` Struct, the fields of an HTTP body fairq does not interpret), measured
+            as compact JSON.
+        max_body_bytes: bounds an HTTP request body (413 above it).
 
     """
 
@@ -149,6 +195,9 @@ class Limits:
     max_stop_chars: int = 1_000
     max_metadata_bytes: int = 16_384
     max_unread_chars: int = 1_000_000
+    max_extra_bytes: int = 262_144
+    max_extra_depth: int = 32
+    max_body_bytes: int = 8_388_608
 
 
 DEFAULT_BACKEND_ALLOWLIST = (
@@ -190,6 +239,27 @@ class AdminConfig:
     """
 
     backend_allowlist: tuple[str, ...] = DEFAULT_BACKEND_ALLOWLIST
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The OpenAI-compatible HTTP door (``/v1/chat/completions``, ``/v1/completions``).
+
+    Attributes:
+        listen: ``host:port`` to serve on; empty turns the door off.
+        body_timeout_seconds: a request body must arrive within this (408 otherwise), so a
+            client sending it byte by byte holds nothing for long.
+        queue_comment_seconds: a streaming request that asked for queue events
+            (``x-fairq-queue-events: true``) gets an SSE comment with its position at once
+            and a keep-alive comment at this interval while it stays queued.
+        retry_after_seconds: ``Retry-After`` sent with 429 (queue caps) and 503.
+
+    """
+
+    listen: str = ""
+    body_timeout_seconds: float = 30.0
+    queue_comment_seconds: float = 5.0
+    retry_after_seconds: int = 1
 
 
 @dataclass(frozen=True)
@@ -273,6 +343,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     tls: TlsConfig | None = None
     admin: AdminConfig = field(default_factory=AdminConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
@@ -318,6 +389,7 @@ _POSITIVE = frozenset(
         "prefix_candidates", "tpot_limit_seconds", "kv_usage_limit", "aging_seconds", "weight",
         "max_prompt_chars", "max_messages", "max_tokens", "max_metadata_bytes",
         "max_unread_chars",
+        "max_extra_depth", "max_body_bytes", "body_timeout_seconds", "queue_comment_seconds",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})
@@ -386,6 +458,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
         kwargs["tls"] = _build(TlsConfig, "tls", raw.pop("tls"))
     if "admin" in raw:
         kwargs["admin"] = _build(AdminConfig, "admin", raw.pop("admin"))
+    if "http" in raw:
+        kwargs["http"] = _build(HttpConfig, "http", raw.pop("http"))
     if "tiers" in raw:
         kwargs["tiers"] = tuple(
             _build(TierConfig, f"tiers[{i}]", t) for i, t in enumerate(raw.pop("tiers"))
@@ -398,6 +472,10 @@ def parse_config(raw: dict[str, Any]) -> Config:
             if b.kind not in BACKEND_KINDS:
                 raise ConfigError(
                     f"backends[{b.id}]: kind must be one of {', '.join(BACKEND_KINDS)}"
+                )
+            if b.priority_order and b.priority_order not in PRIORITY_ORDERS:
+                raise ConfigError(
+                    f"backends[{b.id}]: priority_order must be one of {PRIORITY_ORDERS}"
                 )
         kwargs["backends"] = backends
     if "keys" in raw:

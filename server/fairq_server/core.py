@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fairq_server.backends.base import Backend
+from fairq_server.backends.credentials import refuse_unserved
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.registry import make_backend
@@ -156,6 +157,8 @@ class FairqCore:
                 timeout=self.config.scheduler.backend_timeout_seconds,
                 allowlist=self.config.admin.backend_allowlist if from_rpc else None,
             )
+            if from_rpc:
+                await refuse_unserved(backend)
         await self._stop_polling(backend.id)
         old = self.dispatcher.backend(backend.id)
         self._adapters.add(backend)

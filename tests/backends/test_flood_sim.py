@@ -12,3 +12,10 @@ async def test_flood_vllm_sim_light_user_fast_power_user_unharmed() -> None:
     outcome = await assert_fairq_protects_the_light_user("vllm")
     print(f"\n[flood vllm sim ({SIZES})]\n{outcome.describe()}")
     assert outcome.passed
+
+
+async def test_flood_sglang_sim_light_user_fast_power_user_unharmed() -> None:
+    """The same story in front of the simulator's SGLang mode (kind openai, preset sglang)."""
+    outcome = await assert_fairq_protects_the_light_user("sglang")
+    print(f"\n[flood sglang sim ({SIZES})]\n{outcome.describe()}")
+    assert outcome.passed

@@ -276,6 +276,11 @@ class ScriptedBackend:
                     k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])
                 }
                 raw = await reader.readexactly(int(headers.get("content-length", "0")))
+                if method == "GET" and path == "/v1/models":
+                    # No model listing (as older servers): fairq trusts the registration.
+                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
                 if method == "GET" and path == "/metrics":
                     body = self.metrics.encode()
                     writer.write(

@@ -87,7 +87,7 @@ def test_config_overrides_and_validation() -> None:
     assert (p.max_num_seqs, p.block_size, p.kv_blocks, p.max_model_len) == (8, 16, 100, 512)
     cfg.validate()
     for bad, match in (
-        (SimConfig(mode="sglang"), "mode"),  # type: ignore[arg-type]
+        (SimConfig(mode="lmdeploy"), "mode"),  # type: ignore[arg-type]
         (SimConfig(mode="tgi", priority_mode=True), "priority"),
         (SimConfig(speed=0), "speed"),
         (SimConfig(error_rate=1.5), "error_rate"),

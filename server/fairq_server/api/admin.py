@@ -10,8 +10,10 @@ from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_server.api.recent import RecentService
 from fairq_server.api.snapshot import build_snapshot, read_core
 from fairq_server.auth import Authenticator
+from fairq_server.backends.base import Backend
 from fairq_server.backends.kinds import BACKEND_KINDS
-from fairq_server.config import BackendConfig
+from fairq_server.backends.openai import OpenAIBackend
+from fairq_server.config import PRIORITY_ORDERS, BackendConfig
 from fairq_server.core import FairqCore
 from fairq_server.errors import InvalidRequestError, SchedulerError, status_for
 from fairq_server.scheduling.backend_state import BackendState
@@ -21,6 +23,7 @@ __all__ = ["AdminServicer"]
 # The proto's enum names follow the kind names: BACKEND_KIND_<NAME>.
 _KIND_VALUES = {k: f"BACKEND_KIND_{k.upper()}" for k in BACKEND_KINDS}
 _KIND_NAMES = {admin_pb2.BackendKind.Value(v): k for k, v in _KIND_VALUES.items()}
+_MAX_SETTING_CHARS = 256
 
 Context = grpc.aio.ServicerContext
 
@@ -54,6 +57,24 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             if b.kind not in _KIND_NAMES:
                 valid = " or ".join(admin_pb2.BackendKind.Name(k) for k in _KIND_NAMES)
                 raise InvalidRequestError(f"backend.kind must be {valid}")
+            settings = {
+                "metrics_preset": b.metrics_preset,
+                "waiting_metric": b.waiting_metric,
+                "running_metric": b.running_metric,
+                "kv_usage_metric": b.kv_usage_metric,
+                "tpot_metric": b.tpot_metric,
+                "priority_order": b.priority_order,
+                "api_key_env": b.api_key_env,
+            }
+            for name, value in settings.items():
+                if len(value) > _MAX_SETTING_CHARS:
+                    raise InvalidRequestError(
+                        f"backend.{name} is longer than {_MAX_SETTING_CHARS} characters"
+                    )
+            if b.priority_order not in ("", *PRIORITY_ORDERS):
+                raise InvalidRequestError(
+                    f"backend.priority_order must be one of {', '.join(PRIORITY_ORDERS)}"
+                )
             cfg = BackendConfig(
                 id=b.id,
                 kind=_KIND_NAMES[b.kind],
@@ -61,6 +82,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 models=tuple(b.models),
                 priority_scheduling=b.priority_scheduling,
                 max_in_flight=b.max_in_flight,
+                **settings,  # type: ignore[arg-type]
             )
             state = await self._core.register_backend(cfg, from_rpc=True)
         except SchedulerError as exc:
@@ -120,7 +142,9 @@ def _status(state: BackendState, stale_after: float, now: float) -> admin_pb2.Ba
             models=list(b.models),
             priority_scheduling=b.priority_scheduling,
             max_in_flight=b.max_in_flight,
+            **_settings(b),
         ),
+        reason=state.last_error[:1000] if state.healthy is not True else "",
         healthy=state.healthy is True and fresh,
         in_flight=state.in_flight,
         waiting=sample.waiting if sample else 0.0,
@@ -128,3 +152,19 @@ def _status(state: BackendState, stale_after: float, now: float) -> admin_pb2.Ba
         tpot_seconds=state.tpot_seconds or 0.0,
         draining=state.draining,
     )
+
+
+def _settings(backend: Backend) -> dict[str, str]:
+    """Return the OpenAI kind's metric mapping and priority order, as registered."""
+    if not isinstance(backend, OpenAIBackend):
+        return {}
+    m = backend.metrics
+    tpot = m.tpot_sum and f"{m.tpot_sum}/{m.tpot_count}"
+    return {
+        "waiting_metric": m.waiting,
+        "running_metric": m.running,
+        "kv_usage_metric": m.kv_usage,
+        "tpot_metric": tpot,
+        "priority_order": backend.priority_order,
+        "metrics_preset": "" if m.scrape else "none",
+    }

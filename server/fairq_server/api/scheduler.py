@@ -1,8 +1,9 @@
 """The ``fairq.v1.Scheduler`` servicer: translate a request into a ticket, relay its events.
 
-The servicer decides nothing about scheduling: it authenticates and validates, submits a
-ticket to the dispatcher, and turns what arrives in the ticket's outbox into response
-messages. Whatever way the call ends, it cancels the ticket (harmless once it is done).
+The servicer decides nothing about scheduling: it authenticates and validates, then runs the
+request through the lifecycle both doors share (:mod:`fairq_server.api.lifecycle`: submit a
+ticket, relay its outbox, cancel it whatever way the call ends) and turns the outbox's events
+into response messages.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import grpc
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server import loop_share
 from fairq_server.api.access_log import RequestLog, RequestTrace
-from fairq_server.api.validation import estimate_tokens, resolve_tier, to_backend_request
+from fairq_server.api.lifecycle import count_rejection, open_ticket, outcome_of, ticket_events
+from fairq_server.api.passthrough import chunk_message
+from fairq_server.api.validation import to_backend_request
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
 from fairq_server.errors import SchedulerError, status_for
-from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent, Queued, Started, Text
-from fairq_server.scheduling.prefix import prefix_hashes
-from fairq_server.scheduling.ticket import Ticket
+from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
 __all__ = ["SchedulerServicer"]
 
@@ -48,69 +49,42 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> AsyncIterator[Response]:
         """Queue one request and stream its lifecycle events."""
         arrival = time.monotonic()
-        config = self._core.config
-        telemetry = self._core.telemetry
-        tier_name = ""
         trace = RequestTrace(request_id=request.request_id[:256], model=request.model[:256],
                              arrival=arrival)  # fmt: skip
         try:
             principal = self._auth.authenticate(context.invocation_metadata() or ())
-            backend_request = to_backend_request(request, config.limits)
-            tier = resolve_tier(request.tier, principal, self._core.tier_names)
-            tier_name = self._core.tier_names[tier]
+            backend_request = to_backend_request(request, self._core.config.limits)
+            ticket = open_ticket(
+                self._core, principal, backend_request, request.tier, arrival=arrival
+            )
         except SchedulerError as exc:
-            telemetry.requests.labels(tier_name or "none", _outcome(exc)).inc()
-            trace.tier = tier_name
-            self._request_log.finished(trace, _outcome(exc))
+            count_rejection(self._core, exc)
+            self._request_log.finished(trace, outcome_of(exc))
             await context.abort(*status_for(exc))
-        ticket = Ticket(
-            request=backend_request,
-            user=principal.user,
-            tier=tier,
-            weight=principal.weight,
-            group=principal.group,
-            prompt_tokens=estimate_tokens(backend_request),
-            max_tokens=backend_request.sampling.max_tokens or 0,
-            arrival=arrival,
-            prefix=prefix_hashes(
-                backend_request.prompt,
-                backend_request.messages,
-                config.scheduler.prefix_block_chars,
-            ),
-            outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
-        )
-        trace.request_id, trace.user, trace.group, trace.tier = (
-            backend_request.request_id, principal.user, principal.group, tier_name
+        trace.request_id, trace.user, trace.group = (
+            backend_request.request_id, principal.user, principal.group
         )  # fmt: skip
-        dispatcher = self._core.dispatcher
-        dispatcher.submit(ticket)
-        outcome = "cancelled"
+        trace.tier = self._core.tier_names[ticket.tier]
         try:
-            finished = False
-            while not finished:
-                for event in await ticket.outbox.take():
+            async for events in ticket_events(
+                self._core,
+                ticket,
+                on_end=lambda outcome: self._request_log.finished(trace, outcome),
+            ):
+                for event in events:
                     # Writing to the client is bulk work: the tokens of all streams on a
                     # backend arrive in the same engine step (see loop_share).
                     await loop_share.turn()
                     trace.observe(event, time.monotonic())
                     yield _response(event, backend_request.request_id)
-                    finished = isinstance(event, Finished)
-            outcome = "finished"
         except SchedulerError as exc:
-            outcome = _outcome(exc)
-            code, message = status_for(exc)
-            log.info("request %s ended: %s %s", backend_request.request_id, code.name, message)
-            await context.abort(code, message)
-        finally:
-            dispatcher.cancel(ticket)
-            telemetry.requests.labels(tier_name, outcome).inc()
-            self._request_log.finished(trace, outcome)
+            await context.abort(*status_for(exc))
 
 
 def _response(event: OutboxEvent, request_id: str) -> Response:
     match event:
-        case Text(text):
-            return Response(chunk=scheduler_pb2.Chunk(text=text))
+        case Text():
+            return Response(chunk=chunk_message(event))
         case Queued(position):
             return Response(queued=scheduler_pb2.Queued(position=position))
         case Started(backend_id, queue_seconds, tier):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 
@@ -19,6 +20,7 @@ from fairq_server.auth import Authenticator
 from fairq_server.collector import Collector
 from fairq_server.config import Config, TlsConfig
 from fairq_server.core import FairqCore
+from fairq_server.http import HttpDoor
 from fairq_server.telemetry import Telemetry
 
 __all__ = ["FairqServer", "server_credentials", "server_options"]
@@ -100,6 +102,8 @@ class FairqServer:
         self.request_log = RequestLog(config.access_log)
         self.port = 0
         self.metrics_port = 0
+        self.http_port = 0
+        self._http: HttpDoor | None = None
         self._server = grpc.aio.server(options=server_options(config))
         self._health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
@@ -154,6 +158,10 @@ class FairqServer:
         await self._server.start()
         for name in ("", *_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.http.listen:
+            self._http = HttpDoor(self.core, self.auth, self.config.http.listen)
+            await self._http.start()
+            self.http_port = self._http.port
         if self.config.metrics_listen:
             host, _, port = self.config.metrics_listen.rpartition(":")
             httpd, _thread = start_http_server(
@@ -176,9 +184,10 @@ class FairqServer:
             ConfigError: the configuration cannot be applied live; nothing was changed.
 
         """
-        if (config.listen, config.metrics_listen) != (
+        if (config.listen, config.metrics_listen, config.http.listen) != (
             self.config.listen,
             self.config.metrics_listen,
+            self.config.http.listen,
         ):
             log.warning("listen addresses cannot change on reload; restart to apply them")
         await self.core.reconfigure(config)
@@ -195,11 +204,23 @@ class FairqServer:
         """
         for name in ("", *_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await asyncio.gather(self.core.close_queues(), self._server.stop(grace))
+        await asyncio.gather(
+            self.core.close_queues(), self._server.stop(grace), self._stop_http(grace)
+        )
         await self.core.close()
         await self._collector.stop()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()  # type: ignore[attr-defined]
+
+    async def _stop_http(self, grace: float) -> None:
+        """Give running HTTP streams ``grace`` seconds, then close the door."""
+        if self._http is None:
+            return
+        # Queued requests are answered by close_queues; running ones end with their backend.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await asyncio.gather(*(b.idle.wait() for b in self.core.backends()))
+        await self._http.stop()
 
     async def wait_for_termination(self) -> None:
         """Block until the server stops."""

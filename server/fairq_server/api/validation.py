@@ -6,7 +6,10 @@ import math
 import uuid
 from collections.abc import Sequence
 
+from google.protobuf import json_format
+
 from fairq.v1 import scheduler_pb2
+from fairq_server.api.passthrough import check_extra
 from fairq_server.auth import Principal
 from fairq_server.backends.base import BackendRequest, Sampling
 from fairq_server.config import Limits
@@ -102,12 +105,18 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
         raise InvalidRequestError("one of prompt or messages is required")
     if len(req.request_id) > _MAX_REQUEST_ID_CHARS:
         raise InvalidRequestError(f"request_id is longer than {_MAX_REQUEST_ID_CHARS} characters")
+    extra = (
+        check_extra(json_format.MessageToDict(req.extra), limits, field="extra")
+        if req.HasField("extra")
+        else {}
+    )
     return BackendRequest(
         model=req.model,
         prompt=prompt,
         messages=messages,
         sampling=_sampling(req.sampling, limits),
         request_id=req.request_id or uuid.uuid4().hex,
+        extra=extra,
     )
 
 

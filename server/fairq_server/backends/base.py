@@ -17,15 +17,19 @@ import codecs
 import functools
 import json
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import aiohttp
 
 from fairq_server import loop_share
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
+from fairq_server.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from fairq_server.config import BackendConfig
 
 __all__ = [
     "Backend",
@@ -37,6 +41,8 @@ __all__ = [
     "TextDelta",
     "failure_for_http",
     "http_error",
+    "openai_body",
+    "utf8_chunks",
 ]
 
 
@@ -54,21 +60,49 @@ class Sampling:
 
 @dataclass(frozen=True)
 class BackendRequest:
-    """One generation request, independent of the backend's API."""
+    """One generation request, independent of the backend's API.
+
+    Attributes:
+        model: the model name.
+        prompt: the prompt (completions), or None for chat.
+        messages: ``(role, text)`` of each chat message: what fairq estimates and hashes.
+        sampling: the parameters fairq validates itself.
+        request_id: the caller's or a generated id.
+        extra: parameters fairq passes through without interpreting them (tools,
+            ``response_format``, ``logprobs``, ``n``, penalties, engine options), merged
+            into the backend's JSON body under fairq's own fields.
+        raw_messages: the chat messages exactly as the caller sent them (content parts,
+            ``tool_calls``, ``tool_call_id``); sent instead of ``messages`` when set.
+        relay_chunks: stream the backend's OpenAI chunks as they came, framed as SSE, in
+            each delta's text (the HTTP door), instead of the generated text (gRPC).
+        relay_usage: with ``relay_chunks``, keep the final usage chunk (the caller asked
+            for it too).
+
+    """
 
     model: str
     prompt: str | None = None
     messages: tuple[tuple[str, str], ...] | None = None
     sampling: Sampling = field(default_factory=Sampling)
     request_id: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    raw_messages: tuple[Mapping[str, Any], ...] | None = None
+    relay_chunks: bool = False
+    relay_usage: bool = False
 
 
 @dataclass(frozen=True)
 class TextDelta:
-    """Generated text; ``tokens`` is how many tokens it carries as far as the API says."""
+    """Generated output; ``tokens`` is how many tokens it carries as far as the API says.
+
+    An event with ``tokens == 0`` (an opening role-only chunk) is relayed but is not the
+    first token. ``extra`` holds what the backend sent beside text (tool calls, logprobs),
+    one object per choice event, in order.
+    """
 
     text: str
     tokens: int = 1
+    extra: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +158,45 @@ def failure_for_http(status: int) -> tuple[BackendFailure, bool]:
     return BackendFailure.FAILED, True
 
 
+def openai_body(request: BackendRequest) -> tuple[str, dict[str, Any]]:
+    """Return the path and streaming JSON body of ``request`` for an OpenAI-compatible API.
+
+    Pass-through parameters go in first; fairq's own fields are set over them: the model,
+    the input, ``stream`` (fairq always streams from the backend, to see the first token),
+    usage in the stream (fairq charges tokens by it; a caller's other ``stream_options``
+    are kept) and the validated sampling parameters.
+    """
+    s = request.sampling
+    body: dict[str, Any] = dict(request.extra)
+    options = body.get("stream_options")
+    body["model"] = request.model
+    body["stream"] = True
+    body["stream_options"] = {
+        **(options if isinstance(options, dict) else {}),
+        "include_usage": True,
+    }
+    if request.messages is not None:
+        path = "/v1/chat/completions"
+        body["messages"] = (
+            [dict(m) for m in request.raw_messages]
+            if request.raw_messages is not None
+            else [{"role": r, "content": c} for r, c in request.messages]
+        )
+    else:
+        path = "/v1/completions"
+        body["prompt"] = request.prompt
+    optional = {
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "seed": s.seed,
+        "stop": list(s.stop) or None,
+        "ignore_eos": s.ignore_eos or None,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return path, body
+
+
 def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
     """Translate a backend's HTTP error answer into a :class:`BackendError`.
 
@@ -170,6 +243,8 @@ class Backend(abc.ABC):
         priority_scheduling: bool = False,
         max_in_flight: int = 0,
         timeout: float = 600.0,
+        api_key: str | None = None,
+        verify_models: bool = False,
     ) -> None:
         self.id = id
         self.base_url = base_url.rstrip("/")
@@ -180,19 +255,65 @@ class Backend(abc.ABC):
         # silent while the backend queues it, but connecting must be quick.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        # Until /v1/models has listed every registered model, scrapes check it first (and
+        # fail with the reason, which keeps the backend unhealthy).
+        self.models_verified = not verify_models
+
+    @classmethod
+    def from_config(cls, cfg: BackendConfig, *, timeout: float, from_rpc: bool = False) -> Self:
+        """Build the adapter of ``cfg`` (its URL and models are already validated).
+
+        Raises:
+            InvalidRequestError: the API key cannot be read, or a setting does not apply.
+
+        """
+        from fairq_server.backends.credentials import read_api_key
+
+        return cls(
+            cfg.id,
+            cfg.base_url,
+            cfg.models,
+            priority_scheduling=cfg.priority_scheduling,
+            max_in_flight=cfg.max_in_flight,
+            timeout=timeout,
+            api_key=read_api_key(cfg, from_rpc=from_rpc),
+            verify_models=cfg.verify_models,
+        )
 
     def _http(self) -> aiohttp.ClientSession:
         """Return the connection pool, made on first use (it belongs to the running loop).
 
         No limit on connections: the gate decides how many requests a backend gets, and every
-        stream holds its connection until it ends.
+        stream holds its connection until it ends. The backend's API key, if any, goes with
+        every request.
         """
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ssl=_tls_context()),
                 timeout=self._timeout,
+                headers=self._headers,
             )
         return self._session
+
+    def session(self) -> aiohttp.ClientSession:
+        """Return the backend's HTTP connection pool (with its credentials)."""
+        return self._http()
+
+    async def verify_models(self, timeout: float = 5.0) -> None:
+        """Check that ``/v1/models`` lists every registered model.
+
+        A backend without the endpoint (404) is taken at its registration's word.
+
+        Raises:
+            InvalidRequestError: the backend answered and does not serve a registered model.
+            BackendError: the backend could not be asked (unreachable, refused the key).
+
+        """
+        from fairq_server.backends.credentials import check_served_models
+
+        await check_served_models(self, timeout)
+        self.models_verified = True
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
@@ -203,9 +324,15 @@ class Backend(abc.ABC):
         """Fetch and parse ``/metrics``.
 
         Raises:
-            BackendError: the endpoint failed or its text could not be parsed.
+            BackendError: the endpoint failed or its text could not be parsed, or the
+                backend does not (yet) list the models it is registered for.
 
         """
+        if not self.models_verified:
+            try:
+                await self.verify_models(timeout)
+            except InvalidRequestError as exc:
+                raise BackendError(str(exc), BackendFailure.UNAVAILABLE) from exc
         try:
             async with self._http().get(
                 f"{self.base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
@@ -228,6 +355,10 @@ class Backend(abc.ABC):
     def parse_metrics(self, text: str) -> MetricsSample:
         """Read a :class:`MetricsSample` from Prometheus exposition text."""
 
+    def openai_payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
+        """Return the path and body of ``request`` on the backend's OpenAI-compatible API."""
+        return openai_body(request)
+
     @abc.abstractmethod
     def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
         """Stream the generation of ``request``.
@@ -247,14 +378,14 @@ class Backend(abc.ABC):
             ) as resp:
                 if resp.status != 200:
                     raise http_error(self.id, resp.status, await resp.read())
-                async for batch in aiter_sse_batches(_utf8(resp.content)):
+                async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
                     objects: list[dict[str, Any]] = []
                     for data in batch:
                         if data == "[DONE]":
                             if objects:
                                 yield objects
                             return
-                        objects.append(self._decode(data))
+                        objects.append(self.decode_event(data))
                     yield objects
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendError(
@@ -285,7 +416,8 @@ class Backend(abc.ABC):
             BackendFailure.UNAVAILABLE,
         )
 
-    def _decode(self, data: str) -> dict[str, Any]:
+    def decode_event(self, data: str) -> dict[str, Any]:
+        """Parse one SSE payload into a JSON object; an error event raises its error."""
         try:
             obj = json.loads(data)
         except ValueError as exc:
@@ -322,7 +454,7 @@ class Backend(abc.ABC):
         return BackendError(f"backend {self.id} failed: {message}", kind, retryable=retryable)
 
 
-async def _utf8(body: aiohttp.StreamReader) -> AsyncIterator[str]:
+async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
     """Yield the body as text, one piece per network read (all that arrived by then)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     async for chunk in body.iter_any():

@@ -83,11 +83,4 @@ def make_backend(
         yarl.URL(cfg.base_url)  # what the HTTP client will make of it (e.g. an IDNA host)
     except ValueError as exc:
         raise InvalidRequestError(f"backend base_url is not a valid URL: {exc}") from None
-    return cls(
-        cfg.id,
-        cfg.base_url,
-        cfg.models,
-        priority_scheduling=cfg.priority_scheduling,
-        max_in_flight=cfg.max_in_flight,
-        timeout=timeout,
-    )
+    return cls.from_config(cfg, timeout=timeout, from_rpc=allowlist is not None)

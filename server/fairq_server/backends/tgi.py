@@ -12,9 +12,11 @@ from fairq_server.backends.base import (
     StreamEnd,
     StreamEvent,
     TextDelta,
+    openai_body,
 )
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.metrics import sample_sums
+from fairq_server.backends.passthrough import openai_stream
 
 __all__ = ["TgiBackend"]
 
@@ -68,29 +70,15 @@ class TgiBackend(Backend):
         )
 
     def payload(self, request: BackendRequest) -> tuple[str, dict[str, Any]]:
-        """Return the path and JSON body for ``request``."""
+        """Return the path and JSON body for ``request``.
+
+        Chat goes to the OpenAI-compatible Messages API, pass-through fields merged as for
+        any OpenAI server. A prompt goes to ``/generate_stream``; its pass-through fields
+        are TGI's own ``parameters`` (``top_k``, ``repetition_penalty``, ``grammar``, ...).
+        """
         s = request.sampling
         if request.messages is not None:
-            chat: dict[str, Any] = {
-                "model": request.model,
-                "messages": [{"role": r, "content": c} for r, c in request.messages],
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            chat.update(
-                {
-                    k: v
-                    for k, v in {
-                        "max_tokens": s.max_tokens,
-                        "temperature": s.temperature,
-                        "top_p": s.top_p,
-                        "seed": s.seed,
-                        "stop": list(s.stop) or None,
-                    }.items()
-                    if v is not None
-                }
-            )
-            return "/v1/chat/completions", chat
+            return openai_body(request)
         params = {
             "max_new_tokens": s.max_tokens,
             "temperature": s.temperature or None,  # TGI requires temperature > 0
@@ -100,13 +88,20 @@ class TgiBackend(Backend):
             "stop": list(s.stop) or None,
             "details": True,
         }
-        return "/generate_stream", {
-            "inputs": request.prompt,
-            "parameters": {k: v for k, v in params.items() if v is not None},
-        }
+        merged = dict(request.extra)
+        merged.update({k: v for k, v in params.items() if v is not None})
+        return "/generate_stream", {"inputs": request.prompt, "parameters": merged}
+
+    def openai_payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
+        """Return the OpenAI-shaped request (TGI serves ``/v1/completions`` too)."""
+        return openai_body(request)
 
     async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
         """Stream text deltas, then one :class:`StreamEnd`; ``priority`` is not used."""
+        if request.relay_chunks:  # the HTTP door: the backend's own chunks
+            async for event in openai_stream(self, request, priority):
+                yield event
+            return
         path, body = self.payload(request)
         finish = ""
         prompt_tokens = completion_tokens = 0

@@ -12,8 +12,10 @@ from fairq_server.backends.base import (
     StreamEnd,
     StreamEvent,
     TextDelta,
+    openai_body,
 )
 from fairq_server.backends.metrics import sample_sums
+from fairq_server.backends.passthrough import openai_stream
 
 __all__ = ["TPOT_HISTOGRAMS", "VllmBackend"]
 
@@ -54,40 +56,35 @@ class VllmBackend(Backend):
         return MetricsSample(sums[_WAITING], sums[_RUNNING], kv, tpot_sum, tpot_count)
 
     def payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
-        """Return the path and JSON body for ``request``."""
-        s = request.sampling
-        body: dict[str, Any] = {
-            "model": request.model,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if request.messages is not None:
-            path = "/v1/chat/completions"
-            body["messages"] = [{"role": r, "content": c} for r, c in request.messages]
-        else:
-            path = "/v1/completions"
-            body["prompt"] = request.prompt
-        optional = {
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "seed": s.seed,
-            "stop": list(s.stop) or None,
-            "ignore_eos": s.ignore_eos or None,
-            "request_id": request.request_id or None,
+        """Return the path and JSON body for ``request`` (pass-through fields included)."""
+        path, body = openai_body(request)
+        if request.request_id:
+            body["request_id"] = request.request_id
+        if self.priority_scheduling:
             # vLLM running `fcfs` silently ignores the field, so send it only where it counts.
-            "priority": priority if self.priority_scheduling else None,
-        }
-        body.update({k: v for k, v in optional.items() if v is not None})
+            body["priority"] = priority
         return path, body
 
+    def openai_payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
+        """Return :meth:`payload`: vLLM's API is the OpenAI one."""
+        return self.payload(request, priority)
+
     async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
-        """Stream text deltas (one per network read), then one :class:`StreamEnd` with usage."""
+        """Stream text deltas (one per network read), then one :class:`StreamEnd` with usage.
+
+        What a choice carries beside text (tool calls, logprobs, reasoning) travels in the
+        delta's ``extra``, one object per choice event.
+        """
+        if request.relay_chunks:  # the HTTP door: the backend's own chunks
+            async for event in openai_stream(self, request, priority):
+                yield event
+            return
         path, body = self.payload(request, priority)
         finish = ""
         prompt_tokens = completion_tokens = 0
         async for batch in self._sse(path, body):
             texts: list[str] = []
+            extras: list[dict[str, Any]] = []
             for obj in batch:
                 try:
                     for choice in obj.get("choices") or ():
@@ -99,6 +96,8 @@ class VllmBackend(Backend):
                             raise TypeError("text is not a string")
                         if text:
                             texts.append(text)
+                        if other := _beside_text(choice, delta):
+                            extras.append(other)
                         if choice.get("finish_reason"):
                             finish = str(choice["finish_reason"])
                     usage = obj.get("usage")
@@ -107,8 +106,28 @@ class VllmBackend(Backend):
                         completion_tokens = int(usage.get("completion_tokens") or 0)
                 except (AttributeError, TypeError, ValueError) as exc:
                     raise self.shape_error(obj, exc) from exc
-            if texts:
-                yield TextDelta("".join(texts), len(texts))
+            if texts or extras:
+                yield TextDelta("".join(texts), max(len(texts), len(extras)), tuple(extras))
         if not finish:
             raise self.unfinished()
         yield StreamEnd(finish, prompt_tokens, completion_tokens)
+
+
+_TEXT_KEYS = frozenset({"content", "role"})
+_CHOICE_KEYS = frozenset({"index", "delta", "text", "finish_reason", "stop_reason", "token_ids"})
+
+
+def _beside_text(choice: dict[str, Any], delta: object) -> dict[str, Any] | None:
+    """Return what a choice event holds beside its text (None if nothing but nulls)."""
+    other: dict[str, Any] = {}
+    if isinstance(delta, dict):
+        fields = {k: v for k, v in delta.items() if k not in _TEXT_KEYS and v not in (None, [])}
+        if fields:
+            other["delta"] = fields
+    for key, value in choice.items():
+        if key not in _CHOICE_KEYS and value is not None:
+            other[key] = value
+    if not other:
+        return None
+    other["index"] = choice.get("index", 0)
+    return other

@@ -14,6 +14,8 @@ from fairq_server.bench.report import plot_ttft
 
 __all__ = ["main"]
 
+_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI"}
+
 
 async def _run(args: argparse.Namespace) -> FloodComparison:
     specs = flood_workload(
@@ -25,16 +27,25 @@ async def _run(args: argparse.Namespace) -> FloodComparison:
         light_every=args.light_every,
     )
     print(
-        f"Starting a simulated vLLM (profile {args.profile}, max_num_seqs {args.max_num_seqs}).\n"
+        f"Starting a simulated {_NAMES[args.mode]} (profile {args.profile}, "
+        f"max_num_seqs {args.max_num_seqs}).\n"
         f"Workload: 'power-user' sends {args.power_requests} requests of {args.power_tokens} "
         f"tokens at once;\n'light-user' asks {args.light_requests} short questions, one every "
-        f"{args.light_every:g} s from t=0.5 s.\nFirst straight to the backend, then through fairq.",
+        f"{args.light_every:g} s from t=0.5 s.\nFirst straight to the backend, then through fairq"
+        + (
+            ": the power user through gRPC, the light user through fairq's OpenAI-compatible "
+            "HTTP door (one queue for both)."
+            if args.door == "mixed"
+            else f" ({args.door} door)."
+        ),
         flush=True,
     )
     async with sim_process(
-        "--profile", args.profile, "--max-num-seqs", str(args.max_num_seqs)
+        "--mode", args.mode, "--profile", args.profile, "--max-num-seqs", str(args.max_num_seqs)
     ) as url:
-        return await compare_flood(url, "sim", "vllm", specs)
+        # TGI's prompt API is not OpenAI's: its requests go through the gRPC door.
+        door = "grpc" if args.mode == "tgi" else args.door
+        return await compare_flood(url, "sim", args.mode, specs, door=door)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="tiny-cpu")
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--plot", type=Path, default=Path("demo-ttft.png"))
+    parser.add_argument(
+        "--mode", choices=tuple(_NAMES), default="vllm", help="which engine the simulator plays"
+    )
+    parser.add_argument(
+        "--door",
+        choices=("mixed", "grpc", "http"),
+        default="mixed",
+        help="how requests reach fairq (mixed: light user over HTTP, power user over gRPC)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     result = asyncio.run(_run(args))

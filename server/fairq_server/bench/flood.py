@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
 
 from fairq_server.bench.processes import fairq_process, toml_config
 from fairq_server.bench.report import Progress, RunSummary, markdown_table, summarize
-from fairq_server.bench.targets import direct_sender, fairq_sender, http_client
+from fairq_server.bench.targets import (
+    aiohttp_session,
+    direct_sender,
+    fairq_sender,
+    free_port,
+    http_client,
+    openai_sender,
+)
 from fairq_server.bench.workload import RequestResult, RequestSpec, replay
 
 __all__ = ["FloodComparison", "compare_flood", "flood_workload"]
@@ -91,20 +98,46 @@ async def compare_flood(
     *,
     fairq_extra_config: str = "",
     show_progress: bool = True,
+    door: str = "grpc",
 ) -> FloodComparison:
-    """Replay ``specs`` straight to the backend, then through a fresh ``fairq serve``."""
+    """Replay ``specs`` straight to the backend, then through a fresh ``fairq serve``.
+
+    ``door`` is ``grpc`` (fairq's client), ``http`` (OpenAI ``/v1/completions`` on fairq's
+    HTTP door, the user named by the body's ``user`` field) or ``mixed`` (the light users
+    through the HTTP door, everyone else through gRPC: one queue for both doors).
+    """
     total = len(specs)
-    async with http_client() as client:
+    async with http_client() as client, aiohttp_session() as session:
+        # Through the HTTP door both sides use the same HTTP client, so its cost per event
+        # (every SSE event is parsed) is the same on both sides.
+        sender = (
+            openai_sender(session, backend_url, model)
+            if door == "http"
+            else direct_sender(client, backend_url, model, kind)
+        )
         direct = await replay(
             specs,
-            direct_sender(client, backend_url, model, kind),
+            sender,
             on_done=Progress("direct to backend", total) if show_progress else None,
         )
-    config = toml_config(backend_url, model, kind, fairq_extra_config)
-    async with fairq_process(config) as target, grpc.aio.insecure_channel(target) as channel:
-        through = await replay(
-            specs,
-            fairq_sender(channel, model),
-            on_done=Progress("through fairq", total) if show_progress else None,
-        )
+    http_port = free_port() if door != "grpc" else 0
+    extra = fairq_extra_config
+    if http_port:
+        extra = f'{extra}\n[http]\nlisten = "127.0.0.1:{http_port}"\n'
+    config = toml_config(backend_url, model, kind, extra)
+    progress = Progress(f"through fairq ({door})", total) if show_progress else None
+    async with (
+        fairq_process(config) as target,
+        grpc.aio.insecure_channel(target) as channel,
+        aiohttp_session() as session,
+    ):
+        via_grpc = fairq_sender(channel, model)
+        via_http = openai_sender(session, f"http://127.0.0.1:{http_port}", model, with_user=True)
+
+        def send(spec: RequestSpec) -> AsyncIterator[str]:
+            if door == "http" or (door == "mixed" and spec.user.startswith("light")):
+                return via_http(spec)
+            return via_grpc(spec)
+
+        through = await replay(specs, send, on_done=progress)
     return FloodComparison(direct, through)

@@ -72,7 +72,13 @@ async def sim_process(*args: str) -> AsyncIterator[str]:
 
 
 def toml_config(backend_url: str, model: str, kind: str, extra: str = "") -> str:
-    """A minimal open-mode fairq configuration with one backend, listening on a free port."""
+    """A minimal open-mode fairq configuration with one backend, listening on a free port.
+
+    ``kind`` is a backend kind, or ``sglang``: the OpenAI-compatible kind with SGLang's
+    metric names (the simulator's SGLang mode).
+    """
+    if kind == "sglang":
+        kind = 'openai"\nmetrics_preset = "sglang'
     return (
         'listen = "127.0.0.1:0"\n'
         f"{extra}\n"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator
 
+import aiohttp
 import grpc
 import httpx
 
@@ -13,7 +15,22 @@ from fairq import AsyncClient, Chunk
 from fairq_server.backends.sse import aiter_sse_batches
 from fairq_server.bench.workload import RequestSpec, SendFn
 
-__all__ = ["direct_sender", "fairq_sender", "http_client", "keyed_sender"]
+__all__ = [
+    "aiohttp_session",
+    "direct_sender",
+    "fairq_sender",
+    "free_port",
+    "http_client",
+    "keyed_sender",
+    "openai_sender",
+]
+
+
+def free_port() -> int:
+    """A free loopback port for a benchmark child's second listener (tests bind port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def http_client() -> httpx.AsyncClient:
@@ -64,6 +81,51 @@ def direct_sender(client: httpx.AsyncClient, base_url: str, model: str, kind: st
                             yield str(choice["text"])
 
     return send
+
+
+def openai_sender(
+    session: aiohttp.ClientSession, base_url: str, model: str, *, with_user: bool = False
+) -> SendFn:
+    """Stream OpenAI ``/v1/completions`` from ``base_url`` (a backend, or fairq's HTTP door).
+
+    aiohttp's client (C parser) keeps the client's own cost per event small and the same
+    for the backend and the door, so the difference between them is fairq's. With
+    ``with_user`` the body names the request's user (fairq's open mode reads it).
+    """
+
+    async def send(spec: RequestSpec) -> AsyncIterator[str]:
+        body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        if with_user:
+            body["user"] = spec.user
+        headers = {"x-fairq-tier": spec.tier} if spec.tier and with_user else {}
+        async with session.post(f"{base_url}/v1/completions", json=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
+            async for batch in aiter_sse_batches(_text(resp.content)):
+                for data in batch:
+                    if data == "[DONE]":
+                        continue
+                    event = json.loads(data)
+                    if event.get("error"):
+                        raise RuntimeError(str(event["error"]))
+                    for choice in event.get("choices") or ():
+                        if choice.get("text"):
+                            yield str(choice["text"])
+
+    return send
+
+
+async def _text(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    async for chunk in content.iter_any():
+        yield chunk.decode()
+
+
+def aiohttp_session() -> aiohttp.ClientSession:
+    """A client session that never queues on its own side (no pool cap, no timeout)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+    )
 
 
 def fairq_sender(channel: grpc.aio.Channel, model: str) -> SendFn:

@@ -63,7 +63,7 @@ class AttemptSink:
         if self._uncharged >= CHARGE_EVERY:
             self._post(ev.Tokens(ticket, attempt, self._uncharged))
             self._uncharged = 0
-        if ticket.outbox.put_text(delta.text):
+        if ticket.outbox.put_text(delta.text, delta.extra):
             return True
         error = SlowClientError(
             f"the client left more than {ticket.outbox.limit} characters of text unread; "

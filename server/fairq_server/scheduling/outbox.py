@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fairq_server.backends.base import StreamEnd
 from fairq_server.errors import SchedulerError
@@ -44,9 +46,10 @@ class Started:
 
 @dataclass(frozen=True)
 class Text:
-    """Generated text."""
+    """Generated text, and what the backend sent beside it (tool calls, logprobs), if any."""
 
     text: str
+    extra: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Outbox:
         self._window = window
         self._items: deque[OutboxEvent | SchedulerError] = deque()
         self._text: list[str] = []  # text after the last item, not yet an item
+        self._extra: list[Mapping[str, Any]] = []  # beside that text
         self._buffered = 0
         self._ready = asyncio.Event()
         self._last_taken = -window
@@ -96,9 +100,10 @@ class Outbox:
             self.closed = True
         self._ready.set()
 
-    def put_text(self, text: str) -> bool:
+    def put_text(self, text: str, extra: tuple[Mapping[str, Any], ...] = ()) -> bool:
         """Append text; False if the caller has left more than ``limit`` characters unread."""
         self._text.append(text)
+        self._extra.extend(extra)
         self._buffered += len(text)
         self._ready.set()
         return self._buffered <= self.limit
@@ -112,8 +117,8 @@ class Outbox:
 
     def _flush_text(self) -> None:
         if self._text:
-            self._items.append(Text("".join(self._text)))
-            self._text = []
+            self._items.append(Text("".join(self._text), tuple(self._extra)))
+            self._text, self._extra = [], []
 
     async def take(self) -> list[OutboxEvent]:
         """Wait for events and return all there are, text merged.
@@ -141,7 +146,7 @@ class Outbox:
             if isinstance(item, Text):
                 self._buffered -= len(item.text)
                 if taken and isinstance(taken[-1], Text):
-                    taken[-1] = Text(taken[-1].text + item.text)
+                    taken[-1] = Text(taken[-1].text + item.text, taken[-1].extra + item.extra)
                     continue
             taken.append(item)
         if any(isinstance(e, Text) for e in taken):

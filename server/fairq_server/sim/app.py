@@ -40,7 +40,8 @@ def create_app(config: SimConfig) -> Starlette:
 
     """
     state = SimState(config)
-    routes = vllm_routes() if config.mode == "vllm" else tgi_routes()
+    openai = config.mode in ("vllm", "sglang")
+    routes = vllm_routes() if openai else tgi_routes()
     routes.append(Route("/metrics", _metrics, methods=["GET"]))
 
     @asynccontextmanager
@@ -56,8 +57,8 @@ def create_app(config: SimConfig) -> Starlette:
         lifespan=lifespan,
         middleware=[Middleware(_WarmupMiddleware, state=state)],
         exception_handlers={
-            404: _not_found if config.mode == "vllm" else _empty_error,
-            405: _not_allowed if config.mode == "vllm" else _empty_error,
+            404: _not_found if openai else _empty_error,
+            405: _not_allowed if openai else _empty_error,
         },
     )
     app.state.sim = state
@@ -105,7 +106,7 @@ class _WarmupMiddleware:
             await self.app(scope, receive, send)
             return
         response: Response
-        if self.state.config.mode == "vllm":
+        if self.state.config.mode != "tgi":
             error = {
                 "message": "The server is starting up.",
                 "type": "Service Unavailable",

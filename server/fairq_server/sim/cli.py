@@ -23,9 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of ``fairq sim``."""
     p = argparse.ArgumentParser(
         prog="fairq sim",
-        description="Simulated continuous-batching LLM backend (vLLM or TGI HTTP API).",
+        description="Simulated continuous-batching LLM backend (vLLM, SGLang or TGI HTTP API).",
     )
-    p.add_argument("--mode", choices=("vllm", "tgi"), default="vllm")
+    p.add_argument("--mode", choices=("vllm", "tgi", "sglang"), default="vllm")
     p.add_argument("--model", default="sim", help="served model name (default: sim)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
     p.add_argument("--speed", type=float, default=1.0, help="clock factor (2 = twice as fast)")
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+    p.add_argument(
+        "--schedule-low-priority-values-first",
+        action="store_true",
+        help="sglang: lower priority values first (default: higher first, as SGLang)",
+    )
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument(
         "--max-concurrent-requests", type=int, default=128, help="TGI: overloaded beyond this"
     )
@@ -60,6 +66,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         speed=args.speed,
         priority_mode=args.scheduling_policy == "priority",
+        low_priority_first=args.schedule_low_priority_values_first,
+        api_key=args.api_key,
         max_model_len=args.max_model_len,
         kv_blocks=args.kv_blocks,
         block_size=args.block_size,

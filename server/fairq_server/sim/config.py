@@ -10,7 +10,7 @@ from fairq_server.sim.profiles import Profile, get_profile, with_overrides
 
 __all__ = ["SimConfig", "SimMode"]
 
-SimMode = Literal["vllm", "tgi"]
+SimMode = Literal["vllm", "tgi", "sglang"]
 
 
 @dataclass
@@ -21,8 +21,9 @@ class SimConfig:
     request, so a test may change them on a running server (``server.config.error_rate = 1``).
 
     Attributes:
-        mode: ``"vllm"`` (OpenAI-compatible API, vLLM 0.32 metrics) or ``"tgi"`` (TGI 3.3 API
-            and metrics).
+        mode: ``"vllm"`` (OpenAI-compatible API, vLLM 0.32 metrics), ``"sglang"`` (the same
+            OpenAI-compatible API, SGLang's metric names and priority order) or ``"tgi"``
+            (TGI 3.3 API and metrics).
         model: Served model name.
         profile: A profile name from ``PROFILES`` or a custom :class:`Profile`.
         max_num_seqs: Most sequences running at once.
@@ -31,7 +32,11 @@ class SimConfig:
             times faster.
         priority_mode: Order the waiting queue by the request's ``priority`` (lower first, ties
             by arrival) like vLLM's ``--scheduling-policy priority``; otherwise first come first
-            served and ``priority`` is ignored, as vLLM 0.32 does. vLLM mode only.
+            served and ``priority`` is ignored, as vLLM 0.32 does. vLLM and SGLang modes.
+        low_priority_first: SGLang mode: lower ``priority`` values first (SGLang's
+            ``--schedule-low-priority-values-first``); by default higher values go first.
+        api_key: If set, ``/v1/*`` answers 401 unless ``Authorization: Bearer <api_key>``
+            (``vllm serve --api-key``); ``/metrics`` and ``/health`` stay open.
         max_model_len: Context length (TGI: ``max_total_tokens``).
         kv_blocks: KV-cache size in blocks.
         block_size: Tokens per KV block and prefix-cache block.
@@ -56,6 +61,8 @@ class SimConfig:
     max_num_seqs: int | None = None
     speed: float = 1.0
     priority_mode: bool = False
+    low_priority_first: bool = False
+    api_key: str | None = None
     max_model_len: int | None = None
     kv_blocks: int | None = None
     block_size: int | None = None
@@ -88,8 +95,8 @@ class SimConfig:
             ValueError: Naming the first offending field.
 
         """
-        if self.mode not in ("vllm", "tgi"):
-            raise ValueError(f"mode must be 'vllm' or 'tgi', not {self.mode!r}")
+        if self.mode not in ("vllm", "tgi", "sglang"):
+            raise ValueError(f"mode must be 'vllm', 'sglang' or 'tgi', not {self.mode!r}")
         if self.priority_mode and self.mode == "tgi":
             raise ValueError("TGI has no priority scheduling; priority_mode needs mode='vllm'")
         if not self.speed > 0 or math.isinf(self.speed):

@@ -13,6 +13,7 @@ from fairq_server.sim.engine import Engine, EngineConfig
 from fairq_server.sim.events import EngineObserver
 from fairq_server.sim.profiles import Profile
 from fairq_server.sim.runner import EngineRunner
+from fairq_server.sim.sglang_metrics import SglangMetrics
 from fairq_server.sim.tgi_metrics import TgiMetrics
 from fairq_server.sim.tokens import mix64
 from fairq_server.sim.vllm_metrics import VllmMetrics
@@ -44,9 +45,14 @@ class SimState:
         self.profile: Profile = config.resolved_profile()
         self.vllm_metrics: VllmMetrics | None = None
         self.tgi_metrics: TgiMetrics | None = None
+        self.sglang_metrics: SglangMetrics | None = None
         self.metrics: MetricsExporter
         observer: EngineObserver
-        if config.mode == "vllm":
+        if config.mode == "sglang":
+            sglang_metrics = SglangMetrics(config.model)
+            self.sglang_metrics = sglang_metrics
+            self.metrics = observer = sglang_metrics
+        elif config.mode == "vllm":
             vllm_metrics = VllmMetrics(config.model, self.profile)
             self.vllm_metrics = vllm_metrics
             self.metrics = observer = vllm_metrics
@@ -66,6 +72,8 @@ class SimState:
             self.vllm_metrics.bind(self.engine)
         if self.tgi_metrics is not None:
             self.tgi_metrics.bind(self.engine)
+        if self.sglang_metrics is not None:
+            self.sglang_metrics.bind(self.engine)
         self.runner = EngineRunner(self.engine, speed=lambda: config.speed)
         self.started = asyncio.Event()
         self.created = int(time.time())

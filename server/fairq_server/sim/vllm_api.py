@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -57,8 +58,18 @@ async def chat_completions(request: Request) -> Response:
     return await _generate(request, "chat")
 
 
+def _unauthorized(request: Request) -> Response | None:
+    """Return vLLM's 401 unless the request carries the configured API key."""
+    key = _state(request).config.api_key
+    if key is None or request.headers.get("authorization") == f"Bearer {key}":
+        return None
+    return JSONResponse({"error": "Unauthorized"}, status_code=401)
+
+
 async def _generate(request: Request, kind: Kind) -> Response:
     state = _state(request)
+    if (refused := _unauthorized(request)) is not None:
+        return refused
     try:
         body = await read_json_object(request)
         params = parse_params(body, kind, state.config.model, state.profile.max_model_len)
@@ -75,7 +86,7 @@ async def _generate(request: Request, kind: Kind) -> Response:
         prompt_token_ids=params.prompt_ids,
         max_tokens=params.max_tokens,
         # vLLM 0.32 running fcfs accepts the field and ignores it.
-        priority=params.priority if state.config.priority_mode else 0,
+        priority=_engine_priority(state, params.priority),
         ignore_eos=params.ignore_eos,
         stop=params.stop,
         seed=params.seed if params.seed is not None else state.default_seed(number),
@@ -93,6 +104,20 @@ async def _generate(request: Request, kind: Kind) -> Response:
     if result is None:
         return Response(status_code=499)  # nobody is listening any more
     return result
+
+
+def _engine_priority(state: SimState, priority: int) -> int:
+    """Return the engine priority (lower first); SGLang by default serves higher first."""
+    if not state.config.priority_mode:
+        return 0
+    if state.config.mode == "sglang" and not state.config.low_priority_first:
+        return -priority
+    return priority
+
+
+def _escaped(text: str) -> str:
+    """Return ``text`` as it appears inside a JSON string."""
+    return json.dumps(text)[1:-1]
 
 
 class _Reply:
@@ -132,8 +157,9 @@ class _Reply:
                 reason = finish.value if finish is not None else None
                 stop_reason = request.stop_reason if output.finished else None
                 if chat:
+                    content = self._tool_delta(delta, count, output.finished)
                     chunk = chat_chunk(
-                        self.id, self.created, self.model, {"content": delta}, reason, stop_reason
+                        self.id, self.created, self.model, content, reason, stop_reason
                     )
                 else:
                     chunk = completion_chunk(
@@ -152,6 +178,21 @@ class _Reply:
         finally:
             self.close()
         yield b"data: [DONE]\n\n"
+
+    def _tool_delta(self, delta: str, count: int, finished: bool) -> dict[str, Any]:
+        """Return the chunk's delta: text, or a piece of the forced tool call's arguments."""
+        if self.params.tool is None:
+            return {"content": delta}
+        arguments = _escaped(delta) + ('"}' if finished else "")
+        if count > 1:
+            return {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
+        call = {
+            "id": f"chatcmpl-tool-{self.id[-16:]}",
+            "type": "function",
+            "index": 0,
+            "function": {"name": self.params.tool, "arguments": '{"text": "' + arguments},
+        }
+        return {"tool_calls": [call]}
 
     def _usage_chunk(self) -> dict[str, Any]:
         request = self.stream.request
@@ -191,6 +232,18 @@ class _Reply:
                 "tool_calls": [],
                 "reasoning": None,
             }
+            if self.params.tool is not None:
+                message["content"] = None
+                message["tool_calls"] = [
+                    {
+                        "id": f"chatcmpl-tool-{self.id[-16:]}",
+                        "type": "function",
+                        "function": {
+                            "name": self.params.tool,
+                            "arguments": json.dumps({"text": text.text}),
+                        },
+                    }
+                ]
             choice = {"index": 0, "message": message, "logprobs": None}
         else:
             choice = {"index": 0, "text": text.text, "logprobs": None}
@@ -218,6 +271,8 @@ class _Reply:
 async def models(request: Request) -> Response:
     """``GET /v1/models``: one model, shaped like the recorded ``models.json``."""
     state = _state(request)
+    if (refused := _unauthorized(request)) is not None:
+        return refused
     name = state.config.model
     permission = {
         "id": f"modelperm-{hashlib.sha256(name.encode()).hexdigest()[:16]}",
@@ -237,7 +292,7 @@ async def models(request: Request) -> Response:
         "id": name,
         "object": "model",
         "created": state.created,
-        "owned_by": "vllm",
+        "owned_by": state.config.mode,
         "root": name,
         "parent": None,
         "max_model_len": state.profile.max_model_len,

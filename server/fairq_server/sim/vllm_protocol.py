@@ -84,6 +84,7 @@ class CompletionParams:
     stop: tuple[str, ...]
     seed: int | None
     request_id: str | None
+    tool: str | None = None
 
 
 def parse_params(
@@ -141,6 +142,7 @@ def parse_params(
     stops = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop or ())
     seed = body.get("seed")
     request_id = body.get("request_id")
+    tool = forced_tool(body) if kind == "chat" else None
     return CompletionParams(
         kind=kind,
         prompt_ids=prompt_ids,
@@ -154,7 +156,37 @@ def parse_params(
         stop=tuple(s for s in stops if s),
         seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
         request_id=str(request_id) if request_id else None,
+        tool=tool,
     )
+
+
+def forced_tool(body: dict[str, Any]) -> str | None:
+    """Return the function a chat request forces (named ``tool_choice`` or ``required``).
+
+    The simulator then answers with one call of it whose arguments are ``{"text": ...}``
+    holding the generated text, streamed piece by piece as vLLM streams arguments.
+
+    Raises:
+        VllmError: 400 when the choice names no function among ``tools``.
+
+    """
+    choice = body.get("tool_choice")
+    tools = body.get("tools") or []
+    names = [
+        t["function"].get("name")
+        for t in tools
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
+    if choice == "required":
+        if not names:
+            raise _bad_request("tool_choice 'required' needs tools.", "tool_choice")
+        return str(names[0])
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            raise _bad_request(f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
+        return str(name)
+    return None
 
 
 def _prompt_ids(body: dict[str, Any], kind: Kind) -> list[int]:
@@ -250,7 +282,7 @@ def chat_chunk(
     response_id: str,
     created: int,
     model: str,
-    delta: dict[str, str],
+    delta: dict[str, Any],
     finish_reason: str | None = None,
     stop_reason: str | None = None,
     *,

@@ -12,28 +12,44 @@ class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKEND_KIND_UNSPECIFIED: _ClassVar[BackendKind]
     BACKEND_KIND_VLLM: _ClassVar[BackendKind]
     BACKEND_KIND_TGI: _ClassVar[BackendKind]
+    BACKEND_KIND_OPENAI: _ClassVar[BackendKind]
 BACKEND_KIND_UNSPECIFIED: BackendKind
 BACKEND_KIND_VLLM: BackendKind
 BACKEND_KIND_TGI: BackendKind
+BACKEND_KIND_OPENAI: BackendKind
 
 class Backend(_message.Message):
-    __slots__ = ("id", "kind", "base_url", "models", "priority_scheduling", "max_in_flight")
+    __slots__ = ("id", "kind", "base_url", "models", "priority_scheduling", "max_in_flight", "metrics_preset", "waiting_metric", "running_metric", "kv_usage_metric", "tpot_metric", "priority_order", "api_key_env")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_SCHEDULING_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PRESET_FIELD_NUMBER: _ClassVar[int]
+    WAITING_METRIC_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_METRIC_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_METRIC_FIELD_NUMBER: _ClassVar[int]
+    TPOT_METRIC_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_ORDER_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: BackendKind
     base_url: str
     models: _containers.RepeatedScalarFieldContainer[str]
     priority_scheduling: bool
     max_in_flight: int
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., base_url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., priority_scheduling: _Optional[bool] = ..., max_in_flight: _Optional[int] = ...) -> None: ...
+    metrics_preset: str
+    waiting_metric: str
+    running_metric: str
+    kv_usage_metric: str
+    tpot_metric: str
+    priority_order: str
+    api_key_env: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., base_url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., priority_scheduling: _Optional[bool] = ..., max_in_flight: _Optional[int] = ..., metrics_preset: _Optional[str] = ..., waiting_metric: _Optional[str] = ..., running_metric: _Optional[str] = ..., kv_usage_metric: _Optional[str] = ..., tpot_metric: _Optional[str] = ..., priority_order: _Optional[str] = ..., api_key_env: _Optional[str] = ...) -> None: ...
 
 class BackendStatus(_message.Message):
-    __slots__ = ("backend", "healthy", "in_flight", "waiting", "running", "tpot_seconds", "draining")
+    __slots__ = ("backend", "healthy", "in_flight", "waiting", "running", "tpot_seconds", "draining", "reason")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +57,7 @@ class BackendStatus(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     TPOT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     backend: Backend
     healthy: bool
     in_flight: int
@@ -48,7 +65,8 @@ class BackendStatus(_message.Message):
     running: float
     tpot_seconds: float
     draining: bool
-    def __init__(self, backend: _Optional[_Union[Backend, _Mapping]] = ..., healthy: _Optional[bool] = ..., in_flight: _Optional[int] = ..., waiting: _Optional[float] = ..., running: _Optional[float] = ..., tpot_seconds: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
+    reason: str
+    def __init__(self, backend: _Optional[_Union[Backend, _Mapping]] = ..., healthy: _Optional[bool] = ..., in_flight: _Optional[int] = ..., waiting: _Optional[float] = ..., running: _Optional[float] = ..., tpot_seconds: _Optional[float] = ..., draining: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RegisterBackendRequest(_message.Message):
     __slots__ = ("backend",)

@@ -16,6 +16,7 @@ from pathlib import Path
 # Modules, not their functions: a function bound under its module's name would shadow it.
 from fairq_server.bench.scenarios import (
     backpressure,
+    http_overhead,
     onoff,
     overhead,
     overload,
@@ -36,6 +37,7 @@ SCENARIOS: dict[str, Scenario] = {
     "prefix": prefix.prefix,
     "on-off": onoff.on_off,
     "overhead": overhead.overhead,
+    "http-overhead": http_overhead.http_overhead,
 }
 
 TITLES: dict[str, str] = {
@@ -46,4 +48,5 @@ TITLES: dict[str, str] = {
     "prefix": "6. Prefix locality vs fairness (quantum Q)",
     "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
     "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
+    "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
 }

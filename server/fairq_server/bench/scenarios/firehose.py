@@ -109,7 +109,12 @@ class Firehose:
                     await done
                     await writer.drain()
                     continue
-                payload = self.metrics() if path.startswith("/metrics") else b"{}"
+                if path.startswith("/metrics"):
+                    payload = self.metrics()
+                elif path.startswith("/v1/models"):
+                    payload = b'{"object":"list","data":[{"id":"sim","object":"model"}]}'
+                else:
+                    payload = b"{}"
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n%s"
                     % (len(payload), payload)

@@ -1,0 +1,112 @@
+"""One request's life in fairq, shared by both doors (gRPC and HTTP).
+
+A door authenticates and parses; then both do the same: :func:`open_ticket` resolves the tier
+and submits a :class:`~fairq_server.scheduling.ticket.Ticket` to the dispatcher, and
+:func:`ticket_events` relays what arrives in its outbox until the request finishes or fails,
+cancels the ticket whatever way the caller leaves (harmless once it is done) and counts the
+outcome. So a user's requests through either door share one queue, one set of caps and one
+fairness account; only the translation to the wire differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fairq_server.api.validation import estimate_tokens, resolve_tier
+from fairq_server.auth import Principal
+from fairq_server.backends.base import BackendRequest
+from fairq_server.core import FairqCore
+from fairq_server.errors import SchedulerError, status_for
+from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
+from fairq_server.scheduling.prefix import prefix_hashes
+from fairq_server.scheduling.ticket import Ticket
+
+__all__ = ["count_rejection", "open_ticket", "outcome_of", "ticket_events"]
+
+log = logging.getLogger(__name__)
+
+
+def count_rejection(core: FairqCore, exc: SchedulerError) -> None:
+    """Count a request refused before it was queued (unauthenticated, invalid, bad tier)."""
+    core.telemetry.requests.labels("none", outcome_of(exc)).inc()
+
+
+def open_ticket(
+    core: FairqCore,
+    principal: Principal,
+    request: BackendRequest,
+    requested_tier: str,
+    *,
+    arrival: float | None = None,
+    max_tokens: int | None = None,
+) -> Ticket:
+    """Resolve the tier, build ``request``'s ticket and submit it to the dispatcher.
+
+    Args:
+        core: the scheduling core.
+        principal: the authenticated caller.
+        request: the validated request.
+        requested_tier: the tier asked for ("" for the caller's ceiling).
+        arrival: monotonic arrival time (default: now).
+        max_tokens: the output bound for cost estimates, if not ``request.sampling``'s.
+
+    Raises:
+        SchedulerError: unknown tier or one above the caller's ceiling.
+
+    """
+    config = core.config
+    tier = resolve_tier(requested_tier, principal, core.tier_names)
+    ticket = Ticket(
+        request=request,
+        user=principal.user,
+        tier=tier,
+        weight=principal.weight,
+        group=principal.group,
+        prompt_tokens=estimate_tokens(request),
+        max_tokens=max_tokens or request.sampling.max_tokens or 0,
+        arrival=time.monotonic() if arrival is None else arrival,
+        prefix=prefix_hashes(request.prompt, request.messages, config.scheduler.prefix_block_chars),
+        outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
+    )
+    core.dispatcher.submit(ticket)
+    return ticket
+
+
+async def ticket_events(
+    core: FairqCore, ticket: Ticket, on_end: Callable[[str], None] = lambda outcome: None
+) -> AsyncIterator[list[OutboxEvent]]:
+    """Yield the ticket's outbox events, a batch per take, until it finishes.
+
+    The ticket is cancelled when the caller stops iterating for any reason (the request
+    leaves the queue, or its backend request is aborted), the outcome is counted, and
+    ``on_end`` is told it (``finished``, ``cancelled`` or a lower-case status name).
+
+    Raises:
+        SchedulerError: the request failed (after the events before the failure).
+
+    """
+    tier_name = core.tier_names[ticket.tier]
+    outcome = "cancelled"
+    try:
+        finished = False
+        while not finished:
+            events = await ticket.outbox.take()
+            finished = any(isinstance(e, Finished) for e in events)
+            yield events
+        outcome = "finished"
+    except SchedulerError as exc:
+        outcome = outcome_of(exc)
+        code, message = status_for(exc)
+        log.info("request %s ended: %s %s", ticket.request.request_id, code.name, message)
+        raise
+    finally:
+        core.dispatcher.cancel(ticket)
+        core.telemetry.requests.labels(tier_name, outcome).inc()
+        on_end(outcome)
+
+
+def outcome_of(exc: SchedulerError) -> str:
+    """Return the outcome label of a request that ended with ``exc``."""
+    return status_for(exc)[0].name.lower()

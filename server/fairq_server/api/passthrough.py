@@ -1,0 +1,118 @@
+"""Checking the parameters fairq passes through to a backend without interpreting them.
+
+Both doors pass on what they do not interpret: gRPC callers in ``GenerateRequest.extra``, HTTP
+callers as the other fields of their JSON body. fairq bounds them (size as compact JSON,
+nesting depth) so a request cannot make fairq hold or re-serialise megabytes per call, and
+refuses keys it sets itself, so a caller cannot choose its own backend priority or slip a
+larger ``max_tokens`` past the limits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from google.protobuf import struct_pb2
+
+from fairq.v1 import scheduler_pb2
+from fairq_server.config import Limits
+from fairq_server.errors import InvalidRequestError
+from fairq_server.scheduling.outbox import Text
+
+__all__ = ["GRPC_RESERVED", "check_extra", "chunk_message", "json_depth"]
+
+#: Keys of ``GenerateRequest.extra`` that fairq sets itself (or checks in ``sampling``).
+GRPC_RESERVED = frozenset(
+    {
+        "model", "prompt", "messages", "stream", "priority", "request_id",
+        "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed",
+        "ignore_eos",
+    }
+)  # fmt: skip
+
+
+def json_depth(value: object) -> int:
+    """Return the nesting depth of a JSON value (a scalar is 0, ``{}`` and ``[]`` are 1)."""
+    depth = 0
+    level: list[object] = [value]
+    while True:
+        children: list[object] = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, list):
+                children.extend(item)
+            else:
+                continue
+            children.append(None)  # an empty container still counts as a level
+        if not children:
+            return depth
+        depth += 1
+        level = children
+
+
+def _whole_numbers(value: Any) -> Any:
+    """Turn floats without a fraction into ints (a Struct holds every number as a double)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
+
+
+def check_extra(
+    extra: Mapping[str, Any],
+    limits: Limits,
+    *,
+    field: str,
+    reserved: Iterable[str] = GRPC_RESERVED,
+    from_struct: bool = True,
+) -> dict[str, Any]:
+    """Validate pass-through parameters and return them ready to merge into a JSON body.
+
+    Args:
+        extra: the parameters (a JSON object).
+        limits: ``max_extra_bytes`` and ``max_extra_depth`` apply.
+        field: how the caller names the parameters in error messages.
+        reserved: keys that must not appear.
+        from_struct: convert whole-number doubles to integers (``n: 2``, not ``2.0``).
+
+    Raises:
+        InvalidRequestError: a reserved key, too large, too deep, or a non-finite number.
+
+    """
+    clash = sorted(set(extra) & set(reserved))
+    if clash:
+        raise InvalidRequestError(
+            f"{field} must not set {', '.join(clash)}: fairq sets "
+            f"{'it' if len(clash) == 1 else 'them'} itself"
+        )
+    depth = json_depth(dict(extra))
+    if depth > limits.max_extra_depth:
+        raise InvalidRequestError(
+            f"{field} is nested {depth} levels deep; the limit is {limits.max_extra_depth}"
+        )
+    try:
+        size = len(json.dumps(extra, separators=(",", ":"), allow_nan=False).encode())
+    except ValueError:
+        raise InvalidRequestError(f"{field} holds a number that is not finite") from None
+    if size > limits.max_extra_bytes:
+        raise InvalidRequestError(
+            f"{field} is {size} bytes as JSON; the limit is {limits.max_extra_bytes}"
+        )
+    if from_struct:
+        converted: dict[str, Any] = _whole_numbers(dict(extra))
+        return converted
+    return dict(extra)
+
+
+def chunk_message(delta: Text) -> scheduler_pb2.Chunk:
+    """Return the gRPC chunk of ``delta``: its text, and what came beside it in ``extra``."""
+    if not delta.extra:
+        return scheduler_pb2.Chunk(text=delta.text)
+    extra = struct_pb2.Struct()
+    extra.update({"choices": [dict(e) for e in delta.extra]})
+    return scheduler_pb2.Chunk(text=delta.text, extra=extra)

@@ -1,0 +1,150 @@
+"""A backend's OpenAI stream relayed as it is, for the HTTP door.
+
+The gRPC door turns a backend's stream into text (:meth:`Backend.stream`). The HTTP door
+answers in the backend's own format, so for its requests (``BackendRequest.relay_chunks``)
+the adapters hand over the chunks themselves: each ``data:`` payload is forwarded as
+received, already framed as a server-sent event, in :attr:`TextDelta.text`. The payload is
+parsed once only to see what fairq must know (tokens for the first-token event and the
+fairness charge, the finish reason, usage) and to rewrite the one field fairq may have to:
+``model``, when the backend names its model differently from the name the caller asked for.
+The usage chunk fairq asks for is dropped unless the caller asked for it too
+(``BackendRequest.relay_usage``). Every payload is bounded by the SSE reader's limit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from fairq_server.backends.base import (
+    Backend,
+    BackendRequest,
+    StreamEnd,
+    StreamEvent,
+    TextDelta,
+    http_error,
+    utf8_chunks,
+)
+from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
+
+__all__ = ["BackendHttpError", "RawDelta", "openai_stream"]
+
+_MAX_ERROR_BYTES = 64 * 1024
+_OUTPUT_KEYS = ("content", "tool_calls", "reasoning_content", "reasoning", "refusal")
+
+
+class BackendHttpError(BackendError):
+    """The backend refused the request with an HTTP error before streaming.
+
+    Attributes:
+        status: the backend's HTTP status.
+        body: its answer (at most 64 KiB), for the HTTP door to pass on unchanged.
+        content_type: the answer's content type.
+
+    """
+
+    def __init__(self, error: BackendError, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(str(error), error.kind, retryable=error.retryable)
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+@dataclass(frozen=True)
+class RawDelta(TextDelta):
+    """Chunks of one network read: ``text`` is them framed as SSE, ``objects`` parsed."""
+
+    objects: tuple[Mapping[str, Any], ...] = ()
+
+
+def _output_tokens(obj: Mapping[str, Any]) -> int:
+    """Count the choices of a chunk that carry generated output (one token each, or more)."""
+    n = 0
+    for choice in obj.get("choices") or ():
+        delta = choice.get("delta")
+        if isinstance(delta, Mapping):
+            if any(delta.get(k) for k in _OUTPUT_KEYS):
+                n += 1
+        elif choice.get("text"):
+            n += 1
+    return n
+
+
+async def openai_stream(
+    backend: Backend, request: BackendRequest, priority: int
+) -> AsyncGenerator[StreamEvent]:
+    """Stream ``request`` from ``backend``'s OpenAI-compatible API, chunks as they come.
+
+    Yields one :class:`RawDelta` per network read and one :class:`StreamEnd` after the last
+    chunk. Closing the generator early closes the HTTP stream (the backend aborts).
+
+    Raises:
+        BackendHttpError: the backend answered an HTTP error.
+        BackendError: connection failure, a malformed or oversized event, an error event,
+            or a stream that ended without a finish reason.
+
+    """
+    path, body = backend.openai_payload(request, priority)
+    finish = ""
+    prompt_tokens = completion_tokens = 0
+    try:
+        async with backend.session().post(
+            f"{backend.base_url}{path}", json=body, headers={"accept": "text/event-stream"}
+        ) as resp:
+            if resp.status != 200:
+                raw = await resp.content.read(_MAX_ERROR_BYTES)
+                error = http_error(backend.id, resp.status, raw)
+                raise BackendHttpError(error, resp.status, raw, resp.content_type)
+            async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
+                data: list[str] = []
+                objects: list[Mapping[str, Any]] = []
+                tokens = 0
+                done = False
+                for payload in batch:
+                    if payload == "[DONE]":
+                        done = True
+                        break
+                    obj = backend.decode_event(payload)
+                    try:
+                        tokens += _output_tokens(obj)
+                        for choice in obj.get("choices") or ():
+                            if choice.get("finish_reason"):
+                                finish = str(choice["finish_reason"])
+                        usage = obj.get("usage")
+                        if usage:
+                            prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                            completion_tokens = int(usage.get("completion_tokens") or 0)
+                    except (AttributeError, TypeError, ValueError) as exc:
+                        raise backend.shape_error(obj, exc) from exc
+                    if not request.relay_usage and not obj.get("choices") and obj.get("usage"):
+                        continue  # the usage fairq asked for, not the caller
+                    if obj.get("model") != request.model and "model" in obj:
+                        obj["model"] = request.model
+                        payload = json.dumps(obj, separators=(",", ":"))
+                    data.append(payload)
+                    objects.append(obj)
+                if data:
+                    framed = "".join(f"data: {d}\n\n" for d in data)
+                    yield RawDelta(framed, tokens, (), tuple(objects))
+                if done:
+                    break
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise BackendError(
+            f"backend {backend.id}: connection failed: {exc!r}",
+            BackendFailure.UNAVAILABLE,
+            retryable=True,
+        ) from exc
+    except SseLimitError as exc:
+        raise BackendError(
+            f"backend {backend.id}: malformed stream: a line or event exceeds the limit of "
+            f"{exc.limit} characters",
+            BackendFailure.FAILED,
+        ) from exc
+    if not finish:
+        raise backend.unfinished()
+    yield StreamEnd(finish, prompt_tokens, completion_tokens)

@@ -1,0 +1,293 @@
+"""The HTTP door's request handlers: chat and completions (streamed or not), models.
+
+Each request is authenticated like a gRPC call (the same keys; ``Authorization: Bearer``;
+in open mode ``x-fairq-user`` or the body's ``user``), parsed (:mod:`.parse`), and then run
+through the lifecycle the gRPC door uses (:mod:`fairq_server.api.lifecycle`): one queue and
+one fairness account per user whichever door a request comes through. Its backend stream is
+read in relay mode (``BackendRequest.relay_chunks``): the outbox carries the backend's own
+chunks, framed as server-sent events, which are written as they are.
+
+Streaming answers start (HTTP 200) only with the first backend chunk, so an error before
+it (queue full, queue timeout, the backend refusing the request) still gets its own HTTP
+status; a caller that asked for queue events (``x-fairq-queue-events: true``) gets the 200 at
+once and SSE comments while queued. A client that disconnects is cancelled like a cancelled
+gRPC call: aiohttp cancels the handler, which removes the ticket from the queue or closes the
+backend stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from fairq_server import loop_share
+from fairq_server.api.lifecycle import count_rejection, open_ticket, ticket_events
+from fairq_server.auth import Authenticator, Principal
+from fairq_server.backends.passthrough import BackendHttpError
+from fairq_server.config import Config
+from fairq_server.core import FairqCore
+from fairq_server.errors import BackendFailedError, SchedulerError
+from fairq_server.http.aggregate import ChunkMerger
+from fairq_server.http.errors import HttpError, error_body, error_for, error_response
+from fairq_server.http.parse import Kind, ParsedRequest, parse_request
+from fairq_server.http.sse import DONE, SSE_HEADERS, comment, error_event
+from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
+
+__all__ = ["OpenAIHandlers"]
+
+log = logging.getLogger(__name__)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+class OpenAIHandlers:
+    """The door's request handlers over one :class:`FairqCore` and :class:`Authenticator`."""
+
+    def __init__(self, core: FairqCore, auth: Authenticator) -> None:
+        self._core = core
+        self._auth = auth
+        self._created = int(time.time())
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions``."""
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/completions``."""
+        return await self._generate(request, "completion")
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/models``: the models served here, if the caller may use any tier."""
+        try:
+            principal = self._authenticate(request, None)
+        except SchedulerError as exc:
+            return error_response(error_for(exc), self._core.config.http.retry_after_seconds)
+        usable = bool(principal.tiers & set(self._core.tier_names))
+        data = [
+            {"id": m, "object": "model", "created": self._created, "owned_by": "fairq"}
+            for m in sorted({m for b in self._core.backends() for m in b.backend.models})
+            if usable
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    # -- the generation path --------------------------------------------------------------
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        arrival = time.monotonic()
+        config = self._core.config
+        retry_after = config.http.retry_after_seconds
+        try:
+            principal = self._authenticate(request, None) if not self._auth.open_mode else None
+            parsed = parse_request(await _read_json(request, config), kind, config.limits)
+            if principal is None:
+                principal = self._authenticate(request, parsed.user)
+            backend_request = replace(
+                parsed.request,
+                relay_chunks=True,
+                # A merged answer always carries usage; a stream only if the caller asked.
+                relay_usage=parsed.include_usage or not parsed.stream,
+            )
+            ticket = open_ticket(
+                self._core,
+                principal,
+                backend_request,
+                request.headers.get("x-fairq-tier", ""),
+                arrival=arrival,
+                max_tokens=_output_bound(parsed),
+            )
+        except HttpError as exc:
+            return _closing(error_response(exc, retry_after))
+        except SchedulerError as exc:
+            count_rejection(self._core, exc)
+            return error_response(error_for(exc), retry_after)
+        events = ticket_events(self._core, ticket)
+        try:
+            if parsed.stream:
+                return await self._stream(request, events, retry_after)
+            return await self._collect(parsed, events, retry_after)
+        except ConnectionResetError:
+            # The client went away while fairq wrote to it: the ticket is cancelled already.
+            return web.Response(status=499)
+
+    def _authenticate(self, request: web.Request, body_user: str | None) -> Principal:
+        headers = [(k.lower(), v) for k, v in request.headers.items()]
+        if self._auth.open_mode and body_user and "x-fairq-user" not in request.headers:
+            headers.append(("x-fairq-user", body_user))
+        return self._auth.authenticate(headers)
+
+    async def _collect(
+        self, parsed: ParsedRequest, events: AsyncIterator[list[OutboxEvent]], retry_after: int
+    ) -> web.StreamResponse:
+        frames: list[str] = []
+        try:
+            async with contextlib.aclosing(events):  # type: ignore[type-var]
+                async for batch in events:
+                    for event in batch:
+                        if isinstance(event, Text):
+                            frames.append(event.text)
+                        elif isinstance(event, Started):
+                            frames.clear()  # a retry on another backend starts afresh
+        except SchedulerError as exc:
+            return _error_answer(exc, retry_after)
+        merger = ChunkMerger(parsed.kind == "chat")
+        merger.add(_parse_frames("".join(frames)))
+        body = json.dumps(merger.result(), separators=(",", ":"))
+        return web.Response(text=body, content_type="application/json")
+
+    async def _stream(
+        self,
+        request: web.Request,
+        events: AsyncIterator[list[OutboxEvent]],
+        retry_after: int,
+    ) -> web.StreamResponse:
+        resp: web.StreamResponse | None = None
+        want_comments = request.headers.get("x-fairq-queue-events", "").lower() in _TRUE
+        keepalive: asyncio.Task[None] | None = None
+        try:
+            async with contextlib.aclosing(events):  # type: ignore[type-var]
+                async for batch in events:
+                    for event in batch:
+                        if isinstance(event, Queued):
+                            if want_comments:
+                                resp = resp or await _prepare(request)
+                                await resp.write(comment(f"fairq queued position={event.position}"))
+                                interval = self._core.config.http.queue_comment_seconds
+                                keepalive = asyncio.create_task(_keepalive(resp, interval))
+                        elif isinstance(event, Started):
+                            if keepalive is not None:
+                                keepalive.cancel()
+                                await asyncio.gather(keepalive, return_exceptions=True)
+                                keepalive = None
+                            if resp is not None:
+                                await resp.write(
+                                    comment(
+                                        f"fairq started backend={event.backend_id} "
+                                        f"queue_seconds={event.queue_seconds:.3f}"
+                                    )
+                                )
+                        elif isinstance(event, Text):
+                            # The backend's chunks, already framed as server-sent events. The
+                            # response starts with the first of them, so a failure before it
+                            # still gets its own HTTP status.
+                            resp = resp or await _prepare(request)
+                            # Writing to clients is bulk work (see loop_share).
+                            await loop_share.turn()
+                            await resp.write(event.text.encode())
+                        elif isinstance(event, Finished):
+                            resp = resp or await _prepare(request)
+                            await resp.write(DONE)
+        except SchedulerError as exc:
+            if resp is None:
+                return _error_answer(exc, retry_after)
+            await resp.write(error_event(_error_json(exc)))
+        finally:
+            if keepalive is not None:
+                keepalive.cancel()
+        assert resp is not None
+        await resp.write_eof()
+        return resp
+
+
+def _parse_frames(text: str) -> list[dict[str, Any]]:
+    """Parse relayed ``data:`` frames back into chunks (for a merged answer)."""
+    chunks = []
+    for frame in text.split("\n\n"):
+        if frame.startswith("data: "):
+            chunks.append(json.loads(frame[6:]))
+    return chunks
+
+
+def _backend_http_error(exc: SchedulerError) -> BackendHttpError | None:
+    cause = exc.cause if isinstance(exc, BackendFailedError) else None
+    return cause if isinstance(cause, BackendHttpError) else None
+
+
+def _error_json(exc: SchedulerError) -> bytes:
+    """Return the OpenAI error object for ``exc``: the backend's own if it sent one."""
+    backend = _backend_http_error(exc)
+    if backend is not None and _is_json(backend):
+        return backend.body
+    error = error_for(exc)
+    return error_body(error.message, error.type, code=error.code)
+
+
+def _error_answer(exc: SchedulerError, retry_after: int) -> web.Response:
+    """Return the answer to a request that failed before its response began."""
+    backend = _backend_http_error(exc)
+    if backend is not None:
+        # The backend refused the request itself: its status and body, unchanged.
+        return web.Response(
+            status=backend.status, body=_error_json(exc), content_type="application/json"
+        )
+    return error_response(error_for(exc), retry_after)
+
+
+def _output_bound(parsed: ParsedRequest) -> int | None:
+    value = parsed.request.extra.get("max_completion_tokens")
+    return value if isinstance(value, int) else None
+
+
+async def _prepare(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    await resp.prepare(request)
+    return resp
+
+
+async def _keepalive(resp: web.StreamResponse, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)  # a keep-alive cadence, not a synchronisation wait
+        await resp.write(comment("fairq queued"))
+
+
+async def _read_json(request: web.Request, config: Config) -> object:
+    """Read the body within the size and time limits and parse it.
+
+    Raises:
+        HttpError: 413 (too large), 408 (too slow), 400 (not JSON).
+
+    """
+    limit = config.limits.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise HttpError(413, f"the request body is larger than {limit} bytes", code="too_large")
+    chunks: list[bytes] = []
+    size = 0
+    timeout = config.http.body_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    raise HttpError(
+                        413, f"the request body is larger than {limit} bytes", code="too_large"
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise HttpError(
+            408, f"the request body did not arrive within {timeout:g} s", code="body_timeout"
+        ) from None
+    try:
+        return json.loads(b"".join(chunks))
+    except RecursionError:
+        raise HttpError(400, "the request body is nested too deeply") from None
+    except ValueError as exc:
+        raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+def _closing(resp: web.Response) -> web.Response:
+    """Close the connection after an answer sent before the body was read to its end."""
+    resp.force_close()
+    return resp
+
+
+def _is_json(exc: BackendHttpError) -> bool:
+    return exc.content_type == "application/json" and exc.body.lstrip().startswith(b"{")

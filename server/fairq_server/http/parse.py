@@ -1,0 +1,235 @@
+"""Reading an OpenAI request body into fairq's backend-neutral request.
+
+fairq interprets only what it schedules by or must bound: ``model``, the input (``messages``
+or ``prompt``), ``stream`` and ``stream_options.include_usage``, the output bound
+(``max_tokens`` / ``max_completion_tokens``), the sampling fields it checks for the gRPC door
+too (``temperature``, ``top_p``, ``stop``, ``seed``, ``ignore_eos``), and ``user`` (the
+identity in open mode, passed on as well). ``priority`` is refused: the tier decides it.
+Everything else (``tools``, ``response_format``, ``logprobs``, ``n``, penalties, engine
+options) is passed through unchanged, bounded in size and depth. Chat messages are passed
+on exactly as sent (content parts, tool calls); fairq reads only their role and text.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fairq_server.api.passthrough import check_extra
+from fairq_server.backends.base import BackendRequest, Sampling
+from fairq_server.config import Limits
+from fairq_server.errors import InvalidRequestError
+
+__all__ = ["Kind", "ParsedRequest", "parse_request"]
+
+Kind = Literal["chat", "completion"]
+_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+_INTERPRETED = frozenset(
+    {
+        "model", "messages", "prompt", "stream", "max_tokens", "temperature", "top_p",
+        "stop", "seed", "ignore_eos", "request_id", "priority",
+    }
+)  # fmt: skip
+_MAX_REQUEST_ID_CHARS = 128
+_MAX_USER_CHARS = 128
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A checked HTTP request.
+
+    Attributes:
+        request: what goes to the backend.
+        kind: chat or completion.
+        stream: the caller wants server-sent events.
+        include_usage: the caller asked for the usage chunk (fairq always asks the backend).
+        user: the body's ``user`` field, if a string.
+
+    """
+
+    request: BackendRequest
+    kind: Kind
+    stream: bool
+    include_usage: bool
+    user: str | None
+
+
+def _bad(message: str) -> InvalidRequestError:
+    return InvalidRequestError(message)
+
+
+def _integer(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"{key} must be an integer, not {type(value).__name__}")
+    return value
+
+
+def _number(body: dict[str, Any], key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad(f"{key} must be a finite number")
+    return float(value)
+
+
+def _text_of(content: object, where: str) -> str:
+    """Return the text of a message's content (a string, or a list of parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise _bad(f"{where}.content[{i}] must be an object")
+            text = part.get("text")
+            if isinstance(text, str):
+                texts.append(text)
+        return "".join(texts)
+    raise _bad(f"{where}.content must be a string, a list of parts or null")
+
+
+def _messages(
+    raw: object, limits: Limits
+) -> tuple[tuple[tuple[str, str], ...], tuple[dict[str, Any], ...]]:
+    if not isinstance(raw, list):
+        raise _bad("messages must be a list")
+    if not raw:
+        raise _bad("messages is empty")
+    if len(raw) > limits.max_messages:
+        raise _bad(f"{len(raw)} messages; the limit is {limits.max_messages}")
+    pairs = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise _bad(f"messages[{i}] must be an object")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            shown = str(role)[:32]
+            raise _bad(f"messages[{i}].role '{shown}' is not one of {', '.join(sorted(_ROLES))}")
+        pairs.append((role, _text_of(m.get("content"), f"messages[{i}]")))
+    total = sum(len(c) for _, c in pairs)
+    if total > limits.max_prompt_chars:
+        raise _bad(f"messages have {total} characters; the limit is {limits.max_prompt_chars}")
+    return tuple(pairs), tuple(raw)
+
+
+def _prompt(raw: object, limits: Limits) -> str:
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]  # a batch of one
+    if isinstance(raw, list):
+        raise _bad("prompt must be one string: fairq schedules one prompt per request")
+    if not isinstance(raw, str):
+        raise _bad("prompt must be a string")
+    if not raw.strip():
+        raise _bad("prompt is empty")
+    if len(raw) > limits.max_prompt_chars:
+        raise _bad(f"prompt has {len(raw)} characters; the limit is {limits.max_prompt_chars}")
+    return raw
+
+
+def _stop(raw: object, limits: Limits) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _bad("stop must be a string or a list of strings")
+    if len(stops) > limits.max_stop_strings:
+        raise _bad(f"stop has {len(stops)} strings; the limit is {limits.max_stop_strings}")
+    if any(not s or len(s) > limits.max_stop_chars for s in stops):
+        raise _bad(f"stop strings must be 1-{limits.max_stop_chars} characters")
+    return tuple(stops)
+
+
+def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
+    max_tokens = _integer(body, "max_tokens")
+    for key in ("max_tokens", "max_completion_tokens") if kind == "chat" else ("max_tokens",):
+        value = _integer(body, key)
+        if value is not None and not 1 <= value <= limits.max_tokens:
+            raise _bad(f"{key} must be between 1 and {limits.max_tokens}, got {value}")
+    temperature = _number(body, "temperature")
+    if temperature is not None and not 0 <= temperature <= 2:
+        raise _bad(f"temperature must be in [0, 2], got {temperature}")
+    top_p = _number(body, "top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise _bad(f"top_p must be in (0, 1], got {top_p}")
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos must be true or false")
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        stop=_stop(body.get("stop"), limits),
+        seed=_integer(body, "seed"),
+        ignore_eos=bool(ignore_eos),
+    )
+
+
+def parse_request(body: object, kind: Kind, limits: Limits) -> ParsedRequest:
+    """Check an OpenAI chat or completions body and build the backend request.
+
+    Raises:
+        InvalidRequestError: naming the offending field.
+
+    """
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model is required (a string)")
+    if len(model) > 256:
+        raise _bad("model name is longer than 256 characters")
+    if "priority" in body:
+        raise _bad("priority is set by fairq from the request's tier (x-fairq-tier)")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream must be true or false")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("stream_options must be an object")
+    include_usage = bool(options and options.get("include_usage") is True)
+    messages: tuple[tuple[str, str], ...] | None = None
+    raw_messages: tuple[dict[str, Any], ...] | None = None
+    prompt: str | None = None
+    if kind == "chat":
+        if "prompt" in body:
+            raise _bad("prompt belongs to /v1/completions; chat takes messages")
+        messages, raw_messages = _messages(body.get("messages"), limits)
+    else:
+        if "messages" in body:
+            raise _bad("messages belong to /v1/chat/completions; completions take a prompt")
+        prompt = _prompt(body.get("prompt"), limits)
+    request_id = body.get("request_id")
+    if request_id is not None and (
+        not isinstance(request_id, str) or len(request_id) > _MAX_REQUEST_ID_CHARS
+    ):
+        raise _bad(f"request_id must be a string of at most {_MAX_REQUEST_ID_CHARS} characters")
+    user = body.get("user")
+    if user is not None and (not isinstance(user, str) or len(user) > _MAX_USER_CHARS):
+        raise _bad(f"user must be a string of at most {_MAX_USER_CHARS} characters")
+    sampling = _sampling(body, limits, kind)
+    extra = {k: v for k, v in body.items() if k not in _INTERPRETED}
+    extra = check_extra(extra, limits, field="the request's other fields", reserved=(),
+                        from_struct=False)  # fmt: skip
+    return ParsedRequest(
+        request=BackendRequest(
+            model=model,
+            prompt=prompt,
+            messages=messages,
+            raw_messages=raw_messages,
+            sampling=sampling,
+            request_id=request_id or uuid.uuid4().hex,
+            extra=extra,
+        ),
+        kind=kind,
+        stream=bool(stream),
+        include_usage=include_usage,
+        user=user,
+    )

@@ -1,0 +1,92 @@
+"""The HTTP door's server: an aiohttp application on its own listen address.
+
+aiohttp's server is used because fairq already runs aiohttp's client towards every backend
+(one HTTP stack, one C parser, no extra runtime dependency); ``docs/design/http-door.md``
+gives the measured cost against the alternatives.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from fairq_server.auth import Authenticator
+from fairq_server.core import FairqCore
+from fairq_server.http.door import OpenAIHandlers
+from fairq_server.http.errors import HttpError, error_response
+
+__all__ = ["HttpDoor"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer routing errors (unknown path, wrong method) and bugs as OpenAI-style JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = f"{request.method} {request.path[:200]}: {exc.reason}"
+        return error_response(HttpError(exc.status, message, code=exc.reason.lower()))
+    except ConnectionResetError:
+        raise
+    except Exception:
+        log.exception("HTTP request %s %s failed", request.method, request.path[:200])
+        return error_response(HttpError(500, "internal error", "internal_error"))
+
+
+class HttpDoor:
+    """Serves the OpenAI-compatible API of ``core`` on ``listen``.
+
+    Args:
+        core: the scheduling core (shared with the gRPC door).
+        auth: the authenticator (shared with the gRPC door).
+        listen: ``host:port``; port 0 picks a free one.
+
+    Attributes:
+        port: the bound port once started.
+
+    """
+
+    def __init__(self, core: FairqCore, auth: Authenticator, listen: str) -> None:
+        self._listen = listen
+        self.port = 0
+        handlers = OpenAIHandlers(core, auth)
+        app = web.Application(
+            middlewares=[_json_errors],
+            # Bodies are read and bounded by the handlers (limits.max_body_bytes).
+            client_max_size=core.config.limits.max_body_bytes,
+        )
+        app.router.add_post("/v1/chat/completions", handlers.chat)
+        app.router.add_post("/v1/completions", handlers.completions)
+        app.router.add_get("/v1/models", handlers.models)
+        # A client that disconnects cancels its handler: that is how a queued or running
+        # request learns that nobody waits for it any more.
+        # At stop, running streams have had the server's grace period already.
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        )
+
+    async def start(self) -> None:
+        """Bind and start serving.
+
+        Raises:
+            OSError: the address cannot be bound.
+
+        """
+        host, _, port = self._listen.rpartition(":")
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host.strip("[]") or "127.0.0.1", int(port), backlog=2048)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        log.info("fairq HTTP door on %s (port %d)", self._listen, self.port)
+
+    async def stop(self) -> None:
+        """Stop accepting and close every connection (queued requests were answered)."""
+        await self._runner.cleanup()
