@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Coroutine
 
+from fairq_server import logs
 from fairq_server.api.server import FairqServer
 from fairq_server.config import ConfigError, load_config
 from fairq_server.errors import SchedulerError
@@ -55,6 +56,9 @@ async def _reload(server: FairqServer, path: str) -> None:
         await server.reload(load_config(path))
     except (OSError, ConfigError) as exc:
         log.error("reload of %s refused, configuration unchanged: %s", path, exc)
+    except Exception:
+        # Validation should have caught it; never let a reload die unseen in its task.
+        log.exception("reload of %s failed", path)
 
 
 def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[None, None, None]) -> None:
@@ -75,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="the power-user story on a simulated backend", add_help=False)
     sub.add_parser("bench", help="run benchmark scenarios", add_help=False)
     args, rest = parser.parse_known_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level)
     # One line per HTTP request to a backend is noise at INFO.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.command == "serve":

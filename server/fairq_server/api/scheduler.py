@@ -15,10 +15,15 @@ import grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server import loop_share
-from fairq_server.api.validation import estimate_tokens, resolve_tier, to_backend_request
+from fairq_server.api.validation import (
+    estimate_tokens,
+    models_hint,
+    resolve_tier,
+    to_backend_request,
+)
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
-from fairq_server.errors import SchedulerError, status_for
+from fairq_server.errors import ModelNotFoundError, SchedulerError, status_for
 from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent, Queued, Started, Text
 from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.ticket import Ticket
@@ -87,8 +92,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except SchedulerError as exc:
             outcome = _outcome(exc)
             code, message = status_for(exc)
+            if isinstance(exc, ModelNotFoundError) and principal.admin:
+                # Which models exist is told only to callers allowed to manage them.
+                message += models_hint(dispatcher.models())
             log.info("request %s ended: %s %s", backend_request.request_id, code.name, message)
             await context.abort(code, message)
+        except Exception:
+            # A bug or an unforeseen backend answer: the caller learns only that it failed
+            # (nothing of the exception); the trace is logged once, here.
+            outcome = "internal"
+            log.exception("request %s failed", backend_request.request_id)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
         finally:
             dispatcher.cancel(ticket)
             telemetry.requests.labels(tier_name, outcome).inc()

@@ -12,6 +12,7 @@ from fairq_server.backends.base import (
     StreamEnd,
     StreamEvent,
     TextDelta,
+    token_count,
 )
 from fairq_server.backends.metrics import sample_sums
 
@@ -103,10 +104,10 @@ class VllmBackend(Backend):
                             finish = str(choice["finish_reason"])
                     usage = obj.get("usage")
                     if usage:
-                        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                        completion_tokens = int(usage.get("completion_tokens") or 0)
-                except (AttributeError, TypeError, ValueError) as exc:
-                    raise self.shape_error(obj, exc) from exc
+                        prompt_tokens = token_count(usage.get("prompt_tokens"))
+                        completion_tokens = token_count(usage.get("completion_tokens"))
+                except Exception as exc:  # any shape the code above did not foresee
+                    raise self.shape_error(obj) from exc
             if texts:
                 yield TextDelta("".join(texts), len(texts))
         if not finish:

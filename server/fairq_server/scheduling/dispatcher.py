@@ -292,10 +292,8 @@ class Dispatcher:
         if self._closed:
             return self.attempts.abandon(ticket, ShuttingDownError("fairq is shutting down"))
         if not backends:
-            known = ", ".join(sorted(self._backends.models())) or "none"
-            error: SchedulerError = ModelNotFoundError(
-                f"model '{model}' is not served here; models: {known}"
-            )
+            # Which models exist is told only to callers allowed to know (the servicer).
+            error: SchedulerError = ModelNotFoundError(f"model '{model}' is not served here")
             return self.attempts.abandon(ticket, error)
         if not any(b.serving for b in backends):
             error = NoBackendError(f"no healthy backend serves model '{model}'")
