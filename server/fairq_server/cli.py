@@ -27,7 +27,6 @@ def _serve(args: argparse.Namespace) -> int:
     async def run() -> None:
         server = FairqServer(config)
         await server.start()
-        print(f"fairq serving on {config.listen} (port {server.port})", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -36,6 +35,9 @@ def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(
             signal.SIGHUP, lambda: _spawn(reloads, _reload(server, args.config))
         )
+        # Ready only once signals are handled: a SIGHUP sent on seeing this line must
+        # reload, not kill the process (SIGHUP's default action).
+        print(f"fairq serving on {config.listen} (port {server.port})", flush=True)
         await stop.wait()
         logging.getLogger("fairq").info("stopping: draining for %.0f s", args.grace)
         await server.stop(grace=args.grace)
