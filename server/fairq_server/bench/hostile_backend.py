@@ -27,7 +27,8 @@ IDLE_METRICS = (
     "# TYPE vllm:num_requests_running gauge\n"
     'vllm:num_requests_running{model_name="x"} 0.0\n'
 )
-_LINE = b"# HELP vllm:never_ending a series that is not there\n" * 1024  # ~50 KiB
+_LINE = b"# HELP vllm:never_ending a series that is not there\n" * 20_000  # ~1 MiB
+MiB = 1024 * 1024
 _HEAD = "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\n{length}connection: close\r\n\r\n"
 
 
@@ -208,7 +209,7 @@ class HostileBackend:
         else:
             declared = 10 * 1024**3 if mode == "error-declared-huge" else None
             writer.write(_head("500 Internal Server Error", "text/plain", declared))
-            await self._endless(writer, b"e" * 65_536, chunked=declared is None)
+            await self._endless(writer, b"e" * MiB, chunked=declared is None)
 
     async def _endless(self, writer: asyncio.StreamWriter, piece: bytes, *, chunked: bool) -> None:
         """Write ``piece`` for ever, as fast as the reader takes it (until it hangs up)."""
