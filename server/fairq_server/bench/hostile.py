@@ -20,6 +20,9 @@ Scenarios (the sizes of the report that prompted them):
     ``--backends`` (1,500) registrations of a URL nobody listens on, each for a model of its
     own, beside one healthy simulated backend: registration and deregistration rates, fairq's
     CPU in between, and the latency of a normal request.
+``calls``
+    fairq's CPU per health ``Check`` and per short ``Generate`` (no hostile party): the cost
+    of reading and decoding requests in fairq's own code.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.bench.load.children import ChildProcess, free_port, start_child, start_fairq
@@ -262,6 +266,42 @@ async def registrations_scenario(
     return figures
 
 
+async def calls_scenario(env: Mapping[str, str], extra: str, calls: int) -> Figures:
+    """fairq's CPU per unary call (health Check) and per Generate: what reading and decoding
+    requests in fairq's own code (``api/receive.py``) costs against gRPC's own path."""
+    sim = start_child(["sim", "--port", "0", "--speed", "50"], r"^(http://\S+)")
+    async with _child(sim) as good:
+        config = (
+            'listen = "127.0.0.1:0"\n'
+            f'[[backends]]\nid = "good"\nkind = "vllm"\nbase_url = "{good.address}"\n'
+            f'models = ["sim"]\n{extra}'
+        )
+        async with (
+            _child(start_fairq(config, env=env)) as fairq,
+            grpc.aio.insecure_channel(fairq.address) as ch,
+        ):
+            figures = Figures(rss_start_mib=fairq.rss_bytes() / MiB)
+            health = health_pb2_grpc.HealthStub(ch)
+            await _latencies(ch, 5)  # warm up
+            cpu0, wall0 = fairq.cpu_seconds(), time.monotonic()
+            ok, _, _ = await _rate(
+                [""] * calls,
+                lambda _: health.Check(health_pb2.HealthCheckRequest(), timeout=30),
+                budget=600,
+                concurrency=16,
+            )
+            cpu1, wall1 = fairq.cpu_seconds(), time.monotonic()
+            figures.notes["health Check: fairq CPU per call"] = f"{(cpu1 - cpu0) / ok * 1e6:.0f} us"
+            figures.notes["health Check: calls/s"] = f"{ok / (wall1 - wall0):.0f}"
+            n = calls // 10
+            cpu0 = fairq.cpu_seconds()
+            await asyncio.gather(*(_latencies(ch, n // 8) for _ in range(8)))
+            per = (fairq.cpu_seconds() - cpu0) / (n // 8 * 8)
+            figures.notes["Generate (4 tokens): fairq CPU per call"] = f"{per * 1e6:.0f} us"
+            figures.rss_peak_mib = figures.rss_after_mib = fairq.rss_bytes() / MiB
+    return figures
+
+
 def _table(title: str, runs: dict[str, Figures]) -> str:
     names = list(runs)
     rows = [
@@ -294,6 +334,8 @@ async def run(args: argparse.Namespace) -> None:
                 runs[name] = await error_scenario(env, extra, args.seconds)
             elif scenario == "registrations":
                 runs[name] = await registrations_scenario(env, extra, args.backends, args.budget)
+            elif scenario == "calls" and name != "this build, default cap":
+                runs[name] = await calls_scenario(env, extra, args.calls)
         print(_table(scenario, runs), flush=True)
 
 
@@ -303,9 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m fairq_server.bench.hostile", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument(
-        "scenarios", nargs="*", default=["metrics", "error", "registrations"],
-        choices=["metrics", "error", "registrations"],
+        "scenarios", nargs="*", default=["metrics", "error", "registrations", "calls"],
+        choices=["metrics", "error", "registrations", "calls"],
     )  # fmt: skip
+    parser.add_argument("--calls", type=int, default=4000, help="health checks (calls scenario)")
     parser.add_argument("--baseline", metavar="DIR", help="another checkout's server/ directory")
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement window")
     parser.add_argument("--backends", type=int, default=1500)
