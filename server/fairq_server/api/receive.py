@@ -4,8 +4,8 @@ gRPC's own path for a unary request decodes the message before any servicer code
 call that never delivers a complete message waits forever (nothing of fairq is running to
 time it out), and bytes that are not the expected protobuf end as ``UNKNOWN`` with the
 decoder's exception text and a traceback in the log. :class:`RequestGuard` turns every
-unary-request method into its request-streaming twin: fairq then reads the single message
-itself, within ``request_receive_seconds``, and decodes it itself.
+unary-request method into its request-streaming twin at registration: fairq then reads the
+single message itself, within ``request_receive_seconds``, and decodes it itself.
 
 ===========================  =====================================================
 the call                     answer
@@ -25,8 +25,8 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeAlias
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeAlias, cast
 
 import grpc
 
@@ -64,8 +64,12 @@ class _Throttled:
         self._next = now + self._every
 
 
-class RequestGuard(grpc.aio.ServerInterceptor):
+class RequestGuard:
     """Reads and decodes the request of every unary-request method itself (see module doc).
+
+    Services are registered through :meth:`registrar` in place of the server, so the twin
+    handlers are built once, at registration, and a call costs no more lookups than before
+    (a server interceptor would run a coroutine per call to find them).
 
     Args:
         receive_seconds: how long after the call opened its request message may arrive.
@@ -75,26 +79,19 @@ class RequestGuard(grpc.aio.ServerInterceptor):
     def __init__(self, receive_seconds: float) -> None:
         self.receive_seconds = receive_seconds
         self._throttled = _Throttled(LOG_EVERY_SECONDS)
-        # method -> (gRPC's handler, ours); handlers are built once per server, so the
-        # identity check keeps this right if a service were ever re-registered.
-        self._cache: dict[str, tuple[Handler, Handler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler | None:
-        """Return the request-streaming twin of a unary-request method's handler."""
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
+    def registrar(self, server: grpc.aio.Server) -> grpc.aio.Server:
+        """Return what to pass as ``server`` to a generated ``add_*Servicer_to_server``.
+
+        It offers only the two methods generated code calls (typed as the server for them).
+        """
+        return cast(grpc.aio.Server, _Registrar(self, server))
+
+    def guard(self, method: str, handler: Handler) -> Handler:
+        """Return the request-streaming twin of a unary-request ``handler`` (others as is)."""
+        if handler.request_streaming:
             return handler
-        method: str = handler_call_details.method
-        cached = self._cache.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        guarded = self._guard(method, handler)
-        self._cache[method] = (handler, guarded)
-        return guarded
+        return self._guard(method, handler)
 
     def _guard(self, method: str, handler: Handler) -> Handler:
         decode: Deserializer = handler.request_deserializer or (lambda raw: raw)
@@ -147,3 +144,41 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid {name} request message"
             )
+
+
+class _Registrar:
+    """Stands in for the server in generated ``add_*Servicer_to_server`` functions."""
+
+    def __init__(self, guard: RequestGuard, server: grpc.aio.Server) -> None:
+        self._guard = guard
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_Generic(self._guard, h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Handler]) -> None:
+        guarded = {
+            name: self._guard.guard(f"/{service}/{name}", handler)
+            for name, handler in handlers.items()
+        }
+        self._server.add_registered_method_handlers(service, guarded)
+
+
+class _Generic(grpc.GenericRpcHandler):
+    """A generic handler whose unary-request handlers are guarded (built once per method)."""
+
+    def __init__(self, guard: RequestGuard, inner: grpc.GenericRpcHandler) -> None:
+        self._guard = guard
+        self._inner = inner
+        self._cache: dict[str, tuple[Handler, Handler]] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Handler | None:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        cached = self._cache.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = (handler, self._guard.guard(method, handler))
+            self._cache[method] = cached
+        return cached[1]

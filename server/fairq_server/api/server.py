@@ -111,10 +111,8 @@ class FairqServer:
         self.auth = Authenticator(config.keys, self.core.tier_names)
         self.port = 0
         self.metrics_port = 0
-        self._server = grpc.aio.server(
-            options=server_options(config),
-            interceptors=[RequestGuard(config.limits.request_receive_seconds)],
-        )
+        self._server = grpc.aio.server(options=server_options(config))
+        self._guard = RequestGuard(config.limits.request_receive_seconds)
         self._health = HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._metrics_http: object | None = None
@@ -147,13 +145,14 @@ class FairqServer:
     async def start(self) -> None:
         """Register configured backends, bind the ports and start serving."""
         await self.core.start()
+        # Unary requests are read and decoded by fairq (api/receive.py): bounded in time,
+        # refused with INVALID_ARGUMENT when they do not decode.
+        registrar = self._guard.registrar(self._server)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-            SchedulerServicer(self.core, self.auth), self._server
+            SchedulerServicer(self.core, self.auth), registrar
         )
-        admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.core, self.auth), self._server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.core, self.auth), registrar)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, registrar)
         enable_reflection((*_SERVICES, health.SERVICE_NAME), self._server)
         if self.config.tls is None:
             self.port = self._server.add_insecure_port(self.config.listen)
