@@ -53,9 +53,7 @@ def check_backend(backend_id: str, kind: str, base_url: str, models: Sequence[st
     """
     check_token(backend_id, "backend id")
     if kind not in BACKEND_KINDS:
-        raise ValueError(
-            f"backend kind {kind[:32]!r} unknown; valid: {', '.join(BACKEND_KINDS)}"
-        )
+        raise ValueError(f"backend kind {kind[:32]!r} unknown; valid: {', '.join(BACKEND_KINDS)}")
     url = check_base_url(base_url)
     if not models:
         raise ValueError("backend must serve at least one named model")

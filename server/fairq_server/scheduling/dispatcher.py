@@ -177,6 +177,10 @@ class Dispatcher:
         """Return the registered backends serving ``model``."""
         return self._backends.of(model)
 
+    def models(self) -> set[str]:
+        """Return every model some registered backend serves."""
+        return self._backends.models()
+
     def queue(self, model: str) -> ModelQueue:
         """Return the queue of ``model`` (KeyError if no backend ever served it)."""
         return self._models[model].queue
