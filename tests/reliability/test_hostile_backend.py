@@ -66,14 +66,14 @@ async def test_a_bad_metrics_answer_is_a_failed_scrape_and_the_backend_gets_no_w
 ) -> None:
     hostile.metrics = mode
     server = await _bad_fairq(fairq_factory, hostile, sim)
-    entry = server.core.pool.get("bad")
+    entry = server.core.backend("bad")
     assert entry is not None
-    await until(lambda: entry.poller.failures >= 2, what="two failed scrapes")
+    await until(lambda: entry.failures >= 2, what="two failed scrapes")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         bad = await run_call(generate(ch, gen_request(model="bad"), timeout=10))
         good = await run_call(generate(ch, gen_request(model="sim", max_tokens=4), timeout=10))
-    assert METRICS_CASES[mode] in entry.poller.last_error, entry.poller.last_error
-    assert entry.poller.healthy is False
+    assert METRICS_CASES[mode] in entry.last_error, entry.last_error
+    assert entry.healthy is False
     assert bad.code == grpc.StatusCode.UNAVAILABLE, bad
     assert hostile.posts == 0  # fail closed: not one request reached it
     assert good.code == grpc.StatusCode.OK and good.finished is not None, good
@@ -119,9 +119,9 @@ async def test_a_bad_generation_answer_fails_that_request_only_with_a_clear_stat
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         bad = await run_call(generate(ch, gen_request(model="bad"), timeout=20))
         good = await run_call(generate(ch, gen_request(model="sim", max_tokens=4), timeout=10))
-    entry = server.core.pool.get("bad")
+    entry = server.core.backend("bad")
     assert entry is not None
-    await until(lambda: entry.load.in_flight == 0, what="bad backend slot released")
+    await until(lambda: entry.in_flight == 0, what="bad backend slot released")
     assert bad.code == code, bad
     assert needle in bad.details, bad
     assert "\n" not in bad.details and "\r" not in bad.details, bad

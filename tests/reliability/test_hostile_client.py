@@ -220,7 +220,7 @@ async def test_registration_applies_the_request_limits_to_ids_and_model_names(
         unknown = await run_call(generate(ch, gen_request(model="nope"), metadata=ALICE))
     assert info.value.code() == INVALID, info.value
     assert needle in (info.value.details() or "")
-    assert server.core.pool.entries() == []
+    assert server.core.backends() == []
     # The unknown-model answer stays NOT_FOUND (a registered 100 KB name used to turn every
     # one into RESOURCE_EXHAUSTED "received metadata size exceeds hard limit").
     assert unknown.code == grpc.StatusCode.NOT_FOUND, unknown
@@ -263,7 +263,7 @@ async def test_request_ids_outside_the_token_alphabet_are_refused(
 
 def _orphan_sessions(server: FairqServer) -> list[aiohttp.ClientSession]:
     """Open aiohttp sessions that no registered backend owns."""
-    owned = {id(e.backend._session) for e in server.core.pool.entries()}
+    owned = {id(e.backend._session) for e in server.core.backends()}
     return [
         o
         for o in gc.get_objects()
@@ -292,7 +292,7 @@ async def test_a_registration_cancelled_by_its_deadline_closes_its_http_session(
         await until(lambda: len(_orphan_sessions(server)) <= before, what="session closed")
     gc.collect()
     assert "Unclosed client session" not in caplog.text
-    assert server.core.pool.entries() == []
+    assert server.core.backends() == []
 
 
 # -- generic tooling: health List, reflection v1 -------------------------------------------
