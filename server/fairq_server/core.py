@@ -144,6 +144,7 @@ class FairqCore:
         self.policies = policies
         for polled in self._polled.values():
             polled.poller.interval = s.poll_interval_seconds  # from its next scrape on
+            polled.poller.max_backoff = s.max_poll_backoff_seconds
         self.dispatcher.reconfigure(config.tiers, s, policies, rebuild=rebuild)
         wanted = {b.id: b for b in config.backends}
         for backend_id in [b.id for b in old.backends if b.id not in wanted]:
@@ -187,6 +188,7 @@ class FairqCore:
         poller = MetricsPoller(
             backend,
             interval=self.config.scheduler.poll_interval_seconds,
+            max_backoff=self.config.scheduler.max_poll_backoff_seconds,
             on_sent=self.dispatcher.scrape_sent,
             on_result=self.dispatcher.scrape_landed,
         )
@@ -253,7 +255,10 @@ class FairqCore:
                 await polled.task
 
     def _close_when_idle(self, state: BackendState) -> None:
-        """Close the adapter of a backend that left, once its running requests are done."""
+        """Close a departed backend's adapter and drop its metric series once it is idle.
+
+        Without the second, a fleet that churns backend ids would grow fairq's series for good.
+        """
 
         async def close() -> None:
             try:
@@ -261,6 +266,9 @@ class FairqCore:
             finally:
                 self._adapters.discard(state.backend)
                 await state.backend.aclose()
+            if self.dispatcher.backend(state.id) is None:  # not re-registered meanwhile
+                # Its last request has ended, so nothing writes its series any more.
+                self.telemetry.forget_backend(state.id)
 
         task = asyncio.create_task(close(), name=f"close-{state.id}")
         self._closing.add(task)

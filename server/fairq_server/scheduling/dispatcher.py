@@ -238,6 +238,7 @@ class Dispatcher:
             self._apply_inbox()
             now = self._clock()
             self._expire(now)
+            self._sweep_models(now)
             more = self._picker.dispatch(now, DISPATCH_BATCH)
             for model in self._models.values():
                 model.update_depth()
@@ -326,9 +327,12 @@ class Dispatcher:
 
     def requeue(self, ticket: Ticket) -> None:
         """Queue a ticket whose attempt failed before its first token, ahead of its tier."""
-        self._models[ticket.request.model].push(
-            ticket, self._clock(), ttl=self.config.queue_ttl_seconds is not None, front=True
-        )
+        model = self._models.get(ticket.request.model)
+        if model is None:  # its last backend left, and the model with it
+            error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
+            self.attempts.abandon(ticket, error)
+            return
+        model.push(ticket, self._clock(), ttl=self.config.queue_ttl_seconds is not None, front=True)
 
     def _scrape_landed(self, backend_id: str, result: ScrapeResult) -> None:
         state = self._backends.get(backend_id)
@@ -349,8 +353,9 @@ class Dispatcher:
         now = self._clock()
         for model in state.backend.models:
             if model not in self._models:
-                # A model's queue outlives its backends: when the last backend of a model
-                # leaves, queued requests stay queued until another one registers.
+                # A model's queue outlives its backends for a grace period: when the last
+                # backend of a model leaves, queued requests wait no_backend_grace_seconds
+                # for another one (see _sweep_models).
                 queue = self._policies.new_queue(len(self.tiers))
                 self._models[model] = ModelState(model, queue, self.tiers, self._telemetry, now)
 
@@ -366,6 +371,33 @@ class Dispatcher:
             model.queue = event.policies.new_queue(len(self.tiers))
             for ticket in tickets:
                 model.queue.push(ticket, front=ticket.retries > 0)
+
+    def _sweep_models(self, now: float) -> None:
+        """Fail what waits for a model no backend can serve; forget a model nothing serves.
+
+        A model none of whose backends is serving (all down or draining, or none left) keeps
+        its queue for ``no_backend_grace_seconds``, so a backend restarting within it fails
+        nobody; then its queued requests are answered UNAVAILABLE. A model without backends
+        and without queued requests is forgotten, with its metric series.
+        """
+        grace = self.config.no_backend_grace_seconds
+        for model in list(self._models.values()):
+            backends = self._backends.of(model.name)
+            if any(b.serving for b in backends):
+                model.orphaned_since = None
+                continue
+            if model.orphaned_since is None:
+                model.orphaned_since = now
+            if len(model.queue) and now - model.orphaned_since >= grace:
+                error = NoBackendError(
+                    f"no healthy backend has served model '{model.name}' for {grace:g} s"
+                )
+                for ticket in model.take_all():
+                    self.attempts.abandon(ticket, error)
+                model.arrivals.clear()
+            if not backends and not len(model.queue):
+                del self._models[model.name]
+                self._telemetry.forget_model(model.name)
 
     def _expire(self, now: float) -> None:
         ttl = self.config.queue_ttl_seconds

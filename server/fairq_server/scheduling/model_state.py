@@ -27,6 +27,8 @@ class ModelState:
         # When each tier last dispatched, or last went from empty to backlogged (aging).
         self.last_served = [now] * len(tiers)
         self._depth = [telemetry.queue_depth.labels(name, t.name) for t in tiers]
+        # Since when none of the model's backends is serving (None: one is).
+        self.orphaned_since: float | None = None
 
     def push(self, ticket: Ticket, now: float, *, ttl: bool, front: bool = False) -> int:
         """Queue ``ticket``; return its estimated position."""
