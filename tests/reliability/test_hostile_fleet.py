@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_server.api.server import FairqServer
 from fairq_server.bench.hostile_backend import HostileBackend
 from fairq_server.bench.load import ChildProcess, start_sim
 from fairq_server.config import AdminConfig, BackendConfig
-from fairq_server.sim import SimServer
+from fairq_server.sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
 from .helpers import Outcome, gen_request, generate, run_call, until
@@ -58,8 +60,6 @@ async def _deregister(server: FairqServer, backend_id: str, *, drain: bool = Fal
 async def test_registrations_beyond_max_backends_are_resource_exhausted(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
-    from dataclasses import replace
-
     server = await fairq_factory(replace(make_config(), admin=AdminConfig(max_backends=3)))
     first = [await _register(server, f"b{i}", sim.url, "sim") for i in range(3)]
     over = await _register(server, "b3", sim.url, "sim")
@@ -113,7 +113,7 @@ async def _queue_behind_one(
     ch: grpc.aio.Channel, n: int
 ) -> tuple[grpc.aio.UnaryStreamCall[object, object], list[asyncio.Task[Outcome]]]:
     """One long request on the only slot, then ``n`` queued behind it."""
-    running = generate(ch, gen_request(max_tokens=2000), metadata=_user("r"), timeout=60)
+    running = generate(ch, gen_request(max_tokens=480), metadata=_user("r"), timeout=60)
     out = Outcome()
     while out.chunks == 0:
         response = await running.read()
@@ -176,8 +176,6 @@ async def test_a_backend_back_within_the_grace_fails_nobody(
 
 @pytest.fixture
 async def slow_sim() -> AsyncIterator[SimServer]:
-    from fairq_server.sim import SimConfig
-
     async with SimServer(SimConfig(model="sim", speed=1.0, max_num_seqs=4)) as s:
         yield s
 
@@ -187,8 +185,6 @@ async def slow_sim() -> AsyncIterator[SimServer]:
 
 def _series(server: FairqServer, label: str) -> list[str]:
     """Sample lines of fairq's /metrics carrying ``label`` (e.g. 'backend="x"')."""
-    from prometheus_client import generate_latest
-
     text = generate_latest(server.core.telemetry.registry).decode()
     return [line for line in text.splitlines() if label in line and not line.startswith("#")]
 
@@ -197,8 +193,11 @@ async def test_deregistering_the_last_backend_drops_its_model_and_every_series(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
     server = await fairq_factory(make_config([sim_backend(sim, "stays")]))
-    assert await _register(server, "goes", sim.url, "other") == OK
-    async with grpc.aio.insecure_channel(_target(server)) as ch:
+    async with (
+        SimServer(SimConfig(mode="vllm", model="other", speed=20.0)) as other,
+        grpc.aio.insecure_channel(_target(server)) as ch,
+    ):
+        assert await _register(server, "goes", other.url, "other") == OK
         served = await run_call(generate(ch, gen_request(model="other", max_tokens=4)))
         assert served.code == OK, served
         assert _series(server, 'backend="goes"') and _series(server, 'model="other"')
