@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 #: (about a millisecond of CPU); when thousands of slots free at once, the yield lets other
 #: work on the event loop (health checks, new calls, scrapes) run between batches.
 DISPATCH_BATCH = 32
+#: Seconds between checks for models no backend serves (see ``_sweep_models``).
+_SWEEP_EVERY = 0.1
 
 
 class Dispatcher:
@@ -100,6 +102,7 @@ class Dispatcher:
         self.attempts = AttemptBook(self, launcher)
         self._picker = Picker(self)
         self.crashes = 0
+        self._next_sweep = 0.0
         self.restart_delays: Sequence[float] = RESTART_DELAYS
 
     # -- events (any task) --------------------------------------------------------------
@@ -238,7 +241,11 @@ class Dispatcher:
             self._apply_inbox()
             now = self._clock()
             self._expire(now)
-            self._sweep_models(now)
+            if now >= self._next_sweep:
+                # A grace period in seconds needs no finer check; every pass would cost
+                # O(models) per event, and dead backends' scrapes are events too.
+                self._next_sweep = now + _SWEEP_EVERY
+                self._sweep_models(now)
             more = self._picker.dispatch(now, DISPATCH_BATCH)
             for model in self._models.values():
                 model.update_depth()
