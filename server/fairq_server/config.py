@@ -142,7 +142,8 @@ class Limits:
             this, the request ends with RESOURCE_EXHAUSTED and its backend request is
             aborted, so a stalled reader holds neither memory nor a backend slot.
         max_streams_per_connection: HTTP/2 ``MAX_CONCURRENT_STREAMS`` advertised to clients;
-            a client's further calls wait in its own gRPC library for a free stream.
+            a client's further calls wait in its own gRPC library for a free stream. A queued
+            request holds its stream: keep it at or above ``max_queued_per_user``.
         request_receive_seconds: a call whose complete request message has not arrived this
             long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
 
@@ -155,7 +156,7 @@ class Limits:
     max_stop_chars: int = 1_000
     max_metadata_bytes: int = 16_384
     max_unread_chars: int = 1_000_000
-    max_streams_per_connection: int = 2_048
+    max_streams_per_connection: int = 10_000
     request_receive_seconds: float = 10.0
 
 
