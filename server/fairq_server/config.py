@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fairq_server.backends.kinds import BACKEND_KINDS
+from fairq_server.backends.spec import check_backend
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -68,6 +69,7 @@ __all__ = [
 ]
 
 PRIORITY_ORDERS = ("lower-first", "higher-first")
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class ConfigError(ValueError):
@@ -185,6 +187,11 @@ class Limits:
             ``extra`` Struct, the fields of an HTTP body fairq does not interpret), measured
             as compact JSON.
         max_body_bytes: bounds an HTTP request body (413 above it).
+        max_streams_per_connection: HTTP/2 ``MAX_CONCURRENT_STREAMS`` advertised to clients;
+            a client's further calls wait in its own gRPC library for a free stream. A queued
+            request holds its stream: keep it at or above ``max_queued_per_user``.
+        request_receive_seconds: a call whose complete request message has not arrived this
+            long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
 
     """
 
@@ -198,6 +205,8 @@ class Limits:
     max_extra_bytes: int = 262_144
     max_extra_depth: int = 32
     max_body_bytes: int = 8_388_608
+    max_streams_per_connection: int = 10_000
+    request_receive_seconds: float = 10.0
 
 
 DEFAULT_BACKEND_ALLOWLIST = (
@@ -235,10 +244,13 @@ class AdminConfig:
         backend_allowlist: hosts (matched by name, case-insensitive, never resolved) and IP
             networks (matched against literal addresses in the URL) a registered backend may
             point to. Defaults to loopback and private networks.
+        max_backends: registered backends at most, from the file and the Admin API together;
+            a registration beyond it is answered RESOURCE_EXHAUSTED.
 
     """
 
     backend_allowlist: tuple[str, ...] = DEFAULT_BACKEND_ALLOWLIST
+    max_backends: int = 256
 
 
 @dataclass(frozen=True)
@@ -293,6 +305,15 @@ class SchedulerConfig:
         max_retries: a request that fails on a backend before its first token, for a reason
             that says nothing about the request (unreachable, 5xx, overloaded), is sent to
             another backend at most this many times.
+        max_metrics_bytes: a backend's ``/metrics`` body larger than this is a failed scrape
+            (read no further).
+        max_error_body_bytes: at most this much of a backend's HTTP error body is read (for
+            its message); the rest is never read.
+        max_poll_backoff_seconds: a backend failing its scrapes is polled ever less often,
+            doubling from ``poll_interval_seconds`` up to this, so dead backends cost little.
+        no_backend_grace_seconds: requests queued for a model none of whose backends is
+            healthy are answered UNAVAILABLE once that has lasted this long (a restarting
+            backend within it fails nobody).
 
     """
 
@@ -315,6 +336,10 @@ class SchedulerConfig:
     prefix_candidates: int = 8
     routing_slack: int = 2
     stream_coalesce_seconds: float = 0.02
+    max_metrics_bytes: int = 4 * 1024 * 1024
+    max_error_body_bytes: int = 16_384
+    max_poll_backoff_seconds: float = 10.0
+    no_backend_grace_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.fairness_options, Mapping):
@@ -390,6 +415,8 @@ _POSITIVE = frozenset(
         "max_prompt_chars", "max_messages", "max_tokens", "max_metadata_bytes",
         "max_unread_chars",
         "max_extra_depth", "max_body_bytes", "body_timeout_seconds", "queue_comment_seconds",
+        "max_streams_per_connection", "request_receive_seconds", "max_backends",
+        "max_metrics_bytes", "max_error_body_bytes", "max_poll_backoff_seconds",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})
@@ -468,23 +495,44 @@ def parse_config(raw: dict[str, Any]) -> Config:
         backends = tuple(
             _build(BackendConfig, f"backends[{i}]", b) for i, b in enumerate(raw.pop("backends"))
         )
-        for b in backends:
-            if b.kind not in BACKEND_KINDS:
-                raise ConfigError(
-                    f"backends[{b.id}]: kind must be one of {', '.join(BACKEND_KINDS)}"
-                )
+        for i, b in enumerate(backends):
+            try:
+                check_backend(b.id, b.kind, b.base_url, b.models)
+            except ValueError as exc:
+                raise ConfigError(f"backends[{i}]: {exc}") from None
             if b.priority_order and b.priority_order not in PRIORITY_ORDERS:
-                raise ConfigError(
-                    f"backends[{b.id}]: priority_order must be one of {PRIORITY_ORDERS}"
-                )
+                raise ConfigError(f"backends[{i}]: priority_order must be one of {PRIORITY_ORDERS}")
         kwargs["backends"] = backends
     if "keys" in raw:
-        kwargs["keys"] = tuple(
-            _build(KeyConfig, f"keys[{i}]", k) for i, k in enumerate(raw.pop("keys"))
-        )
+        keys = tuple(_build(KeyConfig, f"keys[{i}]", k) for i, k in enumerate(raw.pop("keys")))
+        for i, key in enumerate(keys):
+            if not key.user or len(key.user) > 128:
+                raise ConfigError(f"keys[{i}].user must be 1-128 characters")
+            if _SHA256_HEX.fullmatch(key.sha256) is None:
+                raise ConfigError(
+                    f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)"
+                )
+        kwargs["keys"] = keys
     if raw:
         raise ConfigError(f"unknown top-level keys {sorted(raw)}")
-    return Config(**kwargs)
+    config = Config(**kwargs)
+    _check_policies(config.scheduler)
+    if len(config.backends) > config.admin.max_backends:
+        raise ConfigError(
+            f"backends: {len(config.backends)} configured; admin.max_backends is "
+            f"{config.admin.max_backends}"
+        )
+    return config
+
+
+def _check_policies(scheduler: SchedulerConfig) -> None:
+    # Imported here: the scheduling package is built on top of this module.
+    from fairq_server.scheduling.policies import Policies
+
+    try:
+        Policies.from_config(scheduler)
+    except ValueError as exc:
+        raise ConfigError(f"scheduler: {exc}") from None
 
 
 def load_config(path: str | Path) -> Config:

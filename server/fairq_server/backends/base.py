@@ -27,6 +27,7 @@ from fairq_server import loop_share
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
 from fairq_server.errors import InvalidRequestError
+from fairq_server.names import escape
 
 if TYPE_CHECKING:
     from fairq_server.config import BackendConfig
@@ -35,6 +36,7 @@ __all__ = [
     "Backend",
     "BackendRequest",
     "MetricsSample",
+    "ReadLimits",
     "Sampling",
     "StreamEnd",
     "StreamEvent",
@@ -42,6 +44,8 @@ __all__ = [
     "failure_for_http",
     "http_error",
     "openai_body",
+    "read_at_most",
+    "token_count",
     "utf8_chunks",
 ]
 
@@ -137,6 +141,38 @@ class MetricsSample:
     tpot_count: float = 0.0
 
 
+@dataclass(frozen=True)
+class ReadLimits:
+    """How much fairq reads from a backend outside a generation stream.
+
+    Attributes:
+        metrics_bytes: a ``/metrics`` body longer than this fails the scrape.
+        error_bytes: at most this prefix of an HTTP error body is read.
+
+    """
+
+    metrics_bytes: int = 4 * 1024 * 1024
+    error_bytes: int = 16_384
+
+
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """Read up to ``limit`` bytes of ``resp``'s body; return them and whether that was all.
+
+    Reading stops at the limit: the rest is never buffered. A declared ``Content-Length``
+    over the limit is not read at all.
+    """
+    if resp.content_length is not None and resp.content_length > limit:
+        return b"", False
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(65_536):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(parts)[:limit], False
+    return b"".join(parts), True
+
+
 _FAILURE_BY_HTTP: dict[int, BackendFailure] = {
     400: BackendFailure.INVALID_REQUEST,
     404: BackendFailure.NOT_FOUND,
@@ -216,7 +252,9 @@ def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
             message = err
     kind, retryable = failure_for_http(status)
     return BackendError(
-        f"backend {backend_id} answered HTTP {status}: {message[:1000]}", kind, retryable=retryable
+        f"backend {backend_id} answered HTTP {status}: {escape(message, 1000)}",
+        kind,
+        retryable=retryable,
     )
 
 
@@ -245,12 +283,14 @@ class Backend(abc.ABC):
         timeout: float = 600.0,
         api_key: str | None = None,
         verify_models: bool = False,
+        read_limits: ReadLimits | None = None,
     ) -> None:
         self.id = id
         self.base_url = base_url.rstrip("/")
         self.models = tuple(models)
         self.priority_scheduling = priority_scheduling
         self.max_in_flight = max_in_flight
+        self.read_limits = read_limits if read_limits is not None else ReadLimits()
         # No read timeout on streams beyond `timeout`: a long generation legitimately stays
         # silent while the backend queues it, but connecting must be quick.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout)
@@ -261,7 +301,14 @@ class Backend(abc.ABC):
         self.models_verified = not verify_models
 
     @classmethod
-    def from_config(cls, cfg: BackendConfig, *, timeout: float, from_rpc: bool = False) -> Self:
+    def from_config(
+        cls,
+        cfg: BackendConfig,
+        *,
+        timeout: float,
+        from_rpc: bool = False,
+        read_limits: ReadLimits | None = None,
+    ) -> Self:
         """Build the adapter of ``cfg`` (its URL and models are already validated).
 
         Raises:
@@ -279,6 +326,7 @@ class Backend(abc.ABC):
             timeout=timeout,
             api_key=read_api_key(cfg, from_rpc=from_rpc),
             verify_models=cfg.verify_models,
+            read_limits=read_limits,
         )
 
     def _http(self) -> aiohttp.ClientSession:
@@ -321,11 +369,13 @@ class Backend(abc.ABC):
             await self._session.close()
 
     async def scrape(self, timeout: float) -> MetricsSample:
-        """Fetch and parse ``/metrics``.
+        """Fetch and parse ``/metrics`` within ``timeout`` seconds, headers to last byte.
 
         Raises:
-            BackendError: the endpoint failed or its text could not be parsed, or the
-                backend does not (yet) list the models it is registered for.
+            BackendError: the endpoint failed, took too long, sent more than
+                ``read_limits.metrics_bytes``, or its text could not be parsed (or held a
+                NaN, infinite or negative value), or the backend does not (yet) list the
+                models it is registered for.
 
         """
         if not self.models_verified:
@@ -333,23 +383,41 @@ class Backend(abc.ABC):
                 await self.verify_models(timeout)
             except InvalidRequestError as exc:
                 raise BackendError(str(exc), BackendFailure.UNAVAILABLE) from exc
+        limit = self.read_limits.metrics_bytes
         try:
             async with self._http().get(
                 f"{self.base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
             ) as resp:
-                body = await resp.read()
+                if resp.status != 200:
+                    raise await self.http_error(resp)
+                body, complete = await read_at_most(resp, limit)
+                if not complete:
+                    # Do not read the rest: closing drops the connection with it.
+                    resp.close()
+                    raise BackendError(
+                        f"backend {self.id}: metrics larger than {limit} bytes "
+                        "(scheduler.max_metrics_bytes)",
+                        BackendFailure.UNAVAILABLE,
+                    )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendError(
-                f"backend {self.id}: metrics unreachable: {exc!r}", BackendFailure.UNAVAILABLE
+                f"backend {self.id}: metrics unreachable: {escape(repr(exc), 300)}",
+                BackendFailure.UNAVAILABLE,
             ) from exc
-        if resp.status != 200:
-            raise http_error(self.id, resp.status, body)
         try:
             return self.parse_metrics(body.decode("utf-8", "replace"))
         except ValueError as exc:
             raise BackendError(
-                f"backend {self.id}: unreadable metrics: {exc}", BackendFailure.UNAVAILABLE
+                f"backend {self.id}: unreadable metrics: {escape(str(exc), 300)}",
+                BackendFailure.UNAVAILABLE,
             ) from exc
+
+    async def http_error(self, resp: aiohttp.ClientResponse) -> BackendError:
+        """Return the error for a non-200 answer, reading at most a prefix of its body."""
+        body, complete = await read_at_most(resp, self.read_limits.error_bytes)
+        if not complete:
+            resp.close()  # the rest is never read; the connection goes with it
+        return http_error(self.id, resp.status, body)
 
     @abc.abstractmethod
     def parse_metrics(self, text: str) -> MetricsSample:
@@ -377,7 +445,7 @@ class Backend(abc.ABC):
                 f"{self.base_url}{path}", json=payload, headers=headers
             ) as resp:
                 if resp.status != 200:
-                    raise http_error(self.id, resp.status, await resp.read())
+                    raise await self.http_error(resp)
                 async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
                     objects: list[dict[str, Any]] = []
                     for data in batch:
@@ -401,11 +469,14 @@ class Backend(abc.ABC):
                 BackendFailure.FAILED,
             ) from exc
 
-    def shape_error(self, obj: object, exc: Exception | None = None) -> BackendError:
-        """Return the error for a stream event that is JSON but not shaped as the API says."""
+    def shape_error(self, obj: object) -> BackendError:
+        """Return the error for a stream event that is JSON but not shaped as the API says.
+
+        The message quotes the event (escaped, shortened), never the Python exception its
+        reading raised: that is fairq's business, not the caller's.
+        """
         return BackendError(
-            f"backend {self.id}: unexpected stream event {str(obj)[:200]!r}"
-            + (f" ({type(exc).__name__}: {exc})" if exc else ""),
+            f"backend {self.id}: unexpected stream event {escape(repr(obj), 200)}",
             BackendFailure.FAILED,
         )
 
@@ -451,7 +522,9 @@ class Backend(abc.ABC):
         if isinstance(status, int) and not isinstance(status, bool):
             kind = _FAILURE_BY_HTTP.get(status, BackendFailure.FAILED)
             retryable = status == 429 or status >= 500
-        return BackendError(f"backend {self.id} failed: {message}", kind, retryable=retryable)
+        return BackendError(
+            f"backend {self.id} failed: {escape(message, 1000)}", kind, retryable=retryable
+        )
 
 
 async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
@@ -465,6 +538,22 @@ async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
             yield text
     if tail := decoder.decode(b"", final=True):
         yield tail
+
+
+def token_count(value: object) -> int:
+    """Read a token count from a backend's JSON: a whole number 0 <= n < 2**31 (None is 0).
+
+    Raises:
+        ValueError: anything else (negative, fractional, NaN, infinite, a string, a bool).
+
+    """
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise ValueError(f"token count {value!r} is not a whole number in [0, 2**31)")
+    return value
 
 
 @functools.cache

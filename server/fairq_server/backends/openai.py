@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
-from fairq_server.backends.base import BackendRequest, MetricsSample, openai_body
+from fairq_server.backends.base import BackendRequest, MetricsSample, ReadLimits, openai_body
 from fairq_server.backends.credentials import read_api_key
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.vllm import VllmBackend
@@ -151,7 +151,14 @@ class OpenAIBackend(VllmBackend):
         self.priority_order = priority_order
 
     @classmethod
-    def from_config(cls, cfg: BackendConfig, *, timeout: float, from_rpc: bool = False) -> Self:
+    def from_config(
+        cls,
+        cfg: BackendConfig,
+        *,
+        timeout: float,
+        from_rpc: bool = False,
+        read_limits: ReadLimits | None = None,
+    ) -> Self:
         """Build the adapter with the metric mapping and priority order of ``cfg``."""
         preset = cfg.metrics_preset
         return cls(
@@ -163,6 +170,7 @@ class OpenAIBackend(VllmBackend):
             timeout=timeout,
             api_key=read_api_key(cfg, from_rpc=from_rpc),
             verify_models=cfg.verify_models,
+            read_limits=read_limits,
             metrics=metric_map(cfg),
             priority_order=cfg.priority_order or _PRESET_PRIORITY_ORDER.get(preset, "lower-first"),
         )
