@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
-from fairq.v1 import scheduler_pb2
+from fairq.v1 import admin_pb2, scheduler_pb2
 
 __all__ = ["ChatMessages"]
 
@@ -92,6 +92,18 @@ def build_generate_request(
         request.messages.SetInParent()
         request.messages.messages.extend(_chat_messages(messages))
     return request
+
+
+def build_snapshot_request(top_users: int) -> admin_pb2.GetQueueSnapshotRequest:
+    """Build a queue-snapshot request.
+
+    Raises:
+        ValueError: ``top_users`` is negative.
+
+    """
+    if top_users < 0:
+        raise ValueError("top_users must be 0 or more")
+    return admin_pb2.GetQueueSnapshotRequest(top_users=top_users)
 
 
 def _chat_messages(messages: ChatMessages) -> list[scheduler_pb2.ChatMessage]:

@@ -23,7 +23,12 @@ from fairq._backends import (
 )
 from fairq._errors import translate_rpc_error
 from fairq._events import Completion, CompletionBuilder, Event, event_from_proto
-from fairq._requests import ChatMessages, build_generate_request, build_metadata
+from fairq._requests import (
+    ChatMessages,
+    build_generate_request,
+    build_metadata,
+    build_snapshot_request,
+)
 from fairq._snapshot import Snapshot, snapshot_from_proto
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
@@ -258,9 +263,7 @@ class Client:
             FairqError: The call failed.
 
         """
-        if top_users < 0:
-            raise ValueError("top_users must be 0 or more")
-        request = admin_pb2.GetQueueSnapshotRequest(top_users=top_users)
+        request = build_snapshot_request(top_users)
         response = self._unary(self._admin.GetQueueSnapshot, request, timeout)
         return snapshot_from_proto(response)
 
