@@ -25,6 +25,7 @@ from fairq.v1.scheduler_pb2 import GenerateResponse
 from fairq_server.api.server import FairqServer
 from fairq_server.bench.load import ChildProcess, process_group_alive, start_fairq, start_sim
 from fairq_server.config import BackendConfig
+from fairq_server.scheduling.interfaces import GateOutcome
 from fairq_server.sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
@@ -448,10 +449,13 @@ async def test_failing_metrics_fail_closed_for_that_backend_only(
                 outs = await asyncio.gather(*(run_call(c) for c in calls))
             assert all(o.code is OK and o.backends == ["well"] for o in outs), outs
             assert await sim_requests_seen(sick) == sent_before
-            refused = fairq_metric(
-                server, "fairq_gate_refusals_total", backend="sick", reason="unhealthy"
+            sick_state = server.core.backend("sick")
+            assert sick_state is not None
+            dispatcher = server.core.dispatcher
+            verdict = dispatcher.policies.gate.check(
+                sick_state, dispatcher.tiers[0], time.monotonic(), 0.3
             )
-            assert refused > 0
+            assert verdict is GateOutcome.UNHEALTHY, verdict
             assert fairq_metric(server, "fairq_backend_healthy", backend="well") == 1
 
             sick.config.metrics_fail = False
@@ -481,14 +485,21 @@ async def test_slow_metrics_fail_closed_without_stalling_the_dispatcher(
             calls = [generate(ch, gen_request(), metadata=user(f"u{i}")) for i in range(6)]
             outs = await asyncio.gather(*(run_call(c) for c in calls))
             elapsed = time.monotonic() - started
-        refused = fairq_metric(server, "fairq_gate_refusals_total", backend="slow", reason="stale")
+        # The gate's own verdict on the slow backend. (The refusal counter only counts when no
+        # backend admits, so whether it moves depends on how fast "well" starts the six.)
+        dispatcher = server.core.dispatcher
+        slow_state = server.core.backend("slow")
+        assert slow_state is not None
+        verdict = dispatcher.policies.gate.check(
+            slow_state, dispatcher.tiers[0], time.monotonic(), 0.3
+        )
         # The scrapes succeed: the backend counts as healthy, it is only ever too late.
         assert fairq_metric(server, "fairq_backend_healthy", backend="slow") == 1
     assert all(o.code is OK and o.backends == ["well"] for o in outs), outs
     # Six 8-token requests on an idle 5x simulator take well under a second; a dispatcher
     # blocked behind 0.6 s scrapes would take several.
     assert elapsed < 3.0, elapsed
-    assert refused > 0
+    assert verdict is GateOutcome.STALE, verdict
     assert fairq_metric(server, "fairq_dispatches_total", backend="slow", tier="interactive") == 0
 
 
