@@ -22,13 +22,17 @@ _READY_TIMEOUT = 60.0
 
 
 async def _start(
-    args: Sequence[str], pattern: str, python: str = sys.executable
+    args: Sequence[str], pattern: str, python: str = sys.executable, cpus: Sequence[int] = ()
 ) -> tuple[asyncio.subprocess.Process, str]:
-    """Start a child and wait for the stdout line matching ``pattern``; return group 1."""
+    """Start a child and wait for the stdout line matching ``pattern``; return group 1.
+
+    ``cpus`` confines the child (and every thread it starts) to those CPUs.
+    """
     # stderr goes to a file: a pipe nobody drains would block a chatty child.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
+    pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     proc = await asyncio.create_subprocess_exec(
-        python, "-m", "fairq_server", *args,
+        *pin, python, "-m", "fairq_server", *args,
         stdout=asyncio.subprocess.PIPE, stderr=log,
         # Own process group (so stop reaches every child) but not a new session: a new session
         # is a new scheduler autogroup, which on a small machine starves the measuring client.
@@ -62,9 +66,9 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 @contextlib.asynccontextmanager
-async def sim_process(*args: str) -> AsyncIterator[str]:
-    """Run ``fairq sim ARGS --port 0`` and yield its base URL."""
-    proc, url = await _start(["sim", "--port", "0", *args], r"^(http://\S+)")
+async def sim_process(*args: str, cpus: Sequence[int] = ()) -> AsyncIterator[str]:
+    """Run ``fairq sim ARGS --port 0`` (on ``cpus`` if given) and yield its base URL."""
+    proc, url = await _start(["sim", "--port", "0", *args], r"^(http://\S+)", cpus=cpus)
     try:
         yield url
     finally:
