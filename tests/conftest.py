@@ -29,7 +29,10 @@ def make_config(
 ) -> Config:
     """A loopback config with fast polling (tests should not wait on the interval)."""
     sched = replace(
-        SchedulerConfig(poll_interval_seconds=0.05, stale_after_seconds=1.0), **scheduler
+        SchedulerConfig(
+            poll_interval_seconds=0.05, stale_after_seconds=1.0, max_poll_backoff_seconds=1.0
+        ),
+        **scheduler,
     )
     return Config(listen="127.0.0.1:0", scheduler=sched, backends=tuple(backends), keys=tuple(keys))
 

@@ -11,7 +11,7 @@ import pytest
 
 import fairq
 from fairq_server.auth import Authenticator
-from fairq_server.config import parse_config
+from fairq_server.config_file import parse_config
 from fairq_server.sim import SimServer
 from fairq_server.tools import keys, top
 

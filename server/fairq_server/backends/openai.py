@@ -26,9 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
-from fairq_server.backends.base import BackendRequest, MetricsSample, openai_body
 from fairq_server.backends.credentials import read_api_key
+from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.metrics import sample_sums
+from fairq_server.backends.openai_wire import openai_body
+from fairq_server.backends.request import BackendRequest, MetricsSample
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.errors import InvalidRequestError
 
@@ -151,7 +153,14 @@ class OpenAIBackend(VllmBackend):
         self.priority_order = priority_order
 
     @classmethod
-    def from_config(cls, cfg: BackendConfig, *, timeout: float, from_rpc: bool = False) -> Self:
+    def from_config(
+        cls,
+        cfg: BackendConfig,
+        *,
+        timeout: float,
+        from_rpc: bool = False,
+        read_limits: ReadLimits | None = None,
+    ) -> Self:
         """Build the adapter with the metric mapping and priority order of ``cfg``."""
         preset = cfg.metrics_preset
         return cls(
@@ -163,6 +172,7 @@ class OpenAIBackend(VllmBackend):
             timeout=timeout,
             api_key=read_api_key(cfg, from_rpc=from_rpc),
             verify_models=cfg.verify_models,
+            read_limits=read_limits,
             metrics=metric_map(cfg),
             priority_order=cfg.priority_order or _PRESET_PRIORITY_ORDER.get(preset, "lower-first"),
         )
