@@ -177,8 +177,8 @@ that forwards the request and streams the bytes back and does nothing else: what
 what an extra hop costs on this machine (socket round trips, waking one more process), and
 "beyond the relay" is fairq's own work. Throughput: {streams} closed-loop streams of
 {STREAM_TOKENS} tokens through each door in turn, for {seconds:g} s after a 2 s ramp-up,
-from the firehose (one SSE event per token per stream every 10 ms). All processes share the machine's cores; "cores"
-is CPU seconds per second from `/proc`.
+from the firehose (one SSE event per token per stream every 10 ms). All processes share the
+machine's cores; "cores" is CPU seconds per second from `/proc`.
 """,
     )
     report.add(
