@@ -110,7 +110,13 @@ class Backend(abc.ABC):
             api_key=read_api_key(cfg, from_rpc=from_rpc),
             verify_models=cfg.verify_models,
             read_limits=read_limits,
+            **cls.kind_options(cfg),
         )
+
+    @classmethod
+    def kind_options(cls, cfg: BackendConfig) -> dict[str, Any]:
+        """Return the constructor arguments of this kind beyond the common ones (none here)."""
+        return {}
 
     def _http(self) -> aiohttp.ClientSession:
         """Return the connection pool, made on first use (it belongs to the running loop).

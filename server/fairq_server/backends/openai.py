@@ -24,10 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
-from fairq_server.backends.credentials import read_api_key
-from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
 from fairq_server.backends.request import BackendRequest, MetricsSample
@@ -153,29 +151,14 @@ class OpenAIBackend(VllmBackend):
         self.priority_order = priority_order
 
     @classmethod
-    def from_config(
-        cls,
-        cfg: BackendConfig,
-        *,
-        timeout: float,
-        from_rpc: bool = False,
-        read_limits: ReadLimits | None = None,
-    ) -> Self:
-        """Build the adapter with the metric mapping and priority order of ``cfg``."""
+    def kind_options(cls, cfg: BackendConfig) -> dict[str, Any]:
+        """Return the metric mapping and priority order of ``cfg``."""
         preset = cfg.metrics_preset
-        return cls(
-            cfg.id,
-            cfg.base_url,
-            cfg.models,
-            priority_scheduling=cfg.priority_scheduling,
-            max_in_flight=cfg.max_in_flight,
-            timeout=timeout,
-            api_key=read_api_key(cfg, from_rpc=from_rpc),
-            verify_models=cfg.verify_models,
-            read_limits=read_limits,
-            metrics=metric_map(cfg),
-            priority_order=cfg.priority_order or _PRESET_PRIORITY_ORDER.get(preset, "lower-first"),
-        )
+        return {
+            "metrics": metric_map(cfg),
+            "priority_order": cfg.priority_order
+            or _PRESET_PRIORITY_ORDER.get(preset, "lower-first"),
+        }
 
     async def scrape(self, timeout: float) -> MetricsSample:
         """Scrape ``/metrics``; without one, check ``/v1/models`` and report an idle sample."""

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-__all__ = ["fairq_process", "sim_process", "toml_config"]
+__all__ = ["fairq_process", "sim_process", "stop_process", "toml_config"]
 
 _READY_TIMEOUT = 60.0
 
@@ -46,18 +46,19 @@ async def _start(
                     return proc, match.group(1)
     except TimeoutError:
         pass
-    await _stop(proc)
+    await stop_process(proc)
     log.seek(0)
     err = log.read().decode(errors="replace")[-2000:]
     raise RuntimeError(f"fairq {args[0]} did not start: {err}")
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
+async def stop_process(proc: asyncio.subprocess.Process, timeout: float = 10.0) -> None:
+    """SIGTERM ``proc``'s process group; SIGKILL it after ``timeout`` seconds."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(timeout):
                 await proc.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
@@ -72,7 +73,7 @@ async def sim_process(*args: str, cpus: Sequence[int] = ()) -> AsyncIterator[str
     try:
         yield url
     finally:
-        await _stop(proc)
+        await stop_process(proc)
 
 
 def toml_config(backend_url: str, model: str, kind: str, extra: str = "") -> str:
@@ -111,4 +112,4 @@ async def fairq_process(config_text: str, python: str = sys.executable) -> Async
         try:
             yield f"127.0.0.1:{port}"
         finally:
-            await _stop(proc)
+            await stop_process(proc)

@@ -26,7 +26,7 @@ from fairq_server.bench.scenarios.docs import Report
 from fairq_server.bench.scenarios.procs import child_process, cpu_seconds, fairq_module_process
 from fairq_server.bench.scenarios.runs import p
 from fairq_server.bench.targets import aiohttp_session, fairq_sender, free_port, openai_sender
-from fairq_server.bench.workload import RequestSpec, SendFn
+from fairq_server.bench.workload import RequestSpec, SendFn, time_to_first_text
 
 __all__ = ["http_overhead"]
 
@@ -37,15 +37,6 @@ STREAM_TOKENS = 500
 
 def _config(url: str, model: str, kind: str, http_port: int) -> str:
     return toml_config(url, model, kind, f'[http]\nlisten = "127.0.0.1:{http_port}"\n')
-
-
-async def _ttft(send: SendFn, spec: RequestSpec) -> float:
-    start = time.monotonic()
-    first = None
-    async for text in send(spec):
-        if first is None and text:
-            first = time.monotonic() - start
-    return first if first is not None else float("nan")
 
 
 @contextlib.asynccontextmanager
@@ -78,13 +69,13 @@ async def latency(url: str, model: str, kind: str, n: int) -> dict[str, list[flo
                    "grpc": grpc_send, "http": http_send}  # fmt: skip
         warm = RequestSpec("probe", "warm up", 4)
         for send in [*senders.values()] * 2:
-            await _ttft(send, warm)
+            await time_to_first_text(send, warm)
         names = list(senders)
         for i in range(n):
             spec = RequestSpec("probe", f"Short question number {i}?", 8)
             k = i % len(names)
             for name in names[k:] + names[:k]:
-                out[name].append(await _ttft(senders[name], spec))
+                out[name].append(await time_to_first_text(senders[name], spec))
                 await asyncio.sleep(0.02)  # low load: the backend is idle again
     return out
 
