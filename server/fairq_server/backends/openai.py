@@ -159,6 +159,7 @@ class OpenAIBackend(VllmBackend):
             cfg.base_url,
             cfg.models,
             priority_scheduling=cfg.priority_scheduling,
+            fair_share_priority=cfg.fair_share_priority,
             max_in_flight=cfg.max_in_flight,
             timeout=timeout,
             api_key=read_api_key(cfg, from_rpc=from_rpc),
