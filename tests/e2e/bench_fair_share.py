@@ -53,6 +53,8 @@ from .vllm_process import VllmProcess, find_vllm_python
 COLUMNS = ("direct", "fairq", "fair share")
 LIGHTS = 8
 PREEMPTIONS = "vllm:num_preemptions_total"
+#: What follows this line on the page is written by hand and kept when the page is rewritten.
+NOTES = "<!-- notes: kept when the tables above are regenerated -->"
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,26 @@ def table(runs: Runs, users: int) -> list[str]:
     ]
 
 
+def headline(runs: Runs, power_users: tuple[int, ...]) -> str:
+    """The one-line result the benchmarks README quotes."""
+    parts = []
+    for users in power_users:
+        ttft = {c: statistics.fmean(_ttfts(runs[users, c])) for c in COLUMNS}
+        span = {
+            c: statistics.fmean(r.result.power_makespan_s for r in runs[users, c]) for c in COLUMNS
+        }
+        pre = sum(r.preemptions for c in COLUMNS for r in runs[users, c])
+        d = ttft["direct"]
+        parts.append(
+            f"{users} power user{'s' if users > 1 else ''}: light-user TTFT mean "
+            f"{d:.2f} s direct, {ttft['fairq']:.2f} s fairq ({ttft['fairq'] / d:.3f}x), "
+            f"{ttft['fair share']:.2f} s with fair share ({ttft['fair share'] / d:.3f}x); "
+            f"power makespan with fair share {span['fair share'] / span['direct']:.3f}x direct; "
+            f"vLLM preemptions {pre:.0f}"
+        )
+    return "; ".join(parts)
+
+
 def plot(runs: Runs, power_users: tuple[int, ...], path: Path) -> None:
     """Light-user TTFT against arrival time, one panel per scenario, log scale."""
     panels = []
@@ -193,6 +215,8 @@ def report(runs: Runs, power_users: tuple[int, ...], out: Path, rounds: int) -> 
         "alone); the same with `fair_share_priority = true`. "
         f"{rounds} interleaved rounds (the column order rotates every round).",
         "",
+        f"**Result:** {headline(runs, power_users)}",
+        "",
     ]
     for users in power_users:
         lines += table(runs, users)
@@ -204,7 +228,9 @@ def report(runs: Runs, power_users: tuple[int, ...], out: Path, rounds: int) -> 
         "",
     ]
     page = out / "fair-share-priority.md"
-    page.write_text("\n".join(lines))
+    old = page.read_text() if page.exists() else ""
+    notes = old[old.index(NOTES) :] if NOTES in old else ""
+    page.write_text("\n".join(lines) + ("\n" + notes if notes else ""))
     plot(runs, power_users, out / "fair-share-priority.png")
     return page
 
