@@ -17,11 +17,11 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.config import TierConfig
 from fairq_server.sim import SimConfig, SimRequest, SimServer
 
-from ..conftest import FairqFactory, make_config, sim_backend
+from ..conftest import KEYS, FairqFactory, make_config, sim_backend
 
 POWER_TOKENS = 300
 LIGHT_TOKENS = 7  # tells the light request apart inside the engine
@@ -102,3 +102,30 @@ async def test_light_request_starts_before_power_requests_waiting_in_the_engine(
     else:
         assert request.priority == waiting_then[0].priority
         assert len(started_after) < len(waiting_then), "FIFO inside a tier: power went first"
+
+
+async def test_register_backend_sets_fair_share_priority(
+    priority_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    server = await fairq_factory(make_config(keys=[KEYS["root-key"]]))
+    root = (("authorization", "Bearer root-key"),)
+
+    def backend(backend_id: str, **kw: bool) -> admin_pb2.RegisterBackendRequest:
+        spec = admin_pb2.Backend(
+            id=backend_id, kind=admin_pb2.BACKEND_KIND_VLLM, base_url=priority_sim.url,
+            models=["sim"], **kw,
+        )  # fmt: skip
+        return admin_pb2.RegisterBackendRequest(backend=spec)
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        admin = admin_pb2_grpc.AdminStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await admin.RegisterBackend(backend("a", fair_share_priority=True), metadata=root)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "needs priority_scheduling" in (info.value.details() or "")
+        reg = await admin.RegisterBackend(
+            backend("b", priority_scheduling=True, fair_share_priority=True), metadata=root
+        )
+        assert reg.status.backend.fair_share_priority
+    state = server.core.backend("b")
+    assert state is not None and state.backend.fair_share_priority
