@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 
@@ -29,7 +30,10 @@ def make_config(
 ) -> Config:
     """A loopback config with fast polling (tests should not wait on the interval)."""
     sched = replace(
-        SchedulerConfig(poll_interval_seconds=0.05, stale_after_seconds=1.0), **scheduler
+        SchedulerConfig(
+            poll_interval_seconds=0.05, stale_after_seconds=1.0, max_poll_backoff_seconds=1.0
+        ),
+        **scheduler,
     )
     return Config(listen="127.0.0.1:0", scheduler=sched, backends=tuple(backends), keys=tuple(keys))
 
@@ -66,12 +70,18 @@ async def fairq_factory() -> AsyncIterator[FairqFactory]:
         await server.stop(grace=0.5)
 
 
-def freeze_gate(server: FairqServer, backend_id: str = "sim-a") -> None:
+async def freeze_gate(server: FairqServer, backend_id: str = "sim-a") -> None:
     """Stop polling ``backend_id`` and age its last snapshot: its gate fails closed.
 
-    The backend stays registered and healthy, so requests are accepted and stay queued.
+    The backend stays registered and healthy, so requests are accepted and stay queued. A
+    scrape already on its way when the poller is cancelled would refresh the snapshot, so this
+    waits for the poller to end and the dispatcher to apply what it posted, then ages the
+    snapshot.
     """
     state = server.core.backend(backend_id)
     assert state is not None and state.sample is not None
-    server.core._polled[backend_id].task.cancel()
+    task = server.core._polled[backend_id].task
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await server.core.dispatcher.sync()
     state.sampled_at = 0.0

@@ -63,12 +63,30 @@ class Authenticator:
         self.update(keys)
 
     def update(self, keys: Iterable[KeyConfig]) -> None:
-        """Replace the configured keys (configuration reload)."""
+        """Replace the configured keys (configuration reload).
+
+        Raises:
+            ValueError: a digest is not hex; the keys in use are unchanged.
+
+        """
+        self.install(self.prepare(keys))
+
+    def prepare(self, keys: Iterable[KeyConfig]) -> list[tuple[bytes, Principal]]:
+        """Build the key table for ``keys`` without installing it (see :meth:`install`).
+
+        Raises:
+            ValueError: a digest is not hex.
+
+        """
         entries = []
         for key in keys:
             tiers = frozenset(key.tiers or self._tier_names)
             principal = Principal(key.user, tiers, key.admin, key.weight, key.group)
             entries.append((bytes.fromhex(key.sha256), principal))
+        return entries
+
+    def install(self, entries: list[tuple[bytes, Principal]]) -> None:
+        """Make a table from :meth:`prepare` the one in use."""
         self._keys = entries
 
     @property

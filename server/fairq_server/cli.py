@@ -11,8 +11,10 @@ import signal
 import sys
 from collections.abc import Coroutine
 
+from fairq_server import logs
 from fairq_server.api.server import FairqServer
-from fairq_server.config import ConfigError, load_config
+from fairq_server.config import ConfigError
+from fairq_server.config_file import load_config
 from fairq_server.errors import SchedulerError
 
 __all__ = ["main"]
@@ -30,7 +32,6 @@ def _serve(args: argparse.Namespace) -> int:
     async def run() -> None:
         server = FairqServer(config)
         await server.start()
-        print(f"fairq serving on {config.listen} (port {server.port})", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -39,6 +40,9 @@ def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(
             signal.SIGHUP, lambda: _spawn(reloads, _reload(server, args.config, args.access_log))
         )
+        # Ready only once signals are handled: a SIGHUP sent on seeing this line must
+        # reload, not kill the process (SIGHUP's default action).
+        print(f"fairq serving on {config.listen} (port {server.port})", flush=True)
         await stop.wait()
         logging.getLogger("fairq").info("stopping: draining for %.0f s", args.grace)
         await server.stop(grace=args.grace)
@@ -62,6 +66,9 @@ async def _reload(server: FairqServer, path: str, access_log: bool) -> None:
         await server.reload(config)
     except (OSError, ConfigError) as exc:
         log.error("reload of %s refused, configuration unchanged: %s", path, exc)
+    except Exception:
+        # Validation should have caught it; never let a reload die unseen in its task.
+        log.exception("reload of %s failed", path)
 
 
 def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[None, None, None]) -> None:
@@ -88,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="the power-user story on a simulated backend", add_help=False)
     sub.add_parser("bench", help="run benchmark scenarios", add_help=False)
     args, rest = parser.parse_known_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level)
     # One line per HTTP request to a backend is noise at INFO.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.command == "serve":

@@ -1,4 +1,4 @@
-"""fairq's configuration: one TOML file, loaded into frozen dataclasses.
+"""fairq's configuration: one TOML file, loaded into frozen dataclasses (see :mod:`.config_file`).
 
 Example::
 
@@ -39,15 +39,9 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from fairq_server.backends.kinds import BACKEND_KINDS
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -63,8 +57,6 @@ __all__ = [
     "SchedulerConfig",
     "TierConfig",
     "TlsConfig",
-    "load_config",
-    "parse_config",
 ]
 
 PRIORITY_ORDERS = ("lower-first", "higher-first")
@@ -189,6 +181,11 @@ class Limits:
             ``extra`` Struct, the fields of an HTTP body fairq does not interpret), measured
             as compact JSON.
         max_body_bytes: bounds an HTTP request body (413 above it).
+        max_streams_per_connection: HTTP/2 ``MAX_CONCURRENT_STREAMS`` advertised to clients;
+            a client's further calls wait in its own gRPC library for a free stream. A queued
+            request holds its stream: keep it at or above ``max_queued_per_user``.
+        request_receive_seconds: a call whose complete request message has not arrived this
+            long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
 
     """
 
@@ -202,6 +199,8 @@ class Limits:
     max_extra_bytes: int = 262_144
     max_extra_depth: int = 32
     max_body_bytes: int = 8_388_608
+    max_streams_per_connection: int = 10_000
+    request_receive_seconds: float = 10.0
 
 
 DEFAULT_BACKEND_ALLOWLIST = (
@@ -239,10 +238,13 @@ class AdminConfig:
         backend_allowlist: hosts (matched by name, case-insensitive, never resolved) and IP
             networks (matched against literal addresses in the URL) a registered backend may
             point to. Defaults to loopback and private networks.
+        max_backends: registered backends at most, from the file and the Admin API together;
+            a registration beyond it is answered RESOURCE_EXHAUSTED.
 
     """
 
     backend_allowlist: tuple[str, ...] = DEFAULT_BACKEND_ALLOWLIST
+    max_backends: int = 256
 
 
 @dataclass(frozen=True)
@@ -297,6 +299,15 @@ class SchedulerConfig:
         max_retries: a request that fails on a backend before its first token, for a reason
             that says nothing about the request (unreachable, 5xx, overloaded), is sent to
             another backend at most this many times.
+        max_metrics_bytes: a backend's ``/metrics`` body larger than this is a failed scrape
+            (read no further).
+        max_error_body_bytes: at most this much of a backend's HTTP error body is read (for
+            its message); the rest is never read.
+        max_poll_backoff_seconds: a backend failing its scrapes is polled ever less often,
+            doubling from ``poll_interval_seconds`` up to this, so dead backends cost little.
+        no_backend_grace_seconds: requests queued for a model none of whose backends is
+            healthy are answered UNAVAILABLE once that has lasted this long (a restarting
+            backend within it fails nobody).
 
     """
 
@@ -319,6 +330,10 @@ class SchedulerConfig:
     prefix_candidates: int = 8
     routing_slack: int = 2
     stream_coalesce_seconds: float = 0.02
+    max_metrics_bytes: int = 4 * 1024 * 1024
+    max_error_body_bytes: int = 16_384
+    max_poll_backoff_seconds: float = 10.0
+    no_backend_grace_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.fairness_options, Mapping):
@@ -365,142 +380,3 @@ class Config:
         ids = [b.id for b in self.backends]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"backends: duplicate ids in {ids}")
-
-
-def _build(cls: type[Any], section: str, raw: Any) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{section}: expected a table")
-    fields = cls.__dataclass_fields__
-    unknown = set(raw) - set(fields)
-    if unknown:
-        raise ConfigError(f"{section}: unknown keys {sorted(unknown)}; valid: {sorted(fields)}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
-    # Plugin options stay a table (a dict), checked by the plugin's registry.
-    try:
-        built = cls(**values)
-    except TypeError as exc:
-        raise ConfigError(f"{section}: {exc}") from exc
-    _check_values(built, section)
-    return built
-
-
-# Settings that must be above zero; every other number must be at least zero, except these
-# that may be negative (vLLM's priority is any integer).
-_POSITIVE = frozenset(
-    {
-        "poll_interval_seconds", "stale_after_seconds", "backend_timeout_seconds",
-        "queue_ttl_seconds", "max_queued_per_user", "max_queued_total", "prefix_block_chars",
-        "prefix_candidates", "tpot_limit_seconds", "kv_usage_limit", "aging_seconds", "weight",
-        "max_prompt_chars", "max_messages", "max_tokens", "max_metadata_bytes",
-        "max_unread_chars",
-        "max_extra_depth", "max_body_bytes", "body_timeout_seconds", "queue_comment_seconds",
-    }
-)  # fmt: skip
-_SIGNED = frozenset({"priority"})
-_FRACTIONS = frozenset({"kv_usage_limit"})
-_KIND_NAMES = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
-
-
-def _check_values(obj: Any, section: str) -> None:
-    """Refuse a value of the wrong type, a NaN or infinity, or a number out of its range.
-
-    TOML types values itself, so a quoted number or a negative interval would otherwise be
-    accepted here and misbehave much later (a string compared with a float at the first
-    dispatch, a poller sleeping a negative interval in a busy loop).
-    """
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        declared = str(f.type)
-        if value is None and declared.endswith("| None"):
-            continue
-        kind = declared.removesuffix(" | None")
-        if kind == "bool":
-            ok = isinstance(value, bool)
-        elif kind == "int":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif kind == "float":
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-        elif kind == "str":
-            ok = isinstance(value, str)
-        else:
-            continue  # tuples and nested tables are checked where they are built or used
-        if not ok:
-            raise ConfigError(f"{section}.{f.name} must be {_KIND_NAMES[kind]}, not {value!r}")
-        if kind not in ("int", "float") or f.name in _SIGNED:
-            continue
-        if not math.isfinite(value):
-            raise ConfigError(f"{section}.{f.name} must be a finite number, not {value!r}")
-        if f.name in _FRACTIONS and value > 1:
-            raise ConfigError(f"{section}.{f.name} is a fraction (0-1], not {value!r}")
-        if value < 0 or (value == 0 and f.name in _POSITIVE):
-            bound = "above 0" if f.name in _POSITIVE else "0 or more"
-            raise ConfigError(f"{section}.{f.name} must be {bound}, not {value!r}")
-
-
-def parse_config(raw: dict[str, Any]) -> Config:
-    """Build a :class:`Config` from a parsed TOML document.
-
-    Raises:
-        ConfigError: on unknown keys, missing required keys or invalid values.
-
-    """
-    raw = dict(raw)
-    kwargs: dict[str, Any] = {}
-    for key in ("listen", "metrics_listen"):
-        if key in raw:
-            kwargs[key] = str(raw.pop(key))
-    if "access_log" in raw:
-        access_log = raw.pop("access_log")
-        if not isinstance(access_log, bool):
-            raise ConfigError(f"access_log must be true or false, not {access_log!r}")
-        kwargs["access_log"] = access_log
-    if "scheduler" in raw:
-        kwargs["scheduler"] = _build(SchedulerConfig, "scheduler", raw.pop("scheduler"))
-    if "limits" in raw:
-        kwargs["limits"] = _build(Limits, "limits", raw.pop("limits"))
-    if "tls" in raw:
-        kwargs["tls"] = _build(TlsConfig, "tls", raw.pop("tls"))
-    if "admin" in raw:
-        kwargs["admin"] = _build(AdminConfig, "admin", raw.pop("admin"))
-    if "http" in raw:
-        kwargs["http"] = _build(HttpConfig, "http", raw.pop("http"))
-    if "tiers" in raw:
-        kwargs["tiers"] = tuple(
-            _build(TierConfig, f"tiers[{i}]", t) for i, t in enumerate(raw.pop("tiers"))
-        )
-    if "backends" in raw:
-        backends = tuple(
-            _build(BackendConfig, f"backends[{i}]", b) for i, b in enumerate(raw.pop("backends"))
-        )
-        for b in backends:
-            if b.kind not in BACKEND_KINDS:
-                raise ConfigError(
-                    f"backends[{b.id}]: kind must be one of {', '.join(BACKEND_KINDS)}"
-                )
-            if b.priority_order and b.priority_order not in PRIORITY_ORDERS:
-                raise ConfigError(
-                    f"backends[{b.id}]: priority_order must be one of {PRIORITY_ORDERS}"
-                )
-            if b.fair_share_priority and not b.priority_scheduling:
-                raise ConfigError(
-                    f"backends[{b.id}]: fair_share_priority needs priority_scheduling = true "
-                    "(the backend must order its queue by priority)"
-                )
-        kwargs["backends"] = backends
-    if "keys" in raw:
-        kwargs["keys"] = tuple(
-            _build(KeyConfig, f"keys[{i}]", k) for i, k in enumerate(raw.pop("keys"))
-        )
-    if raw:
-        raise ConfigError(f"unknown top-level keys {sorted(raw)}")
-    return Config(**kwargs)
-
-
-def load_config(path: str | Path) -> Config:
-    """Read and validate a TOML configuration file."""
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-    return parse_config(raw)

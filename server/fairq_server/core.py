@@ -17,10 +17,13 @@ from dataclasses import dataclass
 from fairq_server.backends.base import Backend
 from fairq_server.backends.credentials import refuse_unserved
 from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.registry import make_backend
 from fairq_server.config import BackendConfig, Config, ConfigError
+from fairq_server.errors import InvalidRequestError, QueueFullError
 from fairq_server.loop_monitor import LoopMonitor
+from fairq_server.names import escape
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
@@ -118,17 +121,38 @@ class FairqCore:
             dict(o.fairness_options),
             o.ordering,
         )
+        # Build every new backend before changing anything: a file that cannot be applied
+        # whole is refused whole.
+        added: list[tuple[BackendConfig, Backend]] = []
+        try:
+            for cfg in config.backends:
+                if cfg not in old.backends or self.dispatcher.backend(cfg.id) is None:
+                    added.append((cfg, self._make_backend(cfg, config, from_rpc=False)))
+        except InvalidRequestError as exc:
+            for _, backend in added:
+                await backend.aclose()
+            raise ConfigError(f"backends: {exc}") from None
+        removed = {b.id for b in old.backends} - {b.id for b in config.backends}
+        kept = {b.id for b in self.dispatcher.backends()} - removed
+        total = len(kept | {cfg.id for cfg, _ in added})
+        if total > config.admin.max_backends:
+            for _, backend in added:
+                await backend.aclose()
+            raise ConfigError(
+                f"backends: {total} would be registered; admin.max_backends is "
+                f"{config.admin.max_backends}"
+            )
         self.config = config
         self.policies = policies
         for polled in self._polled.values():
             polled.poller.interval = s.poll_interval_seconds  # from its next scrape on
+            polled.poller.max_backoff = s.max_poll_backoff_seconds
         self.dispatcher.reconfigure(config.tiers, s, policies, rebuild=rebuild)
         wanted = {b.id: b for b in config.backends}
         for backend_id in [b.id for b in old.backends if b.id not in wanted]:
             await self.deregister_backend(backend_id, drain=False)
-        for cfg in config.backends:
-            if cfg not in old.backends or self.dispatcher.backend(cfg.id) is None:
-                await self.register_backend(cfg)
+        for cfg, backend in added:
+            await self.register_backend(cfg, backend=backend)
 
     def live_requests(self) -> int:
         """Count the requests queued or running, over all models."""
@@ -152,13 +176,13 @@ class FairqCore:
         ``admin.backend_allowlist``; those in the configuration file are the operator's own.
         """
         if backend is None:
-            backend = make_backend(
-                cfg,
-                timeout=self.config.scheduler.backend_timeout_seconds,
-                allowlist=self.config.admin.backend_allowlist if from_rpc else None,
-            )
-            if from_rpc:
-                await refuse_unserved(backend)
+            backend = self._make_backend(cfg, self.config, from_rpc=from_rpc)
+        limit = self.config.admin.max_backends
+        if self.dispatcher.backend(backend.id) is None and len(self.dispatcher.backends()) >= limit:
+            await backend.aclose()
+            raise QueueFullError(f"{limit} backends are registered, the limit (admin.max_backends)")
+        if from_rpc:
+            await refuse_unserved(backend)
         await self._stop_polling(backend.id)
         old = self.dispatcher.backend(backend.id)
         self._adapters.add(backend)
@@ -168,15 +192,42 @@ class FairqCore:
         poller = MetricsPoller(
             backend,
             interval=self.config.scheduler.poll_interval_seconds,
+            max_backoff=self.config.scheduler.max_poll_backoff_seconds,
             on_sent=self.dispatcher.scrape_sent,
             on_result=self.dispatcher.scrape_landed,
         )
-        await poller.poll_once()
-        await self.dispatcher.sync()
+        try:
+            await poller.poll_once()
+            await self.dispatcher.sync()
+        except BaseException:
+            # Cancelled (the caller's deadline) before the first scrape was in: the caller
+            # was told it failed, so nothing of it may stay registered or open.
+            undo = asyncio.ensure_future(self._undo_registration(backend.id))
+            self._closing.add(undo)
+            undo.add_done_callback(self._closing.discard)
+            raise
         task = asyncio.create_task(self._poll(poller), name=f"poll-{backend.id}")
         self._polled[backend.id] = _Polled(poller, task)
-        log.info("registered backend %s (%s) for %s", backend.id, backend.kind, backend.models)
+        log.info(
+            "registered backend %s (%s) for %s",
+            backend.id, backend.kind, [escape(m, 100) for m in backend.models],
+        )  # fmt: skip
         return state
+
+    async def _undo_registration(self, backend_id: str) -> None:
+        state = await self.dispatcher.remove_backend(backend_id)
+        if state is not None:
+            self._close_when_idle(state)
+
+    @staticmethod
+    def _make_backend(cfg: BackendConfig, config: Config, *, from_rpc: bool) -> Backend:
+        s = config.scheduler
+        return make_backend(
+            cfg,
+            timeout=s.backend_timeout_seconds,
+            allowlist=config.admin.backend_allowlist if from_rpc else None,
+            read_limits=ReadLimits(s.max_metrics_bytes, s.max_error_body_bytes),
+        )
 
     async def deregister_backend(self, backend_id: str, *, drain: bool) -> bool:
         """Remove a backend; with ``drain``, return once its in-flight requests are done."""
@@ -208,7 +259,10 @@ class FairqCore:
                 await polled.task
 
     def _close_when_idle(self, state: BackendState) -> None:
-        """Close the adapter of a backend that left, once its running requests are done."""
+        """Close a departed backend's adapter and drop its metric series once it is idle.
+
+        Without the second, a fleet that churns backend ids would grow fairq's series for good.
+        """
 
         async def close() -> None:
             try:
@@ -216,6 +270,9 @@ class FairqCore:
             finally:
                 self._adapters.discard(state.backend)
                 await state.backend.aclose()
+            if self.dispatcher.backend(state.id) is None:  # not re-registered meanwhile
+                # Its last request has ended, so nothing writes its series any more.
+                self.telemetry.forget_backend(state.id)
 
         task = asyncio.create_task(close(), name=f"close-{state.id}")
         self._closing.add(task)

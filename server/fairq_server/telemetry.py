@@ -140,3 +140,20 @@ class Telemetry:
             "fairq_backend_scrape_failures_total", "Failed scrapes of a backend's /metrics.",
             ["backend"], registry=r,
         )  # fmt: skip
+
+    def forget_backend(self, backend_id: str) -> None:
+        """Remove every series labelled with ``backend_id`` (it was deregistered).
+
+        Without this a fleet that churns backends (autoscaling, restarts under new ids) grows
+        fairq's ``/metrics`` and memory for good, one set of series per id ever seen.
+        """
+        for metric in (
+            self.backend_waiting, self.backend_running, self.backend_tpot,
+            self.backend_in_flight, self.backend_healthy, self.scrape_failures,
+            self.dispatches, self.gate_refusals, self.retries,
+        ):  # fmt: skip
+            metric.remove_by_labels({"backend": backend_id})
+
+    def forget_model(self, model: str) -> None:
+        """Remove every series labelled with ``model`` (its last backend left)."""
+        self.queue_depth.remove_by_labels({"model": model})

@@ -75,7 +75,7 @@ async def test_list_backends_healthy_needs_fresh_metrics(
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         admin = admin_pb2_grpc.AdminStub(ch)
         before = await admin.ListBackends(admin_pb2.ListBackendsRequest())
-        freeze_gate(server)  # no more scrapes; the last one is aged far past stale_after
+        await freeze_gate(server)  # no more scrapes; the last one is aged far past stale_after
         after = await admin.ListBackends(admin_pb2.ListBackendsRequest())
     assert before.backends[0].healthy
     assert entry.healthy is True  # the last scrape did succeed

@@ -167,7 +167,7 @@ async def test_key_ceiling_and_lower_tiers(sim: SimServer, fairq_factory: FairqF
 async def test_queue_cap_is_resource_exhausted(sim: SimServer, fairq_factory: FairqFactory) -> None:
     server = await fairq_factory(make_config([sim_backend(sim)], max_queued_per_user=2))
     dispatcher = server.core.dispatcher.model_state("sim")
-    freeze_gate(server)
+    await freeze_gate(server)
     md = (("x-fairq-user", "dave"),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)

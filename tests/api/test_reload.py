@@ -28,7 +28,7 @@ async def test_reload_keeps_queued_requests_and_applies_new_policy_and_backends(
 ) -> None:
     config = make_config([sim_backend(sim)])
     server = await fairq_factory(config)
-    freeze_gate(server)  # the old backend takes nothing: requests stay queued
+    await freeze_gate(server)  # the old backend takes nothing: requests stay queued
     async with (
         SimServer(SimConfig(mode="vllm", model="sim", speed=20.0)) as sim2,
         grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,

@@ -163,7 +163,7 @@ async def test_queue_ttl_answers_deadline_exceeded(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
     server = await fairq_factory(make_config([sim_backend(sim)], queue_ttl_seconds=0.3))
-    freeze_gate(server)
+    await freeze_gate(server)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         call = stub.Generate(GEN, timeout=10)

@@ -37,7 +37,7 @@ async def test_snapshot_reports_depth_per_tier_top_users_and_gates(
         # Served first: alice has recent service, nothing queued.
         done = [e async for e in sched.Generate(gen("batch", 8), metadata=ALICE)]
         served = done[-1].finished.usage
-        freeze_gate(server)
+        await freeze_gate(server)
         calls = [sched.Generate(gen("interactive"), metadata=BOB) for _ in range(3)]
         calls += [sched.Generate(gen("batch"), metadata=ALICE) for _ in range(2)]
         for call in calls:  # the first event of each stream says it is queued

@@ -26,7 +26,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq_server.backends.base import (
+from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
     Sampling,

@@ -14,7 +14,8 @@ from google.protobuf import json_format, struct_pb2
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.backends.openai import OpenAIBackend, metric_map
-from fairq_server.config import BackendConfig, ConfigError, parse_config
+from fairq_server.config import BackendConfig, ConfigError
+from fairq_server.config_file import parse_config
 from fairq_server.errors import InvalidRequestError
 from fairq_server.sim import SimConfig, SimServer
 
@@ -84,7 +85,7 @@ async def test_sglang_preset_reads_sglang_metrics_and_serves(
 async def test_sglang_priority_order_higher_first(sglang: SimServer) -> None:
     cfg = openai_backend(sglang, metrics_preset="sglang", priority_scheduling=True)
     backend = OpenAIBackend.from_config(cfg, timeout=5)
-    from fairq_server.backends.base import BackendRequest
+    from fairq_server.backends.request import BackendRequest
 
     _, body = backend.payload(BackendRequest(model="sg", prompt="x"), 2)
     assert body["priority"] == -2  # fairq's "lower runs earlier" turned around for SGLang

@@ -15,7 +15,7 @@ import grpc
 import httpx
 import pytest
 
-from fairq_server.backends.base import (
+from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
     Sampling,

@@ -14,7 +14,7 @@ from fairq_server.bench.scenarios.service import Ledger, jain, water_fill
 from fairq_server.bench.scenarios.tracing import Trace
 from fairq_server.bench.scenarios.workloads import CHAT, arrivals, prompt_text
 from fairq_server.bench.workload import RequestSpec
-from fairq_server.config import parse_config
+from fairq_server.config_file import parse_config
 from fairq_server.scheduling.fairness import VtcFairness
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.registry import make_fairness

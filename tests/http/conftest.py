@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
@@ -12,7 +11,7 @@ from fairq_server.api.server import FairqServer
 from fairq_server.config import HttpConfig
 from fairq_server.sim import SimServer
 
-from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
+from ..conftest import KEYS, FairqFactory, make_config, sim_backend
 
 
 @dataclass
@@ -45,19 +44,3 @@ async def door(sim: SimServer, fairq_factory: FairqFactory) -> AsyncIterator[Doo
 async def keyed_door(sim: SimServer, fairq_factory: FairqFactory) -> AsyncIterator[Door]:
     """fairq with the test keys configured."""
     yield await start_door(fairq_factory, sim, keys=True)
-
-
-async def freeze(server: FairqServer, backend_id: str = "sim-a") -> None:
-    """:func:`freeze_gate`, made safe against a scrape already on its way.
-
-    With the HTTP door starting after the core, the first scheduled scrape may be in flight
-    when the poller is cancelled; its result would refresh the snapshot. Wait for the poller
-    to end and the dispatcher to apply what it posted, then age the snapshot again.
-    """
-    task = server.core._polled[backend_id].task
-    freeze_gate(server, backend_id)
-    await asyncio.gather(task, return_exceptions=True)
-    await server.core.dispatcher.sync()
-    state = server.core.backend(backend_id)
-    assert state is not None
-    state.sampled_at = 0.0

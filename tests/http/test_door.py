@@ -17,8 +17,8 @@ from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.config import BackendConfig, HttpConfig
 from fairq_server.sim import SimServer
 
-from ..conftest import FairqFactory, make_config, sim_backend
-from .conftest import Door, freeze, start_door
+from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend
+from .conftest import Door, start_door
 
 CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -172,7 +172,7 @@ async def test_queue_cap_429_with_retry_after_and_shared_with_grpc(
     config = make_config([sim_backend(sim)], max_queued_per_user=2)
     config = replace(config, http=HttpConfig(listen="127.0.0.1:0", retry_after_seconds=3))
     server = await fairq_factory(config)
-    await freeze(server)
+    await freeze_gate(server)
     url = f"http://127.0.0.1:{server.http_port}/v1/chat/completions"
     carol = {"x-fairq-user": "carol"}
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -212,7 +212,7 @@ async def test_queue_timeout_504_and_no_backend_503(
     config = make_config([sim_backend(sim)], queue_ttl_seconds=0.2)
     config = replace(config, http=HttpConfig(listen="127.0.0.1:0"))
     server = await fairq_factory(config)
-    await freeze(server)
+    await freeze_gate(server)
     url = f"http://127.0.0.1:{server.http_port}/v1/chat/completions"
     status, _, doc = await post(url, CHAT)
     assert status == 504 and doc["error"]["code"] == "queue_timeout"
@@ -251,7 +251,7 @@ async def test_disconnect_cancels_queued_and_running_requests(
         await entry.idle.wait()
     assert entry.in_flight == 0
     # Queued: the ticket leaves the queue.
-    await freeze(server)
+    await freeze_gate(server)
     queue = server.core.dispatcher.queue("sim")
     task = asyncio.create_task(post(url, CHAT))
     await until(lambda: len(queue) == 1)
@@ -303,7 +303,7 @@ async def test_backend_errors_passed_on(sim: SimServer, fairq_factory: FairqFact
 
 
 async def test_open_mode_user_from_body(door: Door) -> None:
-    await freeze(door.server)
+    await freeze_gate(door.server)
     queue = door.server.core.dispatcher.queue("sim")
     url = f"{door.url}/v1/chat/completions"
     task = asyncio.create_task(post(url, {**CHAT, "user": "erin"}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import string
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -111,7 +112,9 @@ TIERS = st.sampled_from(["", "interactive", "standard", "batch", "platinum"]) | 
 VALID: dict[str, st.SearchStrategy[Any]] = {
     "model": st.just("sim"),
     "tier": st.sampled_from(["", "interactive", "standard", "batch"]),
-    "request_id": st.just("") | st.text(st.characters(codec="ascii"), max_size=32),
+    # The token alphabet of scheduler.proto; anything else is INVALID_ARGUMENT (log lines).
+    "request_id": st.just("")
+    | st.text(st.sampled_from(string.ascii_letters + string.digits + "-._~:/@+="), max_size=32),
     "input": st.tuples(st.just("prompt"), st.text(min_size=1, max_size=200).filter(str.strip)),
     "max_tokens": st.none() | st.integers(1, 16),
     "temperature": st.none() | st.floats(0, 2, width=32),

@@ -75,7 +75,7 @@ async def test_a_burst_of_new_requests_is_queued_not_cancelled(
 ) -> None:
     """3,000 clients arriving at once (within the queue caps) are all queued."""
     server = await fairq_factory(make_config([sim_backend(sim)]))
-    freeze_gate(server)  # nothing is dispatched: every call must get its `queued` event
+    await freeze_gate(server)  # nothing is dispatched: every call must get its `queued` event
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         calls = [
             generate(ch, gen_request(), metadata=(("x-fairq-user", f"u{i % 50}"),), timeout=60)

@@ -11,7 +11,7 @@ import pytest
 
 import fairq
 from fairq_server.auth import Authenticator
-from fairq_server.config import parse_config
+from fairq_server.config_file import parse_config
 from fairq_server.sim import SimServer
 from fairq_server.tools import keys, top
 
@@ -89,7 +89,7 @@ async def test_top_prints_a_frame_and_json_for_an_admin(
     target = f"127.0.0.1:{server.port}"
     async with fairq.AsyncClient(target, api_key="bob-key") as bob:
         await bob.complete("sim", "hi", max_tokens=4)
-        freeze_gate(server)
+        await freeze_gate(server)
         streams = [bob.generate("sim", "hi", max_tokens=4, tier="batch") for _ in range(2)]
         for stream in streams:
             assert isinstance(await anext(stream), fairq.Queued)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fairq_server.config import ConfigError, load_config, parse_config
+from fairq_server.config import ConfigError
+from fairq_server.config_file import load_config, parse_config
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "fairq.toml"
 
@@ -40,10 +41,56 @@ def test_unhealthy_after_failures_is_read() -> None:
         ({"tiers": [{"name": "a"}, {"name": "a"}]}, "duplicate names"),
         (
             {"backends": [{"id": "x", "kind": "sglang", "base_url": "http://h", "models": ["m"]}]},
-            "kind must be one of",
+            "kind 'sglang' unknown; valid: vllm, tgi, openai",
         ),
         ({"backends": [{"id": "x"}]}, "backends[0]"),
-        ({"keys": [{"user": "u", "sha256": "00", "tiers": ["gold"]}]}, "unknown tiers ['gold']"),
+        (
+            {"keys": [{"user": "u", "sha256": "0" * 64, "tiers": ["gold"]}]},
+            "unknown tiers ['gold']",
+        ),
+        # Everything a file implies is checked at parse, so a reload is refused whole.
+        (
+            {"backends": [{"id": "x", "kind": "vllm", "base_url": "ftp://h", "models": ["m"]}]},
+            "backends[0]: backend base_url must be http(s)://host[:port]",
+        ),
+        (
+            {"backends": [{"id": "x y", "kind": "vllm", "base_url": "http://h", "models": ["m"]}]},
+            "backends[0]: backend id may contain only",
+        ),
+        (
+            {"backends": [{"id": "x", "kind": "vllm", "base_url": "http://h", "models": []}]},
+            "backends[0]: backend must serve at least one named model",
+        ),
+        (
+            {
+                "backends": [
+                    {"id": "x", "kind": "vllm", "base_url": "http://h", "models": ["m" * 300]}
+                ]
+            },
+            "backends[0]: backend model name is longer than 256",
+        ),
+        ({"keys": [{"user": "u", "sha256": "zz" * 32}]}, "keys[0].sha256 must be 64 hexadecimal"),
+        ({"keys": [{"user": "u", "sha256": "00"}]}, "keys[0].sha256 must be 64 hexadecimal"),
+        ({"keys": [{"user": "", "sha256": "0" * 64}]}, "keys[0].user must be 1-128"),
+        ({"scheduler": {"fairness": "lottery"}}, "unknown fairness policy 'lottery'"),
+        ({"scheduler": {"ordering": "random"}}, "unknown ordering policy 'random'"),
+        ({"scheduler": {"max_metrics_bytes": 0}}, "scheduler.max_metrics_bytes must be above 0"),
+        ({"scheduler": {"max_error_body_bytes": -1}}, "max_error_body_bytes must be above 0"),
+        ({"scheduler": {"max_poll_backoff_seconds": 0}}, "max_poll_backoff_seconds must be"),
+        ({"scheduler": {"no_backend_grace_seconds": -1}}, "no_backend_grace_seconds must be"),
+        ({"limits": {"max_streams_per_connection": 0}}, "max_streams_per_connection must be"),
+        ({"limits": {"request_receive_seconds": 0}}, "request_receive_seconds must be above"),
+        ({"admin": {"max_backends": 0}}, "admin.max_backends must be above 0"),
+        (
+            {
+                "admin": {"max_backends": 1},
+                "backends": [
+                    {"id": i, "kind": "vllm", "base_url": "http://h", "models": ["m"]}
+                    for i in ("a", "b")
+                ],
+            },
+            "2 configured; admin.max_backends is 1",
+        ),
         ({"scheduler": {"unhealthy_after_failures": 0}}, "unhealthy_after_failures must be"),
         ({"scheduler": {"unhealthy_after_failures": -1}}, "integer >= 1, not -1"),
         ({"scheduler": {"unhealthy_after_failures": 1.5}}, "unhealthy_after_failures must be"),

@@ -71,10 +71,11 @@ async def test_a_burst_is_spread_over_passes_in_arrival_order_and_timers_run_bet
     # work runs), and an epoch never spans more than two passes.
     assert max(per_pass.values()) <= 2 * (SLICE / WORK + 2), per_pass
     assert len(per_pass) >= 200 * WORK / SLICE / 2
-    # The timer did not wait for the burst: it fired within a few slices, with most of the
-    # burst still to run.
+    # The timer did not wait for the burst: it fired with most of the burst still to run
+    # (counted, so a slow machine stretches both sides alike), within a few slices on a quiet
+    # one (~0.01 s); the wall-clock bound only catches a timer that waited for the whole burst.
     assert unfinished > 100, unfinished
-    assert lateness < 0.05, lateness
+    assert lateness < 0.15, lateness
 
 
 async def test_a_cancelled_waiter_leaves_the_line_moving() -> None:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fairq_server.api.validation import estimate_tokens, resolve_tier
 from fairq_server.auth import Principal
-from fairq_server.backends.base import BackendRequest
+from fairq_server.backends.request import BackendRequest
 from fairq_server.core import FairqCore
 from fairq_server.errors import SchedulerError, status_for
 from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
@@ -81,7 +81,8 @@ async def ticket_events(
 
     The ticket is cancelled when the caller stops iterating for any reason (the request
     leaves the queue, or its backend request is aborted), the outcome is counted, and
-    ``on_end`` is told it (``finished``, ``cancelled`` or a lower-case status name).
+    ``on_end`` is told it (``finished``, ``cancelled``, ``internal`` or a lower-case status
+    name).
 
     Raises:
         SchedulerError: the request failed (after the events before the failure).
@@ -100,6 +101,12 @@ async def ticket_events(
         outcome = outcome_of(exc)
         code, message = status_for(exc)
         log.info("request %s ended: %s %s", ticket.request.request_id, code.name, message)
+        raise
+    except Exception:
+        # A bug or an unforeseen backend answer: logged once, here; the door tells the
+        # caller only that it failed (nothing of the exception).
+        outcome = "internal"
+        log.exception("request %s failed", ticket.request.request_id)
         raise
     finally:
         core.dispatcher.cancel(ticket)

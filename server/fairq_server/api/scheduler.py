@@ -19,10 +19,10 @@ from fairq_server import loop_share
 from fairq_server.api.access_log import RequestLog, RequestTrace
 from fairq_server.api.lifecycle import count_rejection, open_ticket, outcome_of, ticket_events
 from fairq_server.api.passthrough import chunk_message
-from fairq_server.api.validation import to_backend_request
+from fairq_server.api.validation import models_hint, to_backend_request
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
-from fairq_server.errors import SchedulerError, status_for
+from fairq_server.errors import ModelNotFoundError, SchedulerError, status_for
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
 __all__ = ["SchedulerServicer"]
@@ -78,7 +78,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     trace.observe(event, time.monotonic())
                     yield _response(event, backend_request.request_id)
         except SchedulerError as exc:
-            await context.abort(*status_for(exc))
+            code, message = status_for(exc)
+            if isinstance(exc, ModelNotFoundError) and principal.admin:
+                # Which models exist is told only to callers allowed to manage them.
+                message += models_hint(self._core.dispatcher.models())
+            await context.abort(code, message)
+        except Exception:
+            # A bug or an unforeseen backend answer: the caller learns only that it failed
+            # (nothing of the exception); ticket_events has logged the trace once.
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
 
 def _response(event: OutboxEvent, request_id: str) -> Response:

@@ -9,16 +9,17 @@ import math
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.api.access_log import RequestLog
 from fairq_server.api.admin import AdminServicer
+from fairq_server.api.discovery import HealthServicer, enable_reflection
+from fairq_server.api.receive import RequestGuard
 from fairq_server.api.scheduler import SchedulerServicer
 from fairq_server.auth import Authenticator
 from fairq_server.collector import Collector
-from fairq_server.config import Config, TlsConfig
+from fairq_server.config import Config, ConfigError, TlsConfig
 from fairq_server.core import FairqCore
 from fairq_server.http import HttpDoor
 from fairq_server.telemetry import Telemetry
@@ -40,6 +41,9 @@ _SERVICES = (
 # well above the TTL.
 UNREQUESTED_MIN_SECONDS = 3600
 _INT_ARG_MAX = 2**31 - 1  # gRPC channel arguments are C ints
+KEEPALIVE_SECONDS = 60
+KEEPALIVE_TIMEOUT_SECONDS = 20
+CONNECTION_IDLE_SECONDS = 300
 
 
 def server_options(config: Config) -> list[tuple[str, int]]:
@@ -68,6 +72,15 @@ def server_options(config: Config) -> list[tuple[str, int]]:
         ("grpc.server.max_pending_requests_hard_limit", config.scheduler.max_queued_total),
         ("grpc.server_max_unrequested_time_in_server", unrequested),
         ("grpc.so_reuseport", 0),
+        # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: without it a client may open streams
+        # without bound on one connection.
+        ("grpc.max_concurrent_streams", config.limits.max_streams_per_connection),
+        # Connections: ping an idle client every minute and drop it if the ping is not
+        # answered in 20 s (a peer gone without a FIN); close a connection that has had no
+        # call for 5 minutes (the client reconnects transparently when it needs to).
+        ("grpc.keepalive_time_ms", KEEPALIVE_SECONDS * 1000),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_SECONDS * 1000),
+        ("grpc.max_connection_idle_ms", CONNECTION_IDLE_SECONDS * 1000),
     ]
 
 
@@ -105,7 +118,8 @@ class FairqServer:
         self.http_port = 0
         self._http: HttpDoor | None = None
         self._server = grpc.aio.server(options=server_options(config))
-        self._health = health.aio.HealthServicer()
+        self._guard = RequestGuard(config.limits.request_receive_seconds)
+        self._health = HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._metrics_http: object | None = None
         self._collector = Collector(
@@ -137,16 +151,17 @@ class FairqServer:
     async def start(self) -> None:
         """Register configured backends, bind the ports and start serving."""
         await self.core.start()
+        # Unary requests are read and decoded by fairq (api/receive.py): bounded in time,
+        # refused with INVALID_ARGUMENT when they do not decode.
+        registrar = self._guard.registrar(self._server)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-            SchedulerServicer(self.core, self.auth, self.request_log), self._server
+            SchedulerServicer(self.core, self.auth, self.request_log), registrar
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.core, self.auth, self.request_log.recent), self._server
+            AdminServicer(self.core, self.auth, self.request_log.recent), registrar
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            (*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
-        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, registrar)
+        enable_reflection((*_SERVICES, health.SERVICE_NAME), self._server)
         if self.config.tls is None:
             self.port = self._server.add_insecure_port(self.config.listen)
         else:
@@ -190,8 +205,13 @@ class FairqServer:
             self.config.http.listen,
         ):
             log.warning("listen addresses cannot change on reload; restart to apply them")
+        try:
+            keys = self.auth.prepare(config.keys)
+        except ValueError as exc:  # parse_config checks digests; this is the backstop
+            raise ConfigError(f"keys: {exc}") from None
+        # Everything that can refuse the file has run; from here on it is applied whole.
         await self.core.reconfigure(config)
-        self.auth.update(config.keys)
+        self.auth.install(keys)
         self.request_log.set_enabled(config.access_log)
         self.config = config
         _warn_open_mode(config)

@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from google.protobuf import json_format
 
 from fairq.v1 import scheduler_pb2
 from fairq_server.api.passthrough import check_extra
 from fairq_server.auth import Principal
-from fairq_server.backends.base import BackendRequest, Sampling
+from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError, PermissionDeniedError
+from fairq_server.names import check_model, check_token
 
-__all__ = ["CHARS_PER_TOKEN", "estimate_tokens", "resolve_tier", "to_backend_request"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "estimate_tokens",
+    "models_hint",
+    "resolve_tier",
+    "to_backend_request",
+]
 
 # Cheap, tokenizer-free estimate used only for cost ordering; ~4 characters per token is the
 # usual figure for English text with BPE vocabularies.
 CHARS_PER_TOKEN = 4
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
-_MAX_REQUEST_ID_CHARS = 128
 
 
 def estimate_tokens(request: BackendRequest) -> int:
@@ -31,6 +37,25 @@ def estimate_tokens(request: BackendRequest) -> int:
     else:
         chars = len(request.prompt or "")
     return max(1, math.ceil(chars / CHARS_PER_TOKEN))
+
+
+def models_hint(models: Iterable[str], max_chars: int = 1000) -> str:
+    """Return ``"; models: a, b (and 3 more)"`` naming at most ``max_chars`` of ``models``.
+
+    A status message travels in a trailer bounded by the client's metadata limit (8 KiB by
+    default), so the list is cut rather than failing every unknown-model call.
+    """
+    names = sorted(models)
+    shown: list[str] = []
+    used = 0
+    for name in names:
+        if used + len(name) + 2 > max_chars:
+            break
+        shown.append(name)
+        used += len(name) + 2
+    rest = len(names) - len(shown)
+    listed = ", ".join(shown) or "none"
+    return f"; models: {listed}" + (f" (and {rest} more)" if rest else "")
 
 
 def resolve_tier(requested: str, principal: Principal, tiers: Sequence[str]) -> int:
@@ -69,10 +94,10 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
         InvalidRequestError: with a message naming the offending field.
 
     """
-    if not req.model:
-        raise InvalidRequestError("model is required")
-    if len(req.model) > 256:
-        raise InvalidRequestError("model name is longer than 256 characters")
+    try:
+        check_model(req.model, "model")
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
     which = req.WhichOneof("input")
     prompt: str | None = None
     messages: tuple[tuple[str, str], ...] | None = None
@@ -103,8 +128,11 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
         messages = tuple((m.role, m.content) for m in msgs)
     else:
         raise InvalidRequestError("one of prompt or messages is required")
-    if len(req.request_id) > _MAX_REQUEST_ID_CHARS:
-        raise InvalidRequestError(f"request_id is longer than {_MAX_REQUEST_ID_CHARS} characters")
+    if req.request_id:
+        try:
+            check_token(req.request_id, "request_id")
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
     extra = (
         check_extra(json_format.MessageToDict(req.extra), limits, field="extra")
         if req.HasField("extra")

@@ -13,211 +13,32 @@ vLLM's SSE framing, one chunk per token). That per-token cost is most of what a 
 from __future__ import annotations
 
 import abc
-import codecs
 import functools
 import json
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import aiohttp
 
-from fairq_server import loop_share
 from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.http_reading import (
+    FAILURE_BY_HTTP,
+    ReadLimits,
+    http_error,
+    read_at_most,
+    utf8_chunks,
+)
+from fairq_server.backends.openai_wire import openai_body
+from fairq_server.backends.request import BackendRequest, MetricsSample, StreamEvent
 from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
 from fairq_server.errors import InvalidRequestError
+from fairq_server.names import escape
 
 if TYPE_CHECKING:
     from fairq_server.config import BackendConfig
 
-__all__ = [
-    "Backend",
-    "BackendRequest",
-    "MetricsSample",
-    "Sampling",
-    "StreamEnd",
-    "StreamEvent",
-    "TextDelta",
-    "failure_for_http",
-    "http_error",
-    "openai_body",
-    "utf8_chunks",
-]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters; None means "the backend's default"."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    ignore_eos: bool = False
-
-
-@dataclass(frozen=True)
-class BackendRequest:
-    """One generation request, independent of the backend's API.
-
-    Attributes:
-        model: the model name.
-        prompt: the prompt (completions), or None for chat.
-        messages: ``(role, text)`` of each chat message: what fairq estimates and hashes.
-        sampling: the parameters fairq validates itself.
-        request_id: the caller's or a generated id.
-        extra: parameters fairq passes through without interpreting them (tools,
-            ``response_format``, ``logprobs``, ``n``, penalties, engine options), merged
-            into the backend's JSON body under fairq's own fields.
-        raw_messages: the chat messages exactly as the caller sent them (content parts,
-            ``tool_calls``, ``tool_call_id``); sent instead of ``messages`` when set.
-        relay_chunks: stream the backend's OpenAI chunks as they came, framed as SSE, in
-            each delta's text (the HTTP door), instead of the generated text (gRPC).
-        relay_usage: with ``relay_chunks``, keep the final usage chunk (the caller asked
-            for it too).
-
-    """
-
-    model: str
-    prompt: str | None = None
-    messages: tuple[tuple[str, str], ...] | None = None
-    sampling: Sampling = field(default_factory=Sampling)
-    request_id: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    raw_messages: tuple[Mapping[str, Any], ...] | None = None
-    relay_chunks: bool = False
-    relay_usage: bool = False
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    """Generated output; ``tokens`` is how many tokens it carries as far as the API says.
-
-    An event with ``tokens == 0`` (an opening role-only chunk) is relayed but is not the
-    first token. ``extra`` holds what the backend sent beside text (tool calls, logprobs),
-    one object per choice event, in order.
-    """
-
-    text: str
-    tokens: int = 1
-    extra: tuple[Mapping[str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class StreamEnd:
-    """The stream finished normally."""
-
-    finish_reason: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-StreamEvent = TextDelta | StreamEnd
-
-
-@dataclass(frozen=True)
-class MetricsSample:
-    """The values fairq reads from a backend's ``/metrics`` (cumulative where counters).
-
-    Attributes:
-        waiting: requests in the backend's queue.
-        running: requests being processed.
-        kv_usage: KV-cache usage 0-1, if reported.
-        tpot_sum: cumulative seconds of the time-per-output-token histogram.
-        tpot_count: cumulative count of that histogram.
-
-    """
-
-    waiting: float
-    running: float
-    kv_usage: float | None = None
-    tpot_sum: float = 0.0
-    tpot_count: float = 0.0
-
-
-_FAILURE_BY_HTTP: dict[int, BackendFailure] = {
-    400: BackendFailure.INVALID_REQUEST,
-    404: BackendFailure.NOT_FOUND,
-    413: BackendFailure.INVALID_REQUEST,
-    415: BackendFailure.INVALID_REQUEST,
-    422: BackendFailure.INVALID_REQUEST,
-    424: BackendFailure.FAILED,
-    429: BackendFailure.OVERLOADED,
-}
-
-
-def failure_for_http(status: int) -> tuple[BackendFailure, bool]:
-    """Return the failure kind of an HTTP error status, and whether another backend may help."""
-    kind = _FAILURE_BY_HTTP.get(status)
-    if kind is not None:
-        return kind, status == 429
-    if status >= 500:
-        return BackendFailure.UNAVAILABLE, True
-    return BackendFailure.FAILED, True
-
-
-def openai_body(request: BackendRequest) -> tuple[str, dict[str, Any]]:
-    """Return the path and streaming JSON body of ``request`` for an OpenAI-compatible API.
-
-    Pass-through parameters go in first; fairq's own fields are set over them: the model,
-    the input, ``stream`` (fairq always streams from the backend, to see the first token),
-    usage in the stream (fairq charges tokens by it; a caller's other ``stream_options``
-    are kept) and the validated sampling parameters.
-    """
-    s = request.sampling
-    body: dict[str, Any] = dict(request.extra)
-    options = body.get("stream_options")
-    body["model"] = request.model
-    body["stream"] = True
-    body["stream_options"] = {
-        **(options if isinstance(options, dict) else {}),
-        "include_usage": True,
-    }
-    if request.messages is not None:
-        path = "/v1/chat/completions"
-        body["messages"] = (
-            [dict(m) for m in request.raw_messages]
-            if request.raw_messages is not None
-            else [{"role": r, "content": c} for r, c in request.messages]
-        )
-    else:
-        path = "/v1/completions"
-        body["prompt"] = request.prompt
-    optional = {
-        "max_tokens": s.max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "seed": s.seed,
-        "stop": list(s.stop) or None,
-        "ignore_eos": s.ignore_eos or None,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
-    return path, body
-
-
-def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
-    """Translate a backend's HTTP error answer into a :class:`BackendError`.
-
-    The backend's own message is kept: vLLM nests it as ``{"error": {"message": ...}}``,
-    TGI sends ``{"error": "...", "error_type": ...}``, and either may answer in plain text.
-    """
-    message = body.decode(errors="replace").strip()
-    try:
-        doc = json.loads(message)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict):
-        err = doc.get("error", doc.get("message"))
-        if isinstance(err, dict):
-            err = err.get("message")
-        if isinstance(err, str):
-            message = err
-    kind, retryable = failure_for_http(status)
-    return BackendError(
-        f"backend {backend_id} answered HTTP {status}: {message[:1000]}", kind, retryable=retryable
-    )
+__all__ = ["Backend"]
 
 
 class Backend(abc.ABC):
@@ -248,6 +69,7 @@ class Backend(abc.ABC):
         timeout: float = 600.0,
         api_key: str | None = None,
         verify_models: bool = False,
+        read_limits: ReadLimits | None = None,
     ) -> None:
         self.id = id
         self.base_url = base_url.rstrip("/")
@@ -255,6 +77,7 @@ class Backend(abc.ABC):
         self.priority_scheduling = priority_scheduling
         self.fair_share_priority = fair_share_priority
         self.max_in_flight = max_in_flight
+        self.read_limits = read_limits if read_limits is not None else ReadLimits()
         # No read timeout on streams beyond `timeout`: a long generation legitimately stays
         # silent while the backend queues it, but connecting must be quick.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout)
@@ -265,7 +88,14 @@ class Backend(abc.ABC):
         self.models_verified = not verify_models
 
     @classmethod
-    def from_config(cls, cfg: BackendConfig, *, timeout: float, from_rpc: bool = False) -> Self:
+    def from_config(
+        cls,
+        cfg: BackendConfig,
+        *,
+        timeout: float,
+        from_rpc: bool = False,
+        read_limits: ReadLimits | None = None,
+    ) -> Self:
         """Build the adapter of ``cfg`` (its URL and models are already validated).
 
         Raises:
@@ -284,7 +114,14 @@ class Backend(abc.ABC):
             timeout=timeout,
             api_key=read_api_key(cfg, from_rpc=from_rpc),
             verify_models=cfg.verify_models,
+            read_limits=read_limits,
+            **cls.kind_options(cfg),
         )
+
+    @classmethod
+    def kind_options(cls, cfg: BackendConfig) -> dict[str, Any]:
+        """Return the constructor arguments of this kind beyond the common ones (none here)."""
+        return {}
 
     def _http(self) -> aiohttp.ClientSession:
         """Return the connection pool, made on first use (it belongs to the running loop).
@@ -326,11 +163,13 @@ class Backend(abc.ABC):
             await self._session.close()
 
     async def scrape(self, timeout: float) -> MetricsSample:
-        """Fetch and parse ``/metrics``.
+        """Fetch and parse ``/metrics`` within ``timeout`` seconds, headers to last byte.
 
         Raises:
-            BackendError: the endpoint failed or its text could not be parsed, or the
-                backend does not (yet) list the models it is registered for.
+            BackendError: the endpoint failed, took too long, sent more than
+                ``read_limits.metrics_bytes``, or its text could not be parsed (or held a
+                NaN, infinite or negative value), or the backend does not (yet) list the
+                models it is registered for.
 
         """
         if not self.models_verified:
@@ -338,23 +177,41 @@ class Backend(abc.ABC):
                 await self.verify_models(timeout)
             except InvalidRequestError as exc:
                 raise BackendError(str(exc), BackendFailure.UNAVAILABLE) from exc
+        limit = self.read_limits.metrics_bytes
         try:
             async with self._http().get(
                 f"{self.base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
             ) as resp:
-                body = await resp.read()
+                if resp.status != 200:
+                    raise await self.http_error(resp)
+                body, complete = await read_at_most(resp, limit)
+                if not complete:
+                    # Do not read the rest: closing drops the connection with it.
+                    resp.close()
+                    raise BackendError(
+                        f"backend {self.id}: metrics larger than {limit} bytes "
+                        "(scheduler.max_metrics_bytes)",
+                        BackendFailure.UNAVAILABLE,
+                    )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendError(
-                f"backend {self.id}: metrics unreachable: {exc!r}", BackendFailure.UNAVAILABLE
+                f"backend {self.id}: metrics unreachable: {escape(repr(exc), 300)}",
+                BackendFailure.UNAVAILABLE,
             ) from exc
-        if resp.status != 200:
-            raise http_error(self.id, resp.status, body)
         try:
             return self.parse_metrics(body.decode("utf-8", "replace"))
         except ValueError as exc:
             raise BackendError(
-                f"backend {self.id}: unreadable metrics: {exc}", BackendFailure.UNAVAILABLE
+                f"backend {self.id}: unreadable metrics: {escape(str(exc), 300)}",
+                BackendFailure.UNAVAILABLE,
             ) from exc
+
+    async def http_error(self, resp: aiohttp.ClientResponse) -> BackendError:
+        """Return the error for a non-200 answer, reading at most a prefix of its body."""
+        body, complete = await read_at_most(resp, self.read_limits.error_bytes)
+        if not complete:
+            resp.close()  # the rest is never read; the connection goes with it
+        return http_error(self.id, resp.status, body)
 
     @abc.abstractmethod
     def parse_metrics(self, text: str) -> MetricsSample:
@@ -382,7 +239,7 @@ class Backend(abc.ABC):
                 f"{self.base_url}{path}", json=payload, headers=headers
             ) as resp:
                 if resp.status != 200:
-                    raise http_error(self.id, resp.status, await resp.read())
+                    raise await self.http_error(resp)
                 async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
                     objects: list[dict[str, Any]] = []
                     for data in batch:
@@ -406,11 +263,14 @@ class Backend(abc.ABC):
                 BackendFailure.FAILED,
             ) from exc
 
-    def shape_error(self, obj: object, exc: Exception | None = None) -> BackendError:
-        """Return the error for a stream event that is JSON but not shaped as the API says."""
+    def shape_error(self, obj: object) -> BackendError:
+        """Return the error for a stream event that is JSON but not shaped as the API says.
+
+        The message quotes the event (escaped, shortened), never the Python exception its
+        reading raised: that is fairq's business, not the caller's.
+        """
         return BackendError(
-            f"backend {self.id}: unexpected stream event {str(obj)[:200]!r}"
-            + (f" ({type(exc).__name__}: {exc})" if exc else ""),
+            f"backend {self.id}: unexpected stream event {escape(repr(obj), 200)}",
             BackendFailure.FAILED,
         )
 
@@ -454,22 +314,11 @@ class Backend(abc.ABC):
             message = str(err)
         kind, retryable = BackendFailure.FAILED, False
         if isinstance(status, int) and not isinstance(status, bool):
-            kind = _FAILURE_BY_HTTP.get(status, BackendFailure.FAILED)
+            kind = FAILURE_BY_HTTP.get(status, BackendFailure.FAILED)
             retryable = status == 429 or status >= 500
-        return BackendError(f"backend {self.id} failed: {message}", kind, retryable=retryable)
-
-
-async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """Yield the body as text, one piece per network read (all that arrived by then)."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    async for chunk in body.iter_any():
-        # Parsing and relaying what arrived is bulk work: every stream of a backend gets its
-        # token in the same instant (one engine step), so reads come in bursts.
-        await loop_share.turn()
-        if text := decoder.decode(chunk):
-            yield text
-    if tail := decoder.decode(b"", final=True):
-        yield tail
+        return BackendError(
+            f"backend {self.id} failed: {escape(message, 1000)}", kind, retryable=retryable
+        )
 
 
 @functools.cache

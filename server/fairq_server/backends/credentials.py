@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.http_reading import read_at_most
 from fairq_server.errors import InvalidRequestError
+from fairq_server.names import escape
 
 if TYPE_CHECKING:
     from fairq_server.backends.base import Backend
@@ -95,13 +97,16 @@ async def check_served_models(backend: Backend, timeout: float) -> None:
     url = f"{backend.base_url}/v1/models"
     try:
         async with backend.session().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            body = await resp.content.read(_MAX_MODELS_BYTES + 1)
+            body, complete = await read_at_most(resp, _MAX_MODELS_BYTES)
+            if not complete:
+                resp.close()  # the rest is never read; the connection goes with it
     except TimeoutError:
         log.warning("backend %s: /v1/models did not answer; its models are not checked", backend.id)
         return
     except aiohttp.ClientError as exc:
         raise BackendError(
-            f"backend {backend.id}: cannot list models at {url}: {exc!r}",
+            f"backend {backend.id}: cannot list models at {escape(url, 300)}: "
+            f"{escape(repr(exc), 300)}",
             BackendFailure.UNAVAILABLE,
         ) from exc
     if resp.status in (401, 403):
@@ -111,7 +116,7 @@ async def check_served_models(backend: Backend, timeout: float) -> None:
             BackendFailure.UNAVAILABLE,
         )
     listing = None
-    if resp.status == 200 and len(body) <= _MAX_MODELS_BYTES:
+    if resp.status == 200 and complete:
         try:
             doc = json.loads(body)
         except ValueError:
@@ -127,9 +132,10 @@ async def check_served_models(backend: Backend, timeout: float) -> None:
     served = {str(m["id"]) for m in listing if isinstance(m, dict) and "id" in m}
     missing = [m for m in backend.models if m not in served]
     if missing:
-        listed = ", ".join(sorted(served)[:20]) or "none"
+        listed = escape(", ".join(sorted(served)[:20]), 1000) or "none"
         raise InvalidRequestError(
-            f"backend {backend.id} does not serve {', '.join(missing)} (its /v1/models "
+            f"backend {backend.id} does not serve {escape(', '.join(missing), 1000)} (its "
+            f"/v1/models "
             f"lists: {listed})"
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,8 +16,13 @@ def sample_sums(text: str, wanted: Iterable[str]) -> dict[str, float]:
     Summing over labels covers a backend that reports one series per engine or per model
     alias. Names are sample names (``..._sum``, ``..._count``, gauges as they are).
 
+    Every value fairq reads is a count, a duration or a fraction, so a NaN, an infinity or a
+    negative number is a broken exporter: the scrape fails (fail closed) rather than reading
+    ``max(0, nan)`` as an idle backend.
+
     Raises:
-        ValueError: the text is not valid Prometheus exposition format.
+        ValueError: the text is not valid Prometheus exposition format, or a wanted sample is
+            NaN, infinite or negative.
 
     """
     names = set(wanted)
@@ -30,7 +36,10 @@ def sample_sums(text: str, wanted: Iterable[str]) -> dict[str, float]:
     for family in text_string_to_metric_families("\n".join(lines) + "\n"):
         for sample in family.samples:
             if sample.name in names:
-                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+                value = float(sample.value)
+                if not math.isfinite(value) or value < 0:
+                    raise ValueError(f"{sample.name} is {value}: not a finite number >= 0")
+                sums[sample.name] = sums.get(sample.name, 0.0) + value
     return sums
 
 

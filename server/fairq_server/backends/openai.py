@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
-from fairq_server.backends.base import BackendRequest, MetricsSample, openai_body
-from fairq_server.backends.credentials import read_api_key
 from fairq_server.backends.metrics import sample_sums
+from fairq_server.backends.openai_wire import openai_body
+from fairq_server.backends.request import BackendRequest, MetricsSample
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.errors import InvalidRequestError
 
@@ -151,22 +151,14 @@ class OpenAIBackend(VllmBackend):
         self.priority_order = priority_order
 
     @classmethod
-    def from_config(cls, cfg: BackendConfig, *, timeout: float, from_rpc: bool = False) -> Self:
-        """Build the adapter with the metric mapping and priority order of ``cfg``."""
+    def kind_options(cls, cfg: BackendConfig) -> dict[str, Any]:
+        """Return the metric mapping and priority order of ``cfg``."""
         preset = cfg.metrics_preset
-        return cls(
-            cfg.id,
-            cfg.base_url,
-            cfg.models,
-            priority_scheduling=cfg.priority_scheduling,
-            fair_share_priority=cfg.fair_share_priority,
-            max_in_flight=cfg.max_in_flight,
-            timeout=timeout,
-            api_key=read_api_key(cfg, from_rpc=from_rpc),
-            verify_models=cfg.verify_models,
-            metrics=metric_map(cfg),
-            priority_order=cfg.priority_order or _PRESET_PRIORITY_ORDER.get(preset, "lower-first"),
-        )
+        return {
+            "metrics": metric_map(cfg),
+            "priority_order": cfg.priority_order
+            or _PRESET_PRIORITY_ORDER.get(preset, "lower-first"),
+        }
 
     async def scrape(self, timeout: float) -> MetricsSample:
         """Scrape ``/metrics``; without one, check ``/v1/models`` and report an idle sample."""

@@ -20,21 +20,14 @@ from typing import Any
 
 import aiohttp
 
-from fairq_server.backends.base import (
-    Backend,
-    BackendRequest,
-    StreamEnd,
-    StreamEvent,
-    TextDelta,
-    http_error,
-    utf8_chunks,
-)
+from fairq_server.backends.base import Backend
 from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.http_reading import http_error, read_at_most, token_count, utf8_chunks
+from fairq_server.backends.request import BackendRequest, StreamEnd, StreamEvent, TextDelta
 from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
 
 __all__ = ["BackendHttpError", "RawDelta", "openai_stream"]
 
-_MAX_ERROR_BYTES = 64 * 1024
 _OUTPUT_KEYS = ("content", "tool_calls", "reasoning_content", "reasoning", "refusal")
 
 
@@ -43,7 +36,8 @@ class BackendHttpError(BackendError):
 
     Attributes:
         status: the backend's HTTP status.
-        body: its answer (at most 64 KiB), for the HTTP door to pass on unchanged.
+        body: its answer (at most ``read_limits.error_bytes``; a longer one is cut there),
+            for the HTTP door to pass on unchanged.
         content_type: the answer's content type.
 
     """
@@ -97,7 +91,9 @@ async def openai_stream(
             f"{backend.base_url}{path}", json=body, headers={"accept": "text/event-stream"}
         ) as resp:
             if resp.status != 200:
-                raw = await resp.content.read(_MAX_ERROR_BYTES)
+                raw, complete = await read_at_most(resp, backend.read_limits.error_bytes)
+                if not complete:
+                    resp.close()  # the rest is never read; the connection goes with it
                 error = http_error(backend.id, resp.status, raw)
                 raise BackendHttpError(error, resp.status, raw, resp.content_type)
             async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
@@ -117,10 +113,10 @@ async def openai_stream(
                                 finish = str(choice["finish_reason"])
                         usage = obj.get("usage")
                         if usage:
-                            prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                            completion_tokens = int(usage.get("completion_tokens") or 0)
-                    except (AttributeError, TypeError, ValueError) as exc:
-                        raise backend.shape_error(obj, exc) from exc
+                            prompt_tokens = token_count(usage.get("prompt_tokens"))
+                            completion_tokens = token_count(usage.get("completion_tokens"))
+                    except Exception as exc:  # any shape the code above did not foresee
+                        raise backend.shape_error(obj) from exc
                     if not request.relay_usage and not obj.get("choices") and obj.get("usage"):
                         continue  # the usage fairq asked for, not the caller
                     if obj.get("model") != request.model and "model" in obj:

@@ -12,8 +12,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from fairq_server.backends.base import Backend, MetricsSample
+from fairq_server.backends.base import Backend
 from fairq_server.backends.errors import BackendError
+from fairq_server.backends.request import MetricsSample
 
 __all__ = ["MetricsPoller", "ScrapeResult"]
 
@@ -23,10 +24,17 @@ ScrapeResult = MetricsSample | BackendError
 class MetricsPoller:
     """Scrapes one backend every ``interval`` seconds (from the start of the previous scrape).
 
+    A backend whose scrapes fail is scraped ever less often: the wait doubles with each
+    consecutive failure, up to ``max_backoff`` seconds, and the first success restores
+    ``interval``. A dead backend then costs a scrape every ``max_backoff`` seconds instead of
+    every ``interval``, so many of them do not crowd out the scrapes and work of live ones.
+
     Args:
         backend: the backend to scrape.
         interval: seconds between scrapes; may be changed while running (applies from the
             next scrape).
+        max_backoff: the longest wait between the scrapes of a failing backend (never below
+            ``interval``); may be changed while running.
         on_sent: called with the backend id as a scrape is sent.
         on_result: called with the backend id and the outcome of each scrape.
 
@@ -37,11 +45,14 @@ class MetricsPoller:
         backend: Backend,
         *,
         interval: float,
+        max_backoff: float = 10.0,
         on_sent: Callable[[str], None],
         on_result: Callable[[str, ScrapeResult], None],
     ) -> None:
         self.backend = backend
         self.interval = interval
+        self.max_backoff = max_backoff
+        self.consecutive_failures = 0
         self._on_sent = on_sent
         self._on_result = on_result
 
@@ -53,12 +64,22 @@ class MetricsPoller:
             result = await self.backend.scrape(timeout=max(self.interval * 5, 1.0))
         except BackendError as exc:
             result = exc
+        self.consecutive_failures = (
+            self.consecutive_failures + 1 if isinstance(result, BackendError) else 0
+        )
         self._on_result(self.backend.id, result)
         return result
+
+    def next_wait(self) -> float:
+        """Seconds from the start of the last scrape to the next (backed off after failures)."""
+        if not self.consecutive_failures:
+            return self.interval
+        backed_off = self.interval * (1 << min(self.consecutive_failures, 30))
+        return max(self.interval, min(self.max_backoff, backed_off))
 
     async def run(self) -> None:
         """Poll until cancelled."""
         while True:
             started = time.monotonic()
             await self.poll_once()
-            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, self.next_wait() - (time.monotonic() - started)))

@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from fairq_server.backends.base import (
-    Backend,
+from fairq_server.backends.base import Backend
+from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.http_reading import token_count
+from fairq_server.backends.metrics import sample_sums
+from fairq_server.backends.openai_wire import openai_body
+from fairq_server.backends.passthrough import openai_stream
+from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
     StreamEnd,
     StreamEvent,
     TextDelta,
-    openai_body,
 )
-from fairq_server.backends.errors import BackendError, BackendFailure
-from fairq_server.backends.metrics import sample_sums
-from fairq_server.backends.passthrough import openai_stream
+from fairq_server.names import escape
 
 __all__ = ["TgiBackend"]
 
@@ -110,8 +112,8 @@ class TgiBackend(Backend):
             for obj in batch:
                 try:
                     reason, usage = self._read_event(obj, texts)
-                except (AttributeError, TypeError, ValueError) as exc:
-                    raise self.shape_error(obj, exc) from exc
+                except Exception as exc:  # any shape _read_event did not foresee
+                    raise self.shape_error(obj) from exc
                 if reason:
                     finish = _FINISH.get(reason, reason)
                 if usage is not None:
@@ -136,7 +138,9 @@ class TgiBackend(Backend):
         if known is None:
             return super()._error_event(err, error_type)
         kind, retryable = known
-        return BackendError(f"backend {self.id} failed: {message}", kind, retryable=retryable)
+        return BackendError(
+            f"backend {self.id} failed: {escape(message, 1000)}", kind, retryable=retryable
+        )
 
     @staticmethod
     def _read_event(obj: dict[str, Any], texts: list[str]) -> tuple[str, tuple[int, int] | None]:
@@ -153,7 +157,10 @@ class TgiBackend(Backend):
                 texts.append(text)
             details = obj.get("details")
             if isinstance(details, dict):
-                counts = (int(details.get("input_length") or 0), int(details["generated_tokens"]))
+                counts = (
+                    token_count(details.get("input_length")),
+                    token_count(details["generated_tokens"]),
+                )
                 return str(details.get("finish_reason") or ""), counts
             return "", None
         reason = ""
@@ -168,7 +175,7 @@ class TgiBackend(Backend):
         usage = obj.get("usage")
         if usage:
             return reason, (
-                int(usage.get("prompt_tokens") or 0),
-                int(usage.get("completion_tokens") or 0),
+                token_count(usage.get("prompt_tokens")),
+                token_count(usage.get("completion_tokens")),
             )
         return reason, None

@@ -5,17 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from fairq_server.backends.base import (
-    Backend,
+from fairq_server.backends.base import Backend
+from fairq_server.backends.http_reading import token_count
+from fairq_server.backends.metrics import sample_sums
+from fairq_server.backends.openai_wire import openai_body
+from fairq_server.backends.passthrough import openai_stream
+from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
     StreamEnd,
     StreamEvent,
     TextDelta,
-    openai_body,
 )
-from fairq_server.backends.metrics import sample_sums
-from fairq_server.backends.passthrough import openai_stream
 
 __all__ = ["TPOT_HISTOGRAMS", "VllmBackend"]
 
@@ -102,10 +103,10 @@ class VllmBackend(Backend):
                             finish = str(choice["finish_reason"])
                     usage = obj.get("usage")
                     if usage:
-                        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                        completion_tokens = int(usage.get("completion_tokens") or 0)
-                except (AttributeError, TypeError, ValueError) as exc:
-                    raise self.shape_error(obj, exc) from exc
+                        prompt_tokens = token_count(usage.get("prompt_tokens"))
+                        completion_tokens = token_count(usage.get("completion_tokens"))
+                except Exception as exc:  # any shape the code above did not foresee
+                    raise self.shape_error(obj) from exc
             if texts or extras:
                 yield TextDelta("".join(texts), max(len(texts), len(extras)), tuple(extras))
         if not finish:

@@ -16,19 +16,23 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-__all__ = ["fairq_process", "sim_process", "toml_config"]
+__all__ = ["fairq_process", "sim_process", "stop_process", "toml_config"]
 
 _READY_TIMEOUT = 60.0
 
 
 async def _start(
-    args: Sequence[str], pattern: str, python: str = sys.executable
+    args: Sequence[str], pattern: str, python: str = sys.executable, cpus: Sequence[int] = ()
 ) -> tuple[asyncio.subprocess.Process, str]:
-    """Start a child and wait for the stdout line matching ``pattern``; return group 1."""
+    """Start a child and wait for the stdout line matching ``pattern``; return group 1.
+
+    ``cpus`` confines the child (and every thread it starts) to those CPUs.
+    """
     # stderr goes to a file: a pipe nobody drains would block a chatty child.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
+    pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     proc = await asyncio.create_subprocess_exec(
-        python, "-m", "fairq_server", *args,
+        *pin, python, "-m", "fairq_server", *args,
         stdout=asyncio.subprocess.PIPE, stderr=log,
         # Own process group (so stop reaches every child) but not a new session: a new session
         # is a new scheduler autogroup, which on a small machine starves the measuring client.
@@ -42,18 +46,19 @@ async def _start(
                     return proc, match.group(1)
     except TimeoutError:
         pass
-    await _stop(proc)
+    await stop_process(proc)
     log.seek(0)
     err = log.read().decode(errors="replace")[-2000:]
     raise RuntimeError(f"fairq {args[0]} did not start: {err}")
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
+async def stop_process(proc: asyncio.subprocess.Process, timeout: float = 10.0) -> None:
+    """SIGTERM ``proc``'s process group; SIGKILL it after ``timeout`` seconds."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(timeout):
                 await proc.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
@@ -62,13 +67,13 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 @contextlib.asynccontextmanager
-async def sim_process(*args: str) -> AsyncIterator[str]:
-    """Run ``fairq sim ARGS --port 0`` and yield its base URL."""
-    proc, url = await _start(["sim", "--port", "0", *args], r"^(http://\S+)")
+async def sim_process(*args: str, cpus: Sequence[int] = ()) -> AsyncIterator[str]:
+    """Run ``fairq sim ARGS --port 0`` (on ``cpus`` if given) and yield its base URL."""
+    proc, url = await _start(["sim", "--port", "0", *args], r"^(http://\S+)", cpus=cpus)
     try:
         yield url
     finally:
-        await _stop(proc)
+        await stop_process(proc)
 
 
 def toml_config(backend_url: str, model: str, kind: str, extra: str = "") -> str:
@@ -107,4 +112,4 @@ async def fairq_process(config_text: str, python: str = sys.executable) -> Async
         try:
             yield f"127.0.0.1:{port}"
         finally:
-            await _stop(proc)
+            await stop_process(proc)

@@ -38,7 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fairq_server.backends.base import BackendRequest, Sampling
+from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import SchedulerConfig
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.queue import ModelQueue

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RequestResult", "RequestSpec", "SendFn", "replay"]
+__all__ = ["RequestResult", "RequestSpec", "SendFn", "replay", "time_to_first_text"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +95,13 @@ async def replay(
         return result
 
     return list(await asyncio.gather(*(run(s) for s in specs)))
+
+
+async def time_to_first_text(send: SendFn, spec: RequestSpec) -> float:
+    """Send ``spec`` and read it to the end; return the seconds to its first text (NaN: none)."""
+    start = time.monotonic()
+    first = None
+    async for text in send(spec):
+        if first is None and text:
+            first = time.monotonic() - start
+    return first if first is not None else float("nan")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fairq_server.api.passthrough import check_extra
-from fairq_server.backends.base import BackendRequest, Sampling
+from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
 

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fairq_server.backends.base import StreamEnd, TextDelta
 from fairq_server.backends.errors import BackendError
+from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.errors import (
     BackendFailedError,

@@ -11,8 +11,9 @@ import enum
 import logging
 from dataclasses import dataclass, field
 
-from fairq_server.backends.base import Backend, MetricsSample
+from fairq_server.backends.base import Backend
 from fairq_server.backends.errors import BackendError
+from fairq_server.backends.request import MetricsSample
 from fairq_server.scheduling.prefix import PrefixCache
 
 __all__ = ["BackendState", "Health"]

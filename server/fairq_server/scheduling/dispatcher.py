@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 #: (about a millisecond of CPU); when thousands of slots free at once, the yield lets other
 #: work on the event loop (health checks, new calls, scrapes) run between batches.
 DISPATCH_BATCH = 32
+#: Seconds between checks for models no backend serves (see ``_sweep_models``).
+_SWEEP_EVERY = 0.1
 
 
 class Dispatcher:
@@ -100,6 +102,7 @@ class Dispatcher:
         self.attempts = AttemptBook(self, launcher)
         self._picker = Picker(self)
         self.crashes = 0
+        self._next_sweep = 0.0
         self.restart_delays: Sequence[float] = RESTART_DELAYS
 
     # -- events (any task) --------------------------------------------------------------
@@ -177,6 +180,10 @@ class Dispatcher:
         """Return the registered backends serving ``model``."""
         return self._backends.of(model)
 
+    def models(self) -> set[str]:
+        """Return every model some registered backend serves."""
+        return self._backends.models()
+
     def queue(self, model: str) -> ModelQueue:
         """Return the queue of ``model`` (KeyError if no backend ever served it)."""
         return self._models[model].queue
@@ -234,6 +241,11 @@ class Dispatcher:
             self._apply_inbox()
             now = self._clock()
             self._expire(now)
+            if now >= self._next_sweep:
+                # A grace period in seconds needs no finer check; every pass would cost
+                # O(models) per event, and dead backends' scrapes are events too.
+                self._next_sweep = now + _SWEEP_EVERY
+                self._sweep_models(now)
             more = self._picker.dispatch(now, DISPATCH_BATCH)
             for model in self._models.values():
                 model.update_depth()
@@ -292,10 +304,8 @@ class Dispatcher:
         if self._closed:
             return self.attempts.abandon(ticket, ShuttingDownError("fairq is shutting down"))
         if not backends:
-            known = ", ".join(sorted(self._backends.models())) or "none"
-            error: SchedulerError = ModelNotFoundError(
-                f"model '{model}' is not served here; models: {known}"
-            )
+            # Which models exist is told only to callers allowed to know (the servicer).
+            error: SchedulerError = ModelNotFoundError(f"model '{model}' is not served here")
             return self.attempts.abandon(ticket, error)
         if not any(b.serving for b in backends):
             error = NoBackendError(f"no healthy backend serves model '{model}'")
@@ -324,9 +334,12 @@ class Dispatcher:
 
     def requeue(self, ticket: Ticket) -> None:
         """Queue a ticket whose attempt failed before its first token, ahead of its tier."""
-        self._models[ticket.request.model].push(
-            ticket, self._clock(), ttl=self.config.queue_ttl_seconds is not None, front=True
-        )
+        model = self._models.get(ticket.request.model)
+        if model is None:  # its last backend left, and the model with it
+            error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
+            self.attempts.abandon(ticket, error)
+            return
+        model.push(ticket, self._clock(), ttl=self.config.queue_ttl_seconds is not None, front=True)
 
     def _scrape_landed(self, backend_id: str, result: ScrapeResult) -> None:
         state = self._backends.get(backend_id)
@@ -347,8 +360,9 @@ class Dispatcher:
         now = self._clock()
         for model in state.backend.models:
             if model not in self._models:
-                # A model's queue outlives its backends: when the last backend of a model
-                # leaves, queued requests stay queued until another one registers.
+                # A model's queue outlives its backends for a grace period: when the last
+                # backend of a model leaves, queued requests wait no_backend_grace_seconds
+                # for another one (see _sweep_models).
                 queue = self._policies.new_queue(len(self.tiers))
                 self._models[model] = ModelState(model, queue, self.tiers, self._telemetry, now)
 
@@ -364,6 +378,33 @@ class Dispatcher:
             model.queue = event.policies.new_queue(len(self.tiers))
             for ticket in tickets:
                 model.queue.push(ticket, front=ticket.retries > 0)
+
+    def _sweep_models(self, now: float) -> None:
+        """Fail what waits for a model no backend can serve; forget a model nothing serves.
+
+        A model none of whose backends is serving (all down or draining, or none left) keeps
+        its queue for ``no_backend_grace_seconds``, so a backend restarting within it fails
+        nobody; then its queued requests are answered UNAVAILABLE. A model without backends
+        and without queued requests is forgotten, with its metric series.
+        """
+        grace = self.config.no_backend_grace_seconds
+        for model in list(self._models.values()):
+            backends = self._backends.of(model.name)
+            if any(b.serving for b in backends):
+                model.orphaned_since = None
+                continue
+            if model.orphaned_since is None:
+                model.orphaned_since = now
+            if len(model.queue) and now - model.orphaned_since >= grace:
+                error = NoBackendError(
+                    f"no healthy backend has served model '{model.name}' for {grace:g} s"
+                )
+                for ticket in model.take_all():
+                    self.attempts.abandon(ticket, error)
+                model.arrivals.clear()
+            if not backends and not len(model.queue):
+                del self._models[model.name]
+                self._telemetry.forget_model(model.name)
 
     def _expire(self, now: float) -> None:
         ttl = self.config.queue_ttl_seconds

@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fairq_server.backends.base import StreamEnd
 from fairq_server.backends.poller import ScrapeResult
+from fairq_server.backends.request import StreamEnd
 from fairq_server.config import SchedulerConfig, TierConfig
 from fairq_server.scheduling.ticket import Ticket
 

@@ -27,6 +27,9 @@ class ModelState:
         # When each tier last dispatched, or last went from empty to backlogged (aging).
         self.last_served = [now] * len(tiers)
         self._depth = [telemetry.queue_depth.labels(name, t.name) for t in tiers]
+        self._published = [-1] * len(tiers)
+        # Since when none of the model's backends is serving (None: one is).
+        self.orphaned_since: float | None = None
 
     def push(self, ticket: Ticket, now: float, *, ttl: bool, front: bool = False) -> int:
         """Queue ``ticket``; return its estimated position."""
@@ -79,6 +82,13 @@ class ModelState:
         return sorted(taken, key=lambda t: t.seq)
 
     def update_depth(self) -> None:
-        """Publish the queue depth per tier."""
-        for gauge, tier in zip(self._depth, self.queue.tiers, strict=True):
-            gauge.set(len(tier))
+        """Publish the queue depth per tier, where it changed.
+
+        This runs every dispatcher pass for every model, and most queues do not change in a
+        given pass.
+        """
+        for i, tier in enumerate(self.queue.tiers):
+            depth = len(tier)
+            if depth != self._published[i]:
+                self._depth[i].set(depth)
+                self._published[i] = depth

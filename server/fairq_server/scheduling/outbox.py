@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairq_server.backends.base import StreamEnd
+from fairq_server.backends.request import StreamEnd
 from fairq_server.errors import SchedulerError
 
 __all__ = ["Finished", "Outbox", "OutboxEvent", "Queued", "Started", "Text"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from fairq_server.scheduling.outbox import Outbox
 
 if TYPE_CHECKING:
-    from fairq_server.backends.base import BackendRequest
+    from fairq_server.backends.request import BackendRequest
     from fairq_server.scheduling.backend_state import BackendState
 
 __all__ = ["AttemptHandle", "Ticket", "TicketState"]

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from aiohttp import web
 
-from fairq_server.backends.base import BackendRequest, Sampling, StreamEnd, TextDelta
+from fairq_server.backends.request import BackendRequest, Sampling, StreamEnd, TextDelta
 from fairq_server.backends.sse import MAX_EVENT_CHARS
 from fairq_server.backends.tgi import TgiBackend
 from fairq_server.backends.vllm import VllmBackend

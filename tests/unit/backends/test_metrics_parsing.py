@@ -64,3 +64,25 @@ async def test_tgi_metrics_without_series_mean_idle() -> None:
     sample = tgi.parse_metrics(text)
     assert (sample.waiting, sample.running, sample.tpot_count) == (3, 2, 4)
     assert sample.tpot_sum == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("series", "value"),
+    [
+        ("vllm:num_requests_waiting", "NaN"),
+        ("vllm:num_requests_waiting", "+Inf"),
+        ("vllm:num_requests_running", "-1"),
+        ("vllm:kv_cache_usage_perc", "NaN"),
+    ],
+)
+async def test_a_nan_infinite_or_negative_value_fails_the_parse(
+    vllm: VllmBackend, series: str, value: str
+) -> None:
+    """Fail closed: max(0.0, nan) is 0.0, which would read as an idle backend."""
+    text = (FIXTURES / "metrics-idle.txt").read_text()
+    lines = [
+        f'{series}{{engine="0",model_name="tiny"}} {value}' if line.startswith(series) else line
+        for line in text.splitlines()
+    ]
+    with pytest.raises(ValueError, match="not a finite number >= 0"):
+        vllm.parse_metrics("\n".join(lines) + "\n")

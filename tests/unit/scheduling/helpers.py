@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fairq_server.backends.base import BackendRequest, Sampling
+from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.scheduling.ticket import Ticket
 
 

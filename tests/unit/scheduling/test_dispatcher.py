@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from fairq_server.backends.base import MetricsSample, StreamEnd
 from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.request import MetricsSample, StreamEnd
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import SchedulerConfig, TierConfig
 from fairq_server.errors import QueueFullError, SchedulerError, ShuttingDownError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.backends.base import MetricsSample
+from fairq_server.backends.request import MetricsSample
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import TierConfig
 from fairq_server.scheduling.backend_state import BackendState

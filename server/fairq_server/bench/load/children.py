@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -128,11 +128,14 @@ async def start_child(
     *,
     workdir: tempfile.TemporaryDirectory[str] | None = None,
     module: str = "fairq_server",
+    env: Mapping[str, str] | None = None,
 ) -> ChildProcess:
     """Start ``python -m MODULE ARGS`` and wait for a stdout line matching ``ready``.
 
     The child gets its own process group (signals reach all of it) but stays in our session:
     a new session is a new scheduler autogroup, which on a small machine starves this process.
+    ``env`` is added to this process's environment (e.g. ``PYTHONPATH`` to run another
+    checkout of fairq).
 
     Raises:
         RuntimeError: the child exited or printed nothing matching within 60 s.
@@ -147,6 +150,7 @@ async def start_child(
         stdout=asyncio.subprocess.PIPE,
         stderr=log,
         process_group=0,
+        env={**os.environ, **env} if env else None,
     )
     child = ChildProcess(proc, "", tuple(args), log, workdir)
     assert proc.stdout is not None
@@ -179,7 +183,12 @@ async def start_sim(*args: str, port: int = 0) -> ChildProcess:
 
 
 async def start_fairq(
-    config_text: str, *, grace: float = 2.0, metrics: bool = False, log_level: str = "WARNING"
+    config_text: str,
+    *,
+    grace: float = 2.0,
+    metrics: bool = False,
+    log_level: str = "WARNING",
+    env: Mapping[str, str] | None = None,
 ) -> ChildProcess:
     """Run ``fairq serve`` with ``config_text``; ``address`` is its gRPC target.
 
@@ -198,6 +207,7 @@ async def start_fairq(
         ["--log-level", log_level, "serve", "--config", str(path), "--grace", str(grace)],
         r"\(port (\d+)\)",
         workdir=workdir,
+        env=env,
     )
     child.address = f"127.0.0.1:{child.address}"
     child.metrics_url = metrics_url

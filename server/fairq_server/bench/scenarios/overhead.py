@@ -27,22 +27,13 @@ from fairq_server.bench.scenarios.plots import Panel, Series, plot_panels
 from fairq_server.bench.scenarios.procs import child_process, cpu_seconds, fairq_module_process
 from fairq_server.bench.scenarios.runs import p
 from fairq_server.bench.targets import direct_sender, fairq_sender, http_client
-from fairq_server.bench.workload import RequestSpec, SendFn
+from fairq_server.bench.workload import RequestSpec, SendFn, time_to_first_text
 
 __all__ = ["overhead"]
 
 NAME = "overhead"
 TARGET_P50, TARGET_P99, TARGET_TPS = 0.002, 0.010, 20_000.0
 STREAM_TOKENS = 500  # with the ~6-token prompt, fits a 512-token context (tiny vLLM)
-
-
-async def _ttft(send: SendFn, spec: RequestSpec) -> float:
-    start = time.monotonic()
-    first = None
-    async for text in send(spec):
-        if first is None and text:
-            first = time.monotonic() - start
-    return first if first is not None else float("nan")
 
 
 async def latency(url: str, model: str, kind: str, n: int) -> tuple[list[float], list[float]]:
@@ -59,13 +50,13 @@ async def latency(url: str, model: str, kind: str, n: int) -> tuple[list[float],
         through = fairq_sender(channel, model)
         warm = RequestSpec("probe", "warm up", 4)
         for send in (direct, through, direct, through):
-            await _ttft(send, warm)
+            await time_to_first_text(send, warm)
         for i in range(n):
             spec = RequestSpec("probe", f"Short question number {i}?", 8)
             # Alternate which goes first, so neither always follows the other's work.
             order = (direct, through) if i % 2 == 0 else (through, direct)
             for send in order:
-                value = await _ttft(send, spec)
+                value = await time_to_first_text(send, spec)
                 (direct_ttfts if send is direct else fairq_ttfts).append(value)
                 await asyncio.sleep(0.02)  # low load: the backend is idle again
     return direct_ttfts, fairq_ttfts

@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+
+from fairq_server.bench.processes import stop_process
 
 __all__ = ["child_process", "cpu_seconds", "fairq_module_process"]
 
@@ -48,22 +49,8 @@ async def child_process(
             raise RuntimeError(f"{' '.join(argv[:3])} did not start: {err}")
         yield proc, found
     finally:
-        await _stop(proc)
+        await stop_process(proc, timeout=15)
         log.close()
-
-
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        async with asyncio.timeout(15):
-            await proc.wait()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
 
 
 @contextlib.asynccontextmanager

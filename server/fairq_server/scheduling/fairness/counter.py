@@ -14,7 +14,6 @@ cannot be banked as credit and spent later in a burst (Sheng et al., OSDI 2024).
 from __future__ import annotations
 
 import heapq
-import itertools
 from dataclasses import dataclass
 
 from fairq_server.scheduling.interfaces import Cost
@@ -54,7 +53,7 @@ class CounterFairness:
         self._lift = lift
         self._users: dict[str, _UserState] = {}
         self._heap: list[tuple[float, int, str]] = []
-        self._stamps = itertools.count()
+        self._next_stamp = 0  # an int, not itertools.count: policies are deep-copied
         self._virtual_time = 0.0
         self._active = 0
         # Idle users whose counter was above the virtual time when they went idle: forgotten
@@ -64,7 +63,8 @@ class CounterFairness:
 
     def _push(self, user: str, state: _UserState, *, fresh: bool = False) -> None:
         # Activation stamps sort before every stamp given after a charge, in arrival order.
-        state.stamp = next(self._stamps) - (_FRESH if fresh else 0)
+        state.stamp = self._next_stamp - (_FRESH if fresh else 0)
+        self._next_stamp += 1
         heapq.heappush(self._heap, (state.counter, state.stamp, user))
 
     def _clean_top(self) -> tuple[float, int, str] | None:

@@ -1,0 +1,137 @@
+"""Reading backends' HTTP answers within bounds, and translating their errors.
+
+Every byte fairq reads from a backend outside a generation stream is bounded
+(:class:`ReadLimits`); an HTTP error becomes a :class:`~fairq_server.backends.errors.BackendError`
+that keeps the backend's own message; token counts are validated before fairq charges them.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+
+from fairq_server import loop_share
+from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.names import escape
+
+__all__ = [
+    "FAILURE_BY_HTTP",
+    "ReadLimits",
+    "failure_for_http",
+    "http_error",
+    "read_at_most",
+    "token_count",
+    "utf8_chunks",
+]
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """How much fairq reads from a backend outside a generation stream.
+
+    Attributes:
+        metrics_bytes: a ``/metrics`` body longer than this fails the scrape.
+        error_bytes: at most this prefix of an HTTP error body is read.
+
+    """
+
+    metrics_bytes: int = 4 * 1024 * 1024
+    error_bytes: int = 16_384
+
+
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """Read up to ``limit`` bytes of ``resp``'s body; return them and whether that was all.
+
+    Reading stops at the limit: the rest is never buffered. A declared ``Content-Length``
+    over the limit is not read at all.
+    """
+    if resp.content_length is not None and resp.content_length > limit:
+        return b"", False
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(65_536):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(parts)[:limit], False
+    return b"".join(parts), True
+
+
+#: The failure kind of each HTTP status that names one (5xx and others: see failure_for_http).
+FAILURE_BY_HTTP: dict[int, BackendFailure] = {
+    400: BackendFailure.INVALID_REQUEST,
+    404: BackendFailure.NOT_FOUND,
+    413: BackendFailure.INVALID_REQUEST,
+    415: BackendFailure.INVALID_REQUEST,
+    422: BackendFailure.INVALID_REQUEST,
+    424: BackendFailure.FAILED,
+    429: BackendFailure.OVERLOADED,
+}
+
+
+def failure_for_http(status: int) -> tuple[BackendFailure, bool]:
+    """Return the failure kind of an HTTP error status, and whether another backend may help."""
+    kind = FAILURE_BY_HTTP.get(status)
+    if kind is not None:
+        return kind, status == 429
+    if status >= 500:
+        return BackendFailure.UNAVAILABLE, True
+    return BackendFailure.FAILED, True
+
+
+def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
+    """Translate a backend's HTTP error answer into a :class:`BackendError`.
+
+    The backend's own message is kept: vLLM nests it as ``{"error": {"message": ...}}``,
+    TGI sends ``{"error": "...", "error_type": ...}``, and either may answer in plain text.
+    """
+    message = body.decode(errors="replace").strip()
+    try:
+        doc = json.loads(message)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        err = doc.get("error", doc.get("message"))
+        if isinstance(err, dict):
+            err = err.get("message")
+        if isinstance(err, str):
+            message = err
+    kind, retryable = failure_for_http(status)
+    return BackendError(
+        f"backend {backend_id} answered HTTP {status}: {escape(message, 1000)}",
+        kind,
+        retryable=retryable,
+    )
+
+
+async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """Yield the body as text, one piece per network read (all that arrived by then)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    async for chunk in body.iter_any():
+        # Parsing and relaying what arrived is bulk work: every stream of a backend gets its
+        # token in the same instant (one engine step), so reads come in bursts.
+        await loop_share.turn()
+        if text := decoder.decode(chunk):
+            yield text
+    if tail := decoder.decode(b"", final=True):
+        yield tail
+
+
+def token_count(value: object) -> int:
+    """Read a token count from a backend's JSON: a whole number 0 <= n < 2**31 (None is 0).
+
+    Raises:
+        ValueError: anything else (negative, fractional, NaN, infinite, a string, a bool).
+
+    """
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise ValueError(f"token count {value!r} is not a whole number in [0, 2**31)")
+    return value

@@ -1,0 +1,104 @@
+"""What fairq asks of a backend and what it reads back, independent of the backend's API.
+
+A :class:`BackendRequest` goes in; :class:`TextDelta` and :class:`StreamEnd` events come out of
+a generation stream; a :class:`MetricsSample` comes out of a ``/metrics`` scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BackendRequest", "MetricsSample", "Sampling", "StreamEnd", "StreamEvent", "TextDelta"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters; None means "the backend's default"."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class BackendRequest:
+    """One generation request, independent of the backend's API.
+
+    Attributes:
+        model: the model name.
+        prompt: the prompt (completions), or None for chat.
+        messages: ``(role, text)`` of each chat message: what fairq estimates and hashes.
+        sampling: the parameters fairq validates itself.
+        request_id: the caller's or a generated id.
+        extra: parameters fairq passes through without interpreting them (tools,
+            ``response_format``, ``logprobs``, ``n``, penalties, engine options), merged
+            into the backend's JSON body under fairq's own fields.
+        raw_messages: the chat messages exactly as the caller sent them (content parts,
+            ``tool_calls``, ``tool_call_id``); sent instead of ``messages`` when set.
+        relay_chunks: stream the backend's OpenAI chunks as they came, framed as SSE, in
+            each delta's text (the HTTP door), instead of the generated text (gRPC).
+        relay_usage: with ``relay_chunks``, keep the final usage chunk (the caller asked
+            for it too).
+
+    """
+
+    model: str
+    prompt: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    request_id: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    raw_messages: tuple[Mapping[str, Any], ...] | None = None
+    relay_chunks: bool = False
+    relay_usage: bool = False
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Generated output; ``tokens`` is how many tokens it carries as far as the API says.
+
+    An event with ``tokens == 0`` (an opening role-only chunk) is relayed but is not the
+    first token. ``extra`` holds what the backend sent beside text (tool calls, logprobs),
+    one object per choice event, in order.
+    """
+
+    text: str
+    tokens: int = 1
+    extra: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """The stream finished normally."""
+
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+StreamEvent = TextDelta | StreamEnd
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """The values fairq reads from a backend's ``/metrics`` (cumulative where counters).
+
+    Attributes:
+        waiting: requests in the backend's queue.
+        running: requests being processed.
+        kv_usage: KV-cache usage 0-1, if reported.
+        tpot_sum: cumulative seconds of the time-per-output-token histogram.
+        tpot_count: cumulative count of that histogram.
+
+    """
+
+    waiting: float
+    running: float
+    kv_usage: float | None = None
+    tpot_sum: float = 0.0
+    tpot_count: float = 0.0

@@ -1,0 +1,66 @@
+"""Checking a backend's settings before anything is built from them.
+
+Both the configuration file and the Admin API describe backends; both go through
+:func:`check_backend`, so a file is refused at load (or reload) for exactly what a
+``RegisterBackend`` call would be refused for, and nothing half-built is left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import SplitResult, urlsplit
+
+import yarl
+
+from fairq_server.backends.kinds import BACKEND_KINDS
+from fairq_server.names import MAX_MODELS_PER_BACKEND, check_model, check_token
+
+__all__ = ["check_backend", "check_base_url"]
+
+
+def check_base_url(base_url: str) -> SplitResult:
+    """Return the parsed ``base_url`` if it is a plain ``http(s)://host[:port][/path]``.
+
+    Raises:
+        ValueError: control characters, another scheme, a bad port, credentials, a query or
+            a fragment, or a URL the HTTP client would not accept.
+
+    """
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in base_url):
+        raise ValueError("backend base_url contains spaces or control characters")
+    try:
+        url = urlsplit(base_url)
+        url.port  # noqa: B018 - raises ValueError for a port that is not 0-65535
+    except ValueError as exc:
+        raise ValueError(f"backend base_url is not a valid URL: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"backend base_url must be http(s)://host[:port], not {base_url[:200]!r}")
+    if url.query or url.fragment or url.username or url.password:
+        raise ValueError("backend base_url must not carry credentials, query or fragment")
+    try:
+        yarl.URL(base_url)  # what the HTTP client will make of it (e.g. an IDNA host)
+    except ValueError as exc:
+        raise ValueError(f"backend base_url is not a valid URL: {exc}") from None
+    return url
+
+
+def check_backend(backend_id: str, kind: str, base_url: str, models: Sequence[str]) -> SplitResult:
+    """Check a backend's id, kind, URL and models; return the parsed URL.
+
+    Raises:
+        ValueError: the first problem found, naming the setting.
+
+    """
+    check_token(backend_id, "backend id")
+    if kind not in BACKEND_KINDS:
+        raise ValueError(f"backend kind {kind[:32]!r} unknown; valid: {', '.join(BACKEND_KINDS)}")
+    url = check_base_url(base_url)
+    if not models:
+        raise ValueError("backend must serve at least one named model")
+    if len(models) > MAX_MODELS_PER_BACKEND:
+        raise ValueError(
+            f"backend serves {len(models)} models; the limit is {MAX_MODELS_PER_BACKEND}"
+        )
+    for model in models:
+        check_model(model, "backend model name")
+    return url

@@ -1,0 +1,72 @@
+"""What callers and backends may call things: ids, model names, and text bound for logs.
+
+Request ids and backend ids end up in log lines, metric labels and HTTP bodies, so they are
+restricted to a printable token alphabet: a newline in one would forge a log line. Model names
+are free text (backends name models as they like) but bounded and free of control
+characters. Any other text from callers or backends is passed through :func:`escape` before
+it is logged.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "MAX_ID_CHARS",
+    "MAX_MODELS_PER_BACKEND",
+    "MAX_MODEL_CHARS",
+    "TOKEN_ALPHABET",
+    "check_model",
+    "check_token",
+    "escape",
+]
+
+#: Characters allowed in request ids and backend ids.
+TOKEN_ALPHABET = "A-Z a-z 0-9 and - . _ ~ : / @ + ="
+_TOKEN = re.compile(r"[A-Za-z0-9._~:/@+=-]+")
+MAX_ID_CHARS = 128
+MAX_MODEL_CHARS = 256
+MAX_MODELS_PER_BACKEND = 64
+# C0 and C1 controls, DEL, and the Unicode line/paragraph separators some log viewers honour.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def check_token(value: str, what: str, max_chars: int = MAX_ID_CHARS) -> None:
+    """Refuse ``value`` unless it is 1-``max_chars`` characters of :data:`TOKEN_ALPHABET`.
+
+    Raises:
+        ValueError: with a message naming ``what``.
+
+    """
+    if not value or len(value) > max_chars:
+        raise ValueError(f"{what} must be 1-{max_chars} characters")
+    if _TOKEN.fullmatch(value) is None:
+        raise ValueError(f"{what} may contain only {TOKEN_ALPHABET}")
+
+
+def check_model(name: str, what: str = "model name") -> None:
+    """Refuse a model name that is empty, over 256 characters or holds control characters.
+
+    Raises:
+        ValueError: with a message naming ``what``.
+
+    """
+    if not name:
+        raise ValueError(f"{what} is required")
+    if len(name) > MAX_MODEL_CHARS:
+        raise ValueError(f"{what} is longer than {MAX_MODEL_CHARS} characters")
+    if _UNSAFE.search(name):
+        raise ValueError(f"{what} contains control characters")
+
+
+def escape(text: str, limit: int = 1000) -> str:
+    """Return ``text`` safe for one log line: controls escaped, at most ``limit`` characters.
+
+    Escaping (a newline becomes the two characters backslash and n) keeps what the caller sent
+    readable while making it impossible to end the line or color the terminal.
+    """
+    if len(text) > limit:
+        text = text[:limit] + f"... ({len(text) - limit} more characters)"
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
