@@ -117,6 +117,9 @@ class BackendConfig:
         base_url: ``http(s)://host[:port]``.
         models: the models this backend serves (checked against its ``/v1/models``).
         priority_scheduling: the backend orders its queue by the request's ``priority``.
+        fair_share_priority: with ``priority_scheduling``, the priority sent also says, inside
+            the tier, whether the request's user holds less than a fair share of this
+            backend (see ``docs/design/fair-share-priority.md``); off by default.
         max_in_flight: cap on requests fairq keeps in flight here (0: none). For a backend
             without a waiting metric this is its slot count, and required.
         metrics_preset: ``openai`` kind: ``sglang``, ``llamacpp`` or ``none`` (no
@@ -141,6 +144,7 @@ class BackendConfig:
     base_url: str
     models: tuple[str, ...]
     priority_scheduling: bool = False
+    fair_share_priority: bool = False
     max_in_flight: int = 0
     metrics_preset: str = ""
     waiting_metric: str = ""

@@ -148,6 +148,11 @@ def parse_config(raw: dict[str, Any]) -> Config:
                 raise ConfigError(f"backends[{i}]: {exc}") from None
             if b.priority_order and b.priority_order not in PRIORITY_ORDERS:
                 raise ConfigError(f"backends[{i}]: priority_order must be one of {PRIORITY_ORDERS}")
+            if b.fair_share_priority and not b.priority_scheduling:
+                raise ConfigError(
+                    f"backends[{i}]: fair_share_priority needs priority_scheduling = true "
+                    "(the backend must order its queue by priority)"
+                )
         kwargs["backends"] = backends
     if "keys" in raw:
         keys = tuple(_build(KeyConfig, f"keys[{i}]", k) for i, k in enumerate(raw.pop("keys")))

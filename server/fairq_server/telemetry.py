@@ -96,6 +96,12 @@ class Telemetry:
             "fairq_dispatches_total", "Requests forwarded to a backend.", ["backend", "tier"],
             registry=r,
         )  # fmt: skip
+        self.boosts = Counter(
+            "fairq_fair_share_boosts_total",
+            "Requests sent with a fair-share boost (their user held less than a fair share of "
+            "the backend).",
+            ["backend"], registry=r,
+        )  # fmt: skip
         self.gate_refusals = Counter(
             "fairq_gate_refusals_total",
             "Requests that were next in line and found a backend's gate closed, by reason; "

@@ -75,12 +75,18 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 raise InvalidRequestError(
                     f"backend.priority_order must be one of {', '.join(PRIORITY_ORDERS)}"
                 )
+            if b.fair_share_priority and not b.priority_scheduling:
+                raise InvalidRequestError(
+                    "backend.fair_share_priority needs priority_scheduling (the backend must "
+                    "order its queue by priority)"
+                )
             cfg = BackendConfig(
                 id=b.id,
                 kind=_KIND_NAMES[b.kind],
                 base_url=b.base_url,
                 models=tuple(b.models),
                 priority_scheduling=b.priority_scheduling,
+                fair_share_priority=b.fair_share_priority,
                 max_in_flight=b.max_in_flight,
                 **settings,  # type: ignore[arg-type]
             )
@@ -141,6 +147,7 @@ def _status(state: BackendState, stale_after: float, now: float) -> admin_pb2.Ba
             base_url=b.base_url,
             models=list(b.models),
             priority_scheduling=b.priority_scheduling,
+            fair_share_priority=b.fair_share_priority,
             max_in_flight=b.max_in_flight,
             **_settings(b),
         ),

@@ -50,6 +50,8 @@ class Backend(abc.ABC):
         base_url: e.g. ``http://127.0.0.1:8000``.
         models: models this backend serves.
         priority_scheduling: the backend orders its queue by the request's priority.
+        fair_share_priority: the priority sent also encodes the user's fair standing on this
+            backend (only with ``priority_scheduling``; the dispatcher decides the value).
 
     """
 
@@ -62,6 +64,7 @@ class Backend(abc.ABC):
         models: Sequence[str],
         *,
         priority_scheduling: bool = False,
+        fair_share_priority: bool = False,
         max_in_flight: int = 0,
         timeout: float = 600.0,
         api_key: str | None = None,
@@ -72,6 +75,7 @@ class Backend(abc.ABC):
         self.base_url = base_url.rstrip("/")
         self.models = tuple(models)
         self.priority_scheduling = priority_scheduling
+        self.fair_share_priority = fair_share_priority
         self.max_in_flight = max_in_flight
         self.read_limits = read_limits if read_limits is not None else ReadLimits()
         # No read timeout on streams beyond `timeout`: a long generation legitimately stays
@@ -105,6 +109,7 @@ class Backend(abc.ABC):
             cfg.base_url,
             cfg.models,
             priority_scheduling=cfg.priority_scheduling,
+            fair_share_priority=cfg.fair_share_priority,
             max_in_flight=cfg.max_in_flight,
             timeout=timeout,
             api_key=read_api_key(cfg, from_rpc=from_rpc),

@@ -24,6 +24,7 @@ from fairq_server.errors import (
     SlowClientError,
 )
 from fairq_server.scheduling import events as ev
+from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.outbox import Finished, Started
@@ -119,7 +120,9 @@ class AttemptBook:
     def start(self, ticket: Ticket, backend: BackendState, now: float) -> None:
         """Send ``ticket`` to ``backend`` and tell its caller."""
         tier = self._d.tiers[ticket.tier].name
-        backend.started(tier)
+        # Decided before the request counts on the backend: the standing it had until now.
+        ticket.boosted = fair_share.may_boost(backend, ticket.user)
+        backend.started(tier, ticket.user, boosted=ticket.boosted)
         backend.prefixes.add(ticket.prefix)
         self.running += 1
         if ticket.attempt == 0:
@@ -130,8 +133,10 @@ class AttemptBook:
         ticket.attempt += 1
         ticket.generating = False
         ticket.dispatched_at = now
-        ticket.priority = self._priority(ticket)
+        ticket.priority = self._priority(ticket, backend)
         t = self._d.telemetry
+        if ticket.boosted:
+            t.boosts.labels(backend.id).inc()
         t.dispatches.labels(backend.id, tier).inc()
         t.queue_wait.labels(tier).observe(now - ticket.arrival)
         t.backend_in_flight.labels(backend.id).set(backend.in_flight)
@@ -140,11 +145,18 @@ class AttemptBook:
         ticket.handle = self._launcher(ticket)
         ticket.outbox.put(Started(backend.id, now - ticket.arrival, tier))
 
-    def _priority(self, ticket: Ticket) -> int:
-        """Return the backend priority: the tier's, or the overtaken tier's if it aged."""
+    def _priority(self, ticket: Ticket, backend: BackendState) -> int:
+        """Return the backend priority: the tier's, or the overtaken tier's if it aged.
+
+        On a backend with fair-share priority the tier's value is encoded with the boost
+        (:func:`~fairq_server.scheduling.fair_share.encode`).
+        """
         index = ticket.priority_tier if ticket.priority_tier is not None else ticket.tier
         cfg = self._d.tiers[index]
-        return cfg.priority if cfg.priority is not None else index
+        tier_priority = cfg.priority if cfg.priority is not None else index
+        if fair_share.enabled(backend):
+            return fair_share.encode(tier_priority, ticket.boosted)
+        return tier_priority
 
     def apply(self, event: ev.FirstToken | ev.Tokens | ev.StreamEnded | ev.StreamFailed) -> None:
         """Apply a stream event of a running attempt; stale ones are ignored."""
@@ -242,7 +254,13 @@ class AttemptBook:
         ticket.backend = None
         ticket.handle = None
         self.running -= 1
-        backend.ended(self._d.tiers[ticket.tier].name, generating=ticket.generating)
+        backend.ended(
+            self._d.tiers[ticket.tier].name,
+            ticket.user,
+            generating=ticket.generating,
+            boosted=ticket.boosted,
+        )
+        ticket.boosted = False
         self._d.telemetry.backend_in_flight.labels(backend.id).set(backend.in_flight)
         return backend
 

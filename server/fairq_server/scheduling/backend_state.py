@@ -55,6 +55,8 @@ class BackendState:
         in_flight: fairq's requests running on it.
         awaiting_first_token: those without a token yet (waiting in its queue, or prefill).
         tier_in_flight: ``in_flight`` by tier name.
+        user_in_flight: ``in_flight`` by user (users with none are absent).
+        boosted_in_flight: those sent with a fair-share boost (:mod:`.fair_share`).
         dispatched: requests ever started on it.
         finished: requests ever ended on it (any way).
         idle: set while ``in_flight`` is 0.
@@ -72,6 +74,8 @@ class BackendState:
     in_flight: int = 0
     awaiting_first_token: int = 0
     tier_in_flight: dict[str, int] = field(default_factory=dict)
+    user_in_flight: dict[str, int] = field(default_factory=dict)
+    boosted_in_flight: int = 0
     dispatched: int = 0
     finished: int = 0
     scrapes: int = 0
@@ -172,23 +176,31 @@ class BackendState:
         self._last_tpot = (sample.tpot_sum - prev.tpot_sum) / count
         return self._last_tpot
 
-    def started(self, tier: str) -> None:
-        """Count a request of ``tier`` started on this backend."""
+    def started(self, tier: str, user: str = "", *, boosted: bool = False) -> None:
+        """Count a request of ``tier`` (and ``user``; ``boosted``) started on this backend."""
         self.dispatched += 1
         self.in_flight += 1
         self.awaiting_first_token += 1
         self.tier_in_flight[tier] = self.tier_in_flight.get(tier, 0) + 1
+        self.user_in_flight[user] = self.user_in_flight.get(user, 0) + 1
+        self.boosted_in_flight += boosted
         self.idle.clear()
 
     def first_token(self) -> None:
         """Count a request that got its first token (it no longer waits there)."""
         self.awaiting_first_token -= 1
 
-    def ended(self, tier: str, *, generating: bool) -> None:
+    def ended(self, tier: str, user: str = "", *, generating: bool, boosted: bool = False) -> None:
         """Count a request that ended (any way); ``generating``: it had had a token."""
         self.in_flight -= 1
         self.finished += 1
         self.tier_in_flight[tier] -= 1
+        left = self.user_in_flight.get(user, 0) - 1
+        if left > 0:
+            self.user_in_flight[user] = left
+        else:
+            self.user_in_flight.pop(user, None)
+        self.boosted_in_flight -= boosted
         if not generating:
             self.awaiting_first_token -= 1
         if self.in_flight == 0:

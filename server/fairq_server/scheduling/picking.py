@@ -4,13 +4,17 @@ For each model with queued work: the highest backlogged tier decides which gates
 open (strict tiers: lower tiers wait while a higher one is refused); an aged lower tier may
 overtake under that gate; a retried request goes first, to a backend it has not failed on;
 otherwise fairness picks the user, with prefix grouping inside quantum Q, and the router
-picks the backend.
+picks the backend. When every gate is shut only by a full backend queue, the next request
+still goes to a backend where it would be boosted (fair-share priority): it will pass that
+queue anyway, so holding it back would only delay it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
+from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import GateOutcome, Route
 from fairq_server.scheduling.model_state import ModelState
@@ -53,8 +57,12 @@ class Picker:
         # Gates are checked against the highest backlogged tier; an aged lower tier overtakes
         # under that gate, since its own may never open while the higher tier keeps the
         # backend busy.
-        candidates = self._admitting(model, first, now)
+        candidates, refusals = self._admitting(model, first, now)
         if not candidates:
+            if self._boost_past_waiting(model, first, refusals, now):
+                return True
+            if refusals:
+                self._count_refusal(model, first, refusals)
             return False  # strict tiers: lower tiers wait too; their gates are no looser
         tier = model.aged_tier(first, now, self._d.tiers)
         tier_queue = queue.tiers[tier]
@@ -82,24 +90,74 @@ class Picker:
         self._d.attempts.start(ticket, route.backend, now)
         return True
 
-    def _admitting(self, model: ModelState, tier: int, now: float) -> list[BackendState]:
+    def _admitting(
+        self, model: ModelState, tier: int, now: float
+    ) -> tuple[list[BackendState], list[tuple[BackendState, GateOutcome]]]:
+        """Return the backends of ``model`` whose gate admits ``tier``, and the refusals."""
         cfg = self._d.tiers[tier]
         gate = self._d.policies.gate
         stale_after = self._d.config.stale_after_seconds
         admitted: list[BackendState] = []
-        refusals: list[tuple[str, GateOutcome]] = []
+        refusals: list[tuple[BackendState, GateOutcome]] = []
         for backend in self._d.backends_of(model.name):
             outcome = gate.check(backend, cfg, now, stale_after)
             if outcome is GateOutcome.ADMIT:
                 admitted.append(backend)
             else:
-                refusals.append((backend.id, outcome))
-        if not admitted and refusals:
-            self._count_refusal(model, tier, refusals)
-        return admitted
+                refusals.append((backend, outcome))
+        return admitted, refusals
+
+    def _boost_past_waiting(
+        self,
+        model: ModelState,
+        tier: int,
+        refusals: list[tuple[BackendState, GateOutcome]],
+        now: float,
+    ) -> bool:
+        """Start the fair choice of ``tier`` past a full backend queue, if boosted there.
+
+        Only where the gate refused for the queue alone, and only as far as the cap on boosted
+        requests lets that queue grow: every other check of the gate still applies. The user
+        is one fairness may serve now: within Q (prefix grouping's quantum) of the best.
+        """
+        full = [
+            b for b, outcome in refusals if outcome is GateOutcome.WAITING and fair_share.enabled(b)
+        ]
+        queue = model.queue.tiers[tier]
+        if (
+            not full
+            or queue.has_retries
+            or not queue.active_users
+            or model.aged_tier(tier, now, self._d.tiers) != tier
+        ):
+            return False
+        cfg = self._d.tiers[tier]
+        deeper = dataclasses.replace(
+            cfg, max_backend_waiting=max(cfg.max_backend_waiting, 1) + fair_share.MAX_BOOSTED
+        )
+        gate, sched = self._d.policies.gate, self._d.config
+        # Users tied at the best standing (within Q) are equally fair to serve next; a user
+        # arriving at a busy tier is often tied with the one fairness would pick.
+        for user in queue.fairness.candidates(sched.prefix_quantum, sched.prefix_candidates):
+            backends = [
+                b
+                for b in full
+                if fair_share.may_boost(b, user)
+                and gate.check(b, deeper, now, sched.stale_after_seconds) is GateOutcome.ADMIT
+            ]
+            if backends:
+                break
+        else:
+            return False
+        route = self._d.policies.router.route(queue.head_of(user), backends)
+        ticket = model.queue.pop(tier, user)
+        model.last_served[tier] = now
+        ticket.priority_tier = tier
+        self._d.attempts.start(ticket, route.backend, now)
+        return True
 
     def _count_refusal(
-        self, model: ModelState, tier: int, refusals: list[tuple[str, GateOutcome]]
+        self, model: ModelState, tier: int, refusals: list[tuple[BackendState, GateOutcome]]
     ) -> None:
         """Count a refused dispatch attempt, once per request that was next in line."""
         head = self._head(model, tier)
@@ -107,8 +165,8 @@ class Picker:
             return
         head.refused = True
         counter = self._d.telemetry.gate_refusals
-        for backend_id, outcome in refusals:
-            counter.labels(backend_id, outcome.value).inc()
+        for backend, outcome in refusals:
+            counter.labels(backend.id, outcome.value).inc()
 
     @staticmethod
     def _head(model: ModelState, tier: int) -> Ticket | None:

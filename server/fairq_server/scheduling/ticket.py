@@ -76,6 +76,7 @@ class Ticket:
     excluded: frozenset[str] = frozenset()
     priority_tier: int | None = None  # whose backend priority to send (set at dispatch)
     priority: int = 0  # the priority sent to the backend with the current attempt
+    boosted: bool = False  # the current attempt went with a fair-share boost
     backend: BackendState | None = None  # of the current attempt
     attempt: int = 0  # numbers attempts, so a late event of an aborted one is ignored
     handle: AttemptHandle | None = None

@@ -24,45 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66\x61irq/v1/admin.proto\x12\x08\x66\x61irq.v1\"\xb3\x02\n\x07\x42\x61\x63kend\x12\n\n\x02id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.fairq.v1.BackendKind\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\x12\x1b\n\x13priority_scheduling\x18\x05 \x01(\x08\x12\x15\n\rmax_in_flight\x18\x06 \x01(\r\x12\x16\n\x0emetrics_preset\x18\x07 \x01(\t\x12\x16\n\x0ewaiting_metric\x18\x08 \x01(\t\x12\x16\n\x0erunning_metric\x18\t \x01(\t\x12\x17\n\x0fkv_usage_metric\x18\n \x01(\t\x12\x13\n\x0btpot_metric\x18\x0b \x01(\t\x12\x16\n\x0epriority_order\x18\x0c \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\r \x01(\t\"\xb1\x01\n\rBackendStatus\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.fairq.v1.Backend\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x0f\n\x07waiting\x18\x04 \x01(\x01\x12\x0f\n\x07running\x18\x05 \x01(\x01\x12\x14\n\x0ctpot_seconds\x18\x06 \x01(\x01\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x0e\n\x06reason\x18\x08 \x01(\t\"<\n\x16RegisterBackendRequest\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.fairq.v1.Backend\"B\n\x17RegisterBackendResponse\x12\'\n\x06status\x18\x01 \x01(\x0b\x32\x17.fairq.v1.BackendStatus\"5\n\x18\x44\x65registerBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\"\x1b\n\x19\x44\x65registerBackendResponse\"\x15\n\x13ListBackendsRequest\"A\n\x14ListBackendsResponse\x12)\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x17.fairq.v1.BackendStatus\",\n\x17GetQueueSnapshotRequest\x12\x11\n\ttop_users\x18\x01 \x01(\r\")\n\tTierDepth\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\r\"e\n\nModelQueue\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\"\n\x05tiers\x18\x03 \x03(\x0b\x32\x13.fairq.v1.TierDepth\x12\x14\n\x0cqueued_users\x18\x04 \x01(\r\"?\n\x08UserLoad\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\x15\n\rrecent_tokens\x18\x03 \x01(\x01\"\'\n\x08TierGate\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\"Y\n\x0b\x42\x61\x63kendLoad\x12\'\n\x06status\x18\x01 \x01(\x0b\x32\x17.fairq.v1.BackendStatus\x12!\n\x05gates\x18\x02 \x03(\x0b\x32\x12.fairq.v1.TierGate\"\xc0\x01\n\x18GetQueueSnapshotResponse\x12\x1d\n\x15taken_at_unix_seconds\x18\x01 \x01(\x01\x12$\n\x06models\x18\x02 \x03(\x0b\x32\x14.fairq.v1.ModelQueue\x12!\n\x05users\x18\x03 \x03(\x0b\x32\x12.fairq.v1.UserLoad\x12\'\n\x08\x62\x61\x63kends\x18\x04 \x03(\x0b\x32\x15.fairq.v1.BackendLoad\x12\x13\n\x0bknown_users\x18\x05 \x01(\r*q\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42\x41\x43KEND_KIND_VLLM\x10\x01\x12\x14\n\x10\x42\x41\x43KEND_KIND_TGI\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_KIND_OPENAI\x10\x03\x32\xe7\x02\n\x05\x41\x64min\x12V\n\x0fRegisterBackend\x12 .fairq.v1.RegisterBackendRequest\x1a!.fairq.v1.RegisterBackendResponse\x12\\\n\x11\x44\x65registerBackend\x12\".fairq.v1.DeregisterBackendRequest\x1a#.fairq.v1.DeregisterBackendResponse\x12M\n\x0cListBackends\x12\x1d.fairq.v1.ListBackendsRequest\x1a\x1e.fairq.v1.ListBackendsResponse\x12Y\n\x10GetQueueSnapshot\x12!.fairq.v1.GetQueueSnapshotRequest\x1a\".fairq.v1.GetQueueSnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66\x61irq/v1/admin.proto\x12\x08\x66\x61irq.v1\"\xd0\x02\n\x07\x42\x61\x63kend\x12\n\n\x02id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.fairq.v1.BackendKind\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\x12\x1b\n\x13priority_scheduling\x18\x05 \x01(\x08\x12\x15\n\rmax_in_flight\x18\x06 \x01(\r\x12\x16\n\x0emetrics_preset\x18\x07 \x01(\t\x12\x16\n\x0ewaiting_metric\x18\x08 \x01(\t\x12\x16\n\x0erunning_metric\x18\t \x01(\t\x12\x17\n\x0fkv_usage_metric\x18\n \x01(\t\x12\x13\n\x0btpot_metric\x18\x0b \x01(\t\x12\x16\n\x0epriority_order\x18\x0c \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\r \x01(\t\x12\x1b\n\x13\x66\x61ir_share_priority\x18\x0e \x01(\x08\"\xb1\x01\n\rBackendStatus\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.fairq.v1.Backend\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x0f\n\x07waiting\x18\x04 \x01(\x01\x12\x0f\n\x07running\x18\x05 \x01(\x01\x12\x14\n\x0ctpot_seconds\x18\x06 \x01(\x01\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x0e\n\x06reason\x18\x08 \x01(\t\"<\n\x16RegisterBackendRequest\x12\"\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0b\x32\x11.fairq.v1.Backend\"B\n\x17RegisterBackendResponse\x12\'\n\x06status\x18\x01 \x01(\x0b\x32\x17.fairq.v1.BackendStatus\"5\n\x18\x44\x65registerBackendRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\"\x1b\n\x19\x44\x65registerBackendResponse\"\x15\n\x13ListBackendsRequest\"A\n\x14ListBackendsResponse\x12)\n\x08\x62\x61\x63kends\x18\x01 \x03(\x0b\x32\x17.fairq.v1.BackendStatus\",\n\x17GetQueueSnapshotRequest\x12\x11\n\ttop_users\x18\x01 \x01(\r\")\n\tTierDepth\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\r\"e\n\nModelQueue\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\"\n\x05tiers\x18\x03 \x03(\x0b\x32\x13.fairq.v1.TierDepth\x12\x14\n\x0cqueued_users\x18\x04 \x01(\r\"?\n\x08UserLoad\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\x15\n\rrecent_tokens\x18\x03 \x01(\x01\"\'\n\x08TierGate\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\"Y\n\x0b\x42\x61\x63kendLoad\x12\'\n\x06status\x18\x01 \x01(\x0b\x32\x17.fairq.v1.BackendStatus\x12!\n\x05gates\x18\x02 \x03(\x0b\x32\x12.fairq.v1.TierGate\"\xc0\x01\n\x18GetQueueSnapshotResponse\x12\x1d\n\x15taken_at_unix_seconds\x18\x01 \x01(\x01\x12$\n\x06models\x18\x02 \x03(\x0b\x32\x14.fairq.v1.ModelQueue\x12!\n\x05users\x18\x03 \x03(\x0b\x32\x12.fairq.v1.UserLoad\x12\'\n\x08\x62\x61\x63kends\x18\x04 \x03(\x0b\x32\x15.fairq.v1.BackendLoad\x12\x13\n\x0bknown_users\x18\x05 \x01(\r*q\n\x0b\x42\x61\x63kendKind\x12\x1c\n\x18\x42\x41\x43KEND_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42\x41\x43KEND_KIND_VLLM\x10\x01\x12\x14\n\x10\x42\x41\x43KEND_KIND_TGI\x10\x02\x12\x17\n\x13\x42\x41\x43KEND_KIND_OPENAI\x10\x03\x32\xe7\x02\n\x05\x41\x64min\x12V\n\x0fRegisterBackend\x12 .fairq.v1.RegisterBackendRequest\x1a!.fairq.v1.RegisterBackendResponse\x12\\\n\x11\x44\x65registerBackend\x12\".fairq.v1.DeregisterBackendRequest\x1a#.fairq.v1.DeregisterBackendResponse\x12M\n\x0cListBackends\x12\x1d.fairq.v1.ListBackendsRequest\x1a\x1e.fairq.v1.ListBackendsResponse\x12Y\n\x10GetQueueSnapshot\x12!.fairq.v1.GetQueueSnapshotRequest\x1a\".fairq.v1.GetQueueSnapshotResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fairq.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BACKENDKIND']._serialized_start=1412
-  _globals['_BACKENDKIND']._serialized_end=1525
+  _globals['_BACKENDKIND']._serialized_start=1441
+  _globals['_BACKENDKIND']._serialized_end=1554
   _globals['_BACKEND']._serialized_start=35
-  _globals['_BACKEND']._serialized_end=342
-  _globals['_BACKENDSTATUS']._serialized_start=345
-  _globals['_BACKENDSTATUS']._serialized_end=522
-  _globals['_REGISTERBACKENDREQUEST']._serialized_start=524
-  _globals['_REGISTERBACKENDREQUEST']._serialized_end=584
-  _globals['_REGISTERBACKENDRESPONSE']._serialized_start=586
-  _globals['_REGISTERBACKENDRESPONSE']._serialized_end=652
-  _globals['_DEREGISTERBACKENDREQUEST']._serialized_start=654
-  _globals['_DEREGISTERBACKENDREQUEST']._serialized_end=707
-  _globals['_DEREGISTERBACKENDRESPONSE']._serialized_start=709
-  _globals['_DEREGISTERBACKENDRESPONSE']._serialized_end=736
-  _globals['_LISTBACKENDSREQUEST']._serialized_start=738
-  _globals['_LISTBACKENDSREQUEST']._serialized_end=759
-  _globals['_LISTBACKENDSRESPONSE']._serialized_start=761
-  _globals['_LISTBACKENDSRESPONSE']._serialized_end=826
-  _globals['_GETQUEUESNAPSHOTREQUEST']._serialized_start=828
-  _globals['_GETQUEUESNAPSHOTREQUEST']._serialized_end=872
-  _globals['_TIERDEPTH']._serialized_start=874
-  _globals['_TIERDEPTH']._serialized_end=915
-  _globals['_MODELQUEUE']._serialized_start=917
-  _globals['_MODELQUEUE']._serialized_end=1018
-  _globals['_USERLOAD']._serialized_start=1020
-  _globals['_USERLOAD']._serialized_end=1083
-  _globals['_TIERGATE']._serialized_start=1085
-  _globals['_TIERGATE']._serialized_end=1124
-  _globals['_BACKENDLOAD']._serialized_start=1126
-  _globals['_BACKENDLOAD']._serialized_end=1215
-  _globals['_GETQUEUESNAPSHOTRESPONSE']._serialized_start=1218
-  _globals['_GETQUEUESNAPSHOTRESPONSE']._serialized_end=1410
-  _globals['_ADMIN']._serialized_start=1528
-  _globals['_ADMIN']._serialized_end=1887
+  _globals['_BACKEND']._serialized_end=371
+  _globals['_BACKENDSTATUS']._serialized_start=374
+  _globals['_BACKENDSTATUS']._serialized_end=551
+  _globals['_REGISTERBACKENDREQUEST']._serialized_start=553
+  _globals['_REGISTERBACKENDREQUEST']._serialized_end=613
+  _globals['_REGISTERBACKENDRESPONSE']._serialized_start=615
+  _globals['_REGISTERBACKENDRESPONSE']._serialized_end=681
+  _globals['_DEREGISTERBACKENDREQUEST']._serialized_start=683
+  _globals['_DEREGISTERBACKENDREQUEST']._serialized_end=736
+  _globals['_DEREGISTERBACKENDRESPONSE']._serialized_start=738
+  _globals['_DEREGISTERBACKENDRESPONSE']._serialized_end=765
+  _globals['_LISTBACKENDSREQUEST']._serialized_start=767
+  _globals['_LISTBACKENDSREQUEST']._serialized_end=788
+  _globals['_LISTBACKENDSRESPONSE']._serialized_start=790
+  _globals['_LISTBACKENDSRESPONSE']._serialized_end=855
+  _globals['_GETQUEUESNAPSHOTREQUEST']._serialized_start=857
+  _globals['_GETQUEUESNAPSHOTREQUEST']._serialized_end=901
+  _globals['_TIERDEPTH']._serialized_start=903
+  _globals['_TIERDEPTH']._serialized_end=944
+  _globals['_MODELQUEUE']._serialized_start=946
+  _globals['_MODELQUEUE']._serialized_end=1047
+  _globals['_USERLOAD']._serialized_start=1049
+  _globals['_USERLOAD']._serialized_end=1112
+  _globals['_TIERGATE']._serialized_start=1114
+  _globals['_TIERGATE']._serialized_end=1153
+  _globals['_BACKENDLOAD']._serialized_start=1155
+  _globals['_BACKENDLOAD']._serialized_end=1244
+  _globals['_GETQUEUESNAPSHOTRESPONSE']._serialized_start=1247
+  _globals['_GETQUEUESNAPSHOTRESPONSE']._serialized_end=1439
+  _globals['_ADMIN']._serialized_start=1557
+  _globals['_ADMIN']._serialized_end=1916
 # @@protoc_insertion_point(module_scope)
