@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from fairq_server.backends.kinds import BACKEND_KINDS
+from fairq_server.cluster.settings import ClusterConfig
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -55,6 +56,7 @@ __all__ = [
     "PRIORITY_ORDERS",
     "AdminConfig",
     "BackendConfig",
+    "ClusterConfig",
     "Config",
     "ConfigError",
     "HttpConfig",
@@ -333,6 +335,10 @@ class Config:
     Attributes:
         access_log: write one JSON line per finished request to standard output (see
             :mod:`fairq_server.api.access_log`).
+        state_file: where a single process keeps the backends registered over RPC, so they
+            survive a restart (empty: not kept). With ``cluster``, Redis keeps them.
+        cluster: several replicas sharing gate, fairness and registry on Redis (None: one
+            process, no Redis).
 
     """
 
@@ -344,6 +350,8 @@ class Config:
     tls: TlsConfig | None = None
     admin: AdminConfig = field(default_factory=AdminConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    state_file: str = ""
+    cluster: ClusterConfig | None = None
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
@@ -442,7 +450,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
     """
     raw = dict(raw)
     kwargs: dict[str, Any] = {}
-    for key in ("listen", "metrics_listen"):
+    for key in ("listen", "metrics_listen", "state_file"):
         if key in raw:
             kwargs[key] = str(raw.pop(key))
     if "access_log" in raw:
@@ -460,6 +468,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
         kwargs["admin"] = _build(AdminConfig, "admin", raw.pop("admin"))
     if "http" in raw:
         kwargs["http"] = _build(HttpConfig, "http", raw.pop("http"))
+    if "cluster" in raw:
+        kwargs["cluster"] = _build(ClusterConfig, "cluster", raw.pop("cluster"))
     if "tiers" in raw:
         kwargs["tiers"] = tuple(
             _build(TierConfig, f"tiers[{i}]", t) for i, t in enumerate(raw.pop("tiers"))

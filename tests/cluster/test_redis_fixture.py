@@ -1,0 +1,80 @@
+"""The Redis fixture itself: a real server that answers, and starts empty after a restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fairq_server.cluster.connection import connect
+from fairq_server.cluster.redis_process import RedisProcess
+from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.config import ConfigError, parse_config
+
+
+async def test_redis_server_answers_and_restarts_empty(redis_server: RedisProcess) -> None:
+    # The replica's own client: it reconnects after the restart by itself.
+    client = connect(ClusterConfig(redis_server.url, replica_id="t"))
+    try:
+        await client.set("k", "v")
+        assert await client.get("k") == b"v"
+        redis_server.stop()
+        redis_server.start()
+        assert await client.get("k") is None  # persistence is off: restarted empty
+    finally:
+        await client.aclose()
+
+
+async def test_password_from_the_url_or_from_password_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    with RedisProcess.running(password="s3cret") as server:
+        bare = f"redis://127.0.0.1:{server.port}/0"
+        monkeypatch.setenv("FAIRQ_TEST_REDIS_PW", "s3cret")
+        for config in (
+            ClusterConfig(server.url, replica_id="t"),
+            ClusterConfig(bare, password_env="FAIRQ_TEST_REDIS_PW", replica_id="t"),
+        ):
+            client = connect(config)
+            try:
+                assert await client.ping()
+            finally:
+                await client.aclose()
+        client = connect(ClusterConfig(bare, replica_id="t"))
+        try:
+            with pytest.raises(Exception, match=r"(?i)auth"):
+                await client.ping()
+        finally:
+            await client.aclose()
+
+
+def test_cluster_section_is_parsed_and_checked() -> None:
+    assert parse_config({}).cluster is None
+    config = parse_config(
+        {"cluster": {"redis_url": "rediss://h:6380/0", "replica_id": "r1"}, "state_file": "s"}
+    )
+    assert config.cluster is not None
+    assert (config.cluster.replica_id, config.cluster.lease_seconds) == ("r1", 5.0)
+    assert config.cluster.safe_url == "rediss://h:6380/0"
+    assert config.state_file == "s"
+    assert parse_config({"cluster": {"redis_url": "redis://h"}}).cluster.replica_id.endswith(
+        f"-{os.getpid()}"
+    )  # type: ignore[union-attr]
+    for bad, message in (
+        ({"redis_url": "http://h"}, "redis_url"),
+        ({"redis_url": "redis://h", "lease_seconds": 0}, "lease_seconds"),
+        ({"redis_url": "redis://h", "local_share": 2}, "local_share"),
+        ({"redis_url": "redis://h", "password_env": "FAIRQ_UNSET_VAR_X"}, "FAIRQ_UNSET_VAR_X"),
+        ({"redis_url": "redis://h", "lease": 1}, "unknown keys"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_config({"cluster": bad})
+
+
+def test_single_process_path_does_not_import_redis() -> None:
+    """No ``[cluster]``: the server modules load without the Redis client."""
+    code = (
+        "import sys, fairq_server.api.server, fairq_server.cli, fairq_server.config;"
+        "sys.exit('redis' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
