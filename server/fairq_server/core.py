@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.credentials import refuse_unserved
@@ -26,6 +27,9 @@ from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
 from fairq_server.supervisor import supervise
 from fairq_server.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from fairq_server.cluster.node import ClusterNode
 
 __all__ = ["FairqCore"]
 
@@ -60,9 +64,26 @@ class FairqCore:
         self.tier_names = tuple(t.name for t in config.tiers)
         # Fail at start-up on unknown policy names, not at the first request.
         self.policies = Policies.from_config(config.scheduler)
+        self.cluster: ClusterNode | None = None
+        launcher = None
+        if config.cluster is not None:
+            # Imported only here: one process without [cluster] never loads the Redis client.
+            from fairq_server.cluster.launcher import ClusterLauncher
+            from fairq_server.cluster.node import ClusterNode
+
+            self.cluster = ClusterNode(config.cluster, self.telemetry.registry)
+            launcher = ClusterLauncher(
+                lambda event: self.dispatcher.post(event),
+                config.scheduler.stream_coalesce_seconds,
+                self.cluster,
+                lambda: self.dispatcher.tiers,
+            )
         self.dispatcher = Dispatcher(
-            config.tiers, config.scheduler, self.telemetry, self.policies, on_health=on_health
-        )
+            config.tiers, config.scheduler, self.telemetry, self.policies, launcher,
+            on_health=on_health,
+        )  # fmt: skip
+        if self.cluster is not None:
+            self.cluster.attach(self.dispatcher.post, lambda: [b.id for b in self.backends()])
         self._polled: dict[str, _Polled] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._adapters: set[Backend] = set()
@@ -71,6 +92,8 @@ class FairqCore:
     async def start(self) -> None:
         """Start the dispatcher, measure event-loop lag, register the configured backends."""
         self._loop_monitor.start()
+        if self.cluster is not None:
+            await self.cluster.start()
         self.dispatcher.start()
         for cfg in self.config.backends:
             await self.register_backend(cfg)
@@ -91,6 +114,8 @@ class FairqCore:
             await adapter.aclose()
         self._adapters.clear()
         await self._loop_monitor.stop()
+        if self.cluster is not None:
+            await self.cluster.close()
 
     async def reconfigure(self, config: Config) -> None:
         """Apply a reloaded configuration without dropping queued or running requests.

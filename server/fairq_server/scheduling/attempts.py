@@ -162,6 +162,14 @@ class AttemptBook:
             case ev.StreamFailed(error=error):
                 self._failed(ticket, error)
 
+    def refused(self, event: ev.Refused) -> None:
+        """Queue again, at the front, an attempt the cluster's shared gate refused."""
+        ticket = event.ticket
+        if ticket.attempt != event.attempt or ticket.state is not TicketState.RUNNING:
+            return
+        self._release(ticket)
+        self._d.requeue(ticket)
+
     def _first_token(self, ticket: Ticket, at: float) -> None:
         assert ticket.backend is not None
         if ticket.generating:

@@ -272,6 +272,12 @@ class Dispatcher:
                 self._scrape_landed(backend_id, result)
             case ev.FirstToken() | ev.Tokens() | ev.StreamEnded() | ev.StreamFailed():
                 self.attempts.apply(event)
+            case ev.Refused():
+                self.attempts.refused(event)
+            case ev.PeerView(backend_id, awaiting, in_flight, share):
+                if (state := self._backends.get(backend_id)) is not None:
+                    state.peer_awaiting, state.peer_in_flight = awaiting, in_flight
+                    state.share = share
             case ev.AddBackend(state):
                 self._add_backend(state)
             case ev.RemoveBackend(backend_id, done):

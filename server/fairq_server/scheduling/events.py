@@ -27,7 +27,9 @@ __all__ = [
     "Cancel",
     "Event",
     "FirstToken",
+    "PeerView",
     "Reconfigure",
+    "Refused",
     "RemoveBackend",
     "ScrapeLanded",
     "ScrapeSent",
@@ -105,6 +107,28 @@ class StreamFailed:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """The cluster's shared gate refused attempt ``attempt`` before it reached the backend.
+
+    The request goes back to the front of its tier, not charged a retry: another replica
+    took the last slot first.
+    """
+
+    ticket: Ticket
+    attempt: int
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """What the other replicas hold on ``backend_id``, and this replica's share (cluster)."""
+
+    backend_id: str
+    awaiting: int
+    in_flight: int
+    share: float
+
+
+@dataclass(frozen=True)
 class AddBackend:
     """Start routing to ``backend`` (replacing one with the same id)."""
 
@@ -145,6 +169,8 @@ Event = (
     | Tokens
     | StreamEnded
     | StreamFailed
+    | Refused
+    | PeerView
     | AddBackend
     | RemoveBackend
     | Reconfigure
