@@ -63,7 +63,7 @@ class FairqCore:
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.tier_names = tuple(t.name for t in config.tiers)
         # Fail at start-up on unknown policy names, not at the first request.
-        self.policies = Policies.from_config(config.scheduler)
+        self.policies = self._policies(config)
         self.cluster: ClusterNode | None = None
         launcher = None
         if config.cluster is not None:
@@ -134,7 +134,7 @@ class FairqCore:
         if tuple(t.name for t in config.tiers) != self.tier_names:
             raise ConfigError("tiers cannot be renamed, added or reordered at run time")
         try:
-            policies = Policies.from_config(config.scheduler)
+            policies = self._policies(config)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         s, o = config.scheduler, old.scheduler
@@ -154,6 +154,15 @@ class FairqCore:
         for cfg in config.backends:
             if cfg not in old.backends or self.dispatcher.backend(cfg.id) is None:
                 await self.register_backend(cfg)
+
+    @staticmethod
+    def _policies(config: Config) -> Policies:
+        policies = Policies.from_config(config.scheduler)
+        if config.cluster is None:
+            return policies
+        from fairq_server.cluster.fairness import shared_policies
+
+        return shared_policies(policies, config.cluster.fairness_slack)
 
     def live_requests(self) -> int:
         """Count the requests queued or running, over all models."""

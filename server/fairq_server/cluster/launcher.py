@@ -86,6 +86,7 @@ class ClusterLauncher(StreamLauncher):
         others = max(0.0, sample.waiting - backend.awaiting_mark) if sample is not None else 0.0
         threshold = max(tier.max_backend_waiting, 1)
         member = f"{self._node.replica_id}|{next(self._seq)}"
+        self._node.dispatched()
         return asyncio.create_task(
             self._run(ticket, ticket.attempt, backend.id, member, others, threshold,
                       backend.max_in_flight)

@@ -6,7 +6,10 @@ Background tasks (never the dispatcher loop) talk to Redis:
   reservations it holds;
 * the refresher: the other replicas' reservations per backend, read when a release is
   announced (pub/sub) or every ``refresh_seconds``, posted to the dispatcher as
-  :class:`~fairq_server.scheduling.events.PeerView`.
+  :class:`~fairq_server.scheduling.events.PeerView`;
+* the fairness sync: flushes the fairness journals and reads the shared counters back
+  (:mod:`.fairness`), after each dispatch, when another replica's head moves, and every
+  ``refresh_seconds``.
 
 When Redis stops answering, the replica runs on its local share: each backend's threshold
 and in-flight cap scaled by ``local_share`` (default one over the replicas last seen), so
@@ -25,6 +28,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from fairq_server.cluster.connection import REDIS_ERRORS, connect
+from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate
@@ -50,6 +54,9 @@ class ClusterNode:
         self.metrics = ClusterMetrics(registry, config.replica_id)
         self.client = connect(config)
         self.gate = SharedGate(self.client, config.key_prefix, config.lease_seconds)
+        self.counters = SharedCounters(
+            self.client, config.key_prefix, config.replica_id, config.lease_seconds
+        )
         self.connected = False
         self.replicas = 1
         self._post: Callable[[ev.Event], None] = lambda event: None
@@ -60,6 +67,8 @@ class ClusterNode:
         self._background: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._views: dict[str, tuple[int, int, float]] = {}
+        self._fair_wake = asyncio.Event()
+        self._heads: dict[tuple[str, int], float | None] = {}
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -84,6 +93,7 @@ class ClusterNode:
         self._tasks = [
             asyncio.create_task(self._forever(self._heartbeat_once, self._beat), name="heartbeat"),
             asyncio.create_task(self._refresher(), name="cluster-refresh"),
+            asyncio.create_task(self._fair_loop(), name="cluster-fairness"),
         ]
 
     async def close(self) -> None:
@@ -236,11 +246,12 @@ class ClusterNode:
             try:
                 if self.connected:
                     pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-                    await pubsub.psubscribe(self.gate.channel())
+                    await pubsub.psubscribe(self.gate.channel(), self.counters.channel())
                 while self.connected or pubsub is None:
                     if pubsub is not None:
                         message = await pubsub.get_message(timeout=self.config.refresh_seconds)
                         while message is not None:  # coalesce a burst of releases
+                            self._fair_wake.set()
                             message = await pubsub.get_message(timeout=0)
                     else:
                         self._wake.clear()
@@ -265,3 +276,46 @@ class ClusterNode:
         ids = self._backend_ids()
         for backend_id, counts in (await self.gate.counts(ids)).items():
             self._view(backend_id, counts)
+
+    # -- shared fairness ------------------------------------------------------------------
+
+    def dispatched(self) -> None:
+        """Note a dispatch here: share the counters soon."""
+        self._fair_wake.set()
+
+    async def _fair_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.refresh_seconds):
+                    await self._fair_wake.wait()
+            self._fair_wake.clear()
+            try:
+                await self._fair_sync()
+            except REDIS_ERRORS as exc:
+                self._lost(exc)
+            except Exception:
+                log.exception("fairness sync failed")
+            # At most one sync per few milliseconds: a burst of dispatches shares one.
+            await asyncio.sleep(0.002)
+
+    async def _take(self) -> list[ev.JournalEntry]:
+        done: asyncio.Future[list[ev.JournalEntry]] = asyncio.get_running_loop().create_future()
+        self._post(ev.TakeJournals(done))
+        return await done
+
+    async def _fair_sync(self) -> None:
+        entries = await self._take()
+        if not self.connected:
+            # Local fairness until Redis is back: no floor from replicas not heard from.
+            for e in entries:
+                if self._heads.pop((e.model, e.tier), 0.0) is not None:
+                    self._post(ev.FairnessSync(e.model, e.tier, {}, None))
+            return
+        results = await self.counters.sync(entries)
+        moved = False
+        for e, r in zip(entries, results, strict=True):
+            self._post(ev.FairnessSync(r.model, r.tier, r.counters, r.floor))
+            moved |= self._heads.get((e.model, e.tier)) != e.head
+            self._heads[(e.model, e.tier)] = e.head
+        if moved:
+            await self.client.publish(self.counters.channel(), self.replica_id)

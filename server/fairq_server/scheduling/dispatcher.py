@@ -45,6 +45,7 @@ from fairq_server.scheduling.picking import Picker
 from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.prefix import PrefixCache
 from fairq_server.scheduling.queue import ModelQueue
+from fairq_server.scheduling.shared_counters import adopt_counters, take_journals
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.supervisor import RESTART_DELAYS, supervise
 from fairq_server.telemetry import Telemetry
@@ -278,6 +279,11 @@ class Dispatcher:
                 if (state := self._backends.get(backend_id)) is not None:
                     state.peer_awaiting, state.peer_in_flight = awaiting, in_flight
                     state.share = share
+            case ev.TakeJournals(done):
+                if not done.done():
+                    done.set_result(take_journals(self._models.values()))
+            case ev.FairnessSync():
+                adopt_counters(self._models, event)
             case ev.AddBackend(state):
                 self._add_backend(state)
             case ev.RemoveBackend(backend_id, done):

@@ -19,6 +19,7 @@ from fairq_server.scheduling.ticket import Ticket
 
 if TYPE_CHECKING:
     from fairq_server.scheduling.backend_state import BackendState
+    from fairq_server.scheduling.fairness.counter import Journal
     from fairq_server.scheduling.policies import Policies
 
 __all__ = [
@@ -26,7 +27,9 @@ __all__ = [
     "Barrier",
     "Cancel",
     "Event",
+    "FairnessSync",
     "FirstToken",
+    "JournalEntry",
     "PeerView",
     "Reconfigure",
     "Refused",
@@ -36,8 +39,20 @@ __all__ = [
     "StreamEnded",
     "StreamFailed",
     "Submit",
+    "TakeJournals",
     "Tokens",
 ]
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One tier's journal: its charges and lifts, backlogged users and smallest counter."""
+
+    model: str
+    tier: int
+    journal: Journal
+    active: list[str]
+    head: float | None
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,23 @@ class PeerView:
 
 
 @dataclass(frozen=True)
+class TakeJournals:
+    """Resolve ``done`` with every fairness journal (cluster: the charges to share)."""
+
+    done: asyncio.Future[list[JournalEntry]]
+
+
+@dataclass(frozen=True)
+class FairnessSync:
+    """Shared counters of ``model``'s tier ``tier`` and the smallest backlogged anywhere."""
+
+    model: str
+    tier: int
+    counters: dict[str, float]
+    floor: float | None
+
+
+@dataclass(frozen=True)
 class AddBackend:
     """Start routing to ``backend`` (replacing one with the same id)."""
 
@@ -171,6 +203,8 @@ Event = (
     | StreamFailed
     | Refused
     | PeerView
+    | TakeJournals
+    | FairnessSync
     | AddBackend
     | RemoveBackend
     | Reconfigure
