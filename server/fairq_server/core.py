@@ -22,6 +22,12 @@ from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.registry import make_backend
 from fairq_server.config import BackendConfig, Config, ConfigError
 from fairq_server.loop_monitor import LoopMonitor
+from fairq_server.registrations import (
+    FileRegistrations,
+    Registrations,
+    backend_from_json,
+    backend_to_json,
+)
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
@@ -84,6 +90,17 @@ class FairqCore:
         )  # fmt: skip
         if self.cluster is not None:
             self.cluster.attach(self.dispatcher.post, lambda: [b.id for b in self.backends()])
+        # Where RPC registrations outlive this process: Redis in a cluster, else state_file.
+        self.registrations: Registrations | None = None
+        if self.cluster is not None:
+            from fairq_server.cluster.registry import RedisRegistrations
+
+            prefix = self.cluster.config.key_prefix
+            self.registrations = RedisRegistrations(self.cluster.client, prefix)
+        elif config.state_file:
+            self.registrations = FileRegistrations(config.state_file)
+        self._stored: dict[str, str] = {}  # registrations applied here, as stored
+        self._watcher: asyncio.Task[None] | None = None
         self._polled: dict[str, _Polled] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._adapters: set[Backend] = set()
@@ -97,6 +114,7 @@ class FairqCore:
         self.dispatcher.start()
         for cfg in self.config.backends:
             await self.register_backend(cfg)
+        await self._restore_registrations()
 
     async def close_queues(self) -> None:
         """Stop dispatching and answer every queued request UNAVAILABLE."""
@@ -104,6 +122,10 @@ class FairqCore:
 
     async def close(self) -> None:
         """Close the queues, stop polling and close backend connections (aborting streams)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         await self.close_queues()
         for backend_id in list(self._polled):
             await self._stop_polling(backend_id)
@@ -176,8 +198,48 @@ class FairqCore:
         """Return the states of every registered backend."""
         return self.dispatcher.backends()
 
+    async def _restore_registrations(self) -> None:
+        """Register what earlier RPCs stored; in a cluster, follow the shared registry."""
+        if self.registrations is None:
+            return
+        from_file = {b.id for b in self.config.backends}
+        if self.cluster is not None:
+            from fairq_server.cluster.registry import RedisRegistrations, watch
+
+            assert isinstance(self.registrations, RedisRegistrations)
+            self._watcher = asyncio.create_task(
+                watch(self.cluster.client, self.registrations, self._reconcile), name="registry"
+            )
+            return
+        for cfg in await self.registrations.load():
+            if cfg.id not in from_file:
+                await self._reconcile_one(cfg.id, backend_to_json(cfg))
+
+    async def _reconcile(self, stored: dict[str, str]) -> None:
+        """Match this replica's RPC-registered backends to the shared registry."""
+        from_file = {b.id for b in self.config.backends}
+        for backend_id, text in stored.items():
+            if backend_id not in from_file and self._stored.get(backend_id) != text:
+                await self._reconcile_one(backend_id, text)
+        for backend_id in [b for b in self._stored if b not in stored]:
+            del self._stored[backend_id]
+            await self.deregister_backend(backend_id, drain=False, persist=False)
+
+    async def _reconcile_one(self, backend_id: str, text: str) -> None:
+        try:
+            await self.register_backend(backend_from_json(text), from_rpc=True, persist=False)
+        except Exception as exc:  # the backend may be down now: tried again at the next read
+            log.warning("stored backend %s not registered: %s", backend_id, exc)
+            return
+        self._stored[backend_id] = text
+
     async def register_backend(
-        self, cfg: BackendConfig, *, backend: Backend | None = None, from_rpc: bool = False
+        self,
+        cfg: BackendConfig,
+        *,
+        backend: Backend | None = None,
+        from_rpc: bool = False,
+        persist: bool = True,
     ) -> BackendState:
         """Validate and register a backend (replacing one with the same id).
 
@@ -210,10 +272,21 @@ class FairqCore:
         task = asyncio.create_task(self._poll(poller), name=f"poll-{backend.id}")
         self._polled[backend.id] = _Polled(poller, task)
         log.info("registered backend %s (%s) for %s", backend.id, backend.kind, backend.models)
+        if from_rpc and persist and self.registrations is not None:
+            self._stored[cfg.id] = backend_to_json(cfg)
+            await self.registrations.put(cfg)
         return state
 
-    async def deregister_backend(self, backend_id: str, *, drain: bool) -> bool:
-        """Remove a backend; with ``drain``, return once its in-flight requests are done."""
+    async def deregister_backend(
+        self, backend_id: str, *, drain: bool, persist: bool = True
+    ) -> bool:
+        """Remove a backend; with ``drain``, return once its in-flight requests are done.
+
+        With ``persist``, a stored RPC registration is forgotten too (every replica's).
+        """
+        if persist and self.registrations is not None:
+            self._stored.pop(backend_id, None)
+            await self.registrations.delete(backend_id)
         await self._stop_polling(backend_id)
         state = await self.dispatcher.remove_backend(backend_id)
         if state is None:
