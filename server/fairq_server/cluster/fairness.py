@@ -4,9 +4,9 @@ Each replica keeps its policies' counters locally (the dispatcher reads them on 
 and flushes what changed, in one round trip per sync for all its models and tiers: lifts as
 "at least" (``max``), charges as ``HINCRBYFLOAT``. The same script returns the shared
 counters of the replica's backlogged users and the global floor: the smallest counter any
-replica has backlogged (each replica's head, leased like a reservation so a dead replica's
-head expires). A replica then serves a user only while its counter is within the slack of
-that floor, so the slots of the shared gate go to the user furthest behind anywhere.
+other replica has backlogged (each replica's head, leased like a reservation so a dead
+replica's head expires). A replica then serves a user only while its counter is within the
+slack of that floor, so the slots of the shared gate go to the user furthest behind anywhere.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def shared_policies(policies: Policies, slack: float) -> Policies:
 
 
 # KEYS: counters hash, heads hash. ARGV: replica, lease ms, head ('' none), n floors,
-# (user, floor)*, n deltas, (user, delta)*, users to read*. Returns {floor or '', values*}.
+# (user, floor)*, n deltas, (user, delta)*, users to read*. Returns {floor or '', values*}:
+# the floor is the smallest head of the *other* replicas (this replica knows its own now).
 _SYNC = """
 local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local lease = tonumber(ARGV[2])
@@ -67,7 +68,7 @@ for j = 1, #heads, 2 do
   local value, expiry = string.match(heads[j + 1], '(%S+) (%S+)')
   if tonumber(expiry) <= now then
     redis.call('HDEL', KEYS[2], heads[j])
-  elseif floor == nil or tonumber(value) < floor then
+  elseif heads[j] ~= ARGV[1] and (floor == nil or tonumber(value) < floor) then
     floor = tonumber(value)
   end
 end

@@ -152,7 +152,7 @@ class TakeJournals:
 
 @dataclass(frozen=True)
 class FairnessSync:
-    """Shared counters of ``model``'s tier ``tier`` and the smallest backlogged anywhere."""
+    """Shared counters of ``model``'s tier ``tier``, and the other replicas' smallest."""
 
     model: str
     tier: int

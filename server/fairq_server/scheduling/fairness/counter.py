@@ -13,7 +13,8 @@ cannot be banked as credit and spent later in a burst (Sheng et al., OSDI 2024).
 In a cluster the counters are shared through Redis (:mod:`fairq_server.cluster.fairness`):
 charges and lifts go to a :class:`Journal` the replica flushes, :meth:`adopt` takes the global
 counters back, and :meth:`may_serve` holds a user whose counter is above the smallest counter
-of any backlogged user on any replica (plus a slack). Without a cluster none of this is used.
+of any backlogged user on the other replicas (plus a slack). Without a cluster none of this
+is used.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class CounterFairness:
         top = self._clean_top()
         floor = top[0] if top is not None else self._virtual_time
         if self.global_floor is not None:
-            # The smallest counter backlogged anywhere in the cluster (as last read).
+            # The smallest counter backlogged on the other replicas (as last read).
             floor = self.global_floor if top is None else min(floor, self.global_floor)
         lifted = state.counter < floor
         state.counter = max(state.counter, floor)
@@ -265,6 +266,6 @@ class CounterFairness:
         self.global_floor = floor
 
     def may_serve(self, user: str) -> bool:
-        """Whether ``user`` is within the slack of the smallest backlogged counter anywhere."""
+        """Whether ``user`` is within the slack of the other replicas' smallest counter."""
         floor = self.global_floor
         return floor is None or self.counter(user) <= floor + self.slack + 1e-9
