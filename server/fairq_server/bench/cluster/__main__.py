@@ -27,8 +27,9 @@ async def _run(args: argparse.Namespace) -> int:
         counts = [1, 3] if args.what == "demo" else ([1, 2] if quick else [1, 2, 4])
         specs = table_workload(power=24 if quick else 60, power_tokens=120 if quick else 300,
                                light=2 if quick else 3)  # fmt: skip
+        power = sum(1 for s in specs if s.user == "power")
         print(
-            f"One simulated vLLM (max_num_seqs 8), tier threshold 3. 'power' sends {sum(1 for s in specs if s.user == 'power')} "
+            f"One simulated vLLM (max_num_seqs 8), tier threshold 3. 'power' sends {power} "
             "requests spread over the replicas; four light users send short ones to replica 0.\n"
             "Each replica count runs twice: every replica alone (no [cluster]), then sharing "
             "one gate and one fairness through Redis.",
@@ -40,8 +41,9 @@ async def _run(args: argparse.Namespace) -> int:
     if args.what == "fairness":
         from fairq_server.bench.cluster.fairness import fairness_markdown, run_fairness
 
-        result = await run_fairness(seconds=20 if quick else 60, window=10 if quick else 60,
-                                    plot=args.out / "cluster-fairness.png" if args.out else None)  # fmt: skip
+        plot = args.out / "cluster-fairness.png" if args.out else None
+        result = await run_fairness(seconds=20 if quick else 120, window=10 if quick else 60,
+                                    plot=plot)  # fmt: skip
         _write(args.out, "cluster-fairness.md", fairness_markdown(result))
         return 0
     if args.what == "cost":
