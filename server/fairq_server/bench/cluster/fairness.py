@@ -10,6 +10,7 @@ accumulated service gap (largest minus smallest per-user tokens) over time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ __all__ = ["FairnessResult", "fairness_markdown", "jain", "run_fairness"]
 USERS = {"heavy": 0, "light-1": 1, "light-2": 1, "light-3": 2}
 TOKENS = 60
 OUTSTANDING = 4
+ERRORS: collections.Counter[str] = collections.Counter()
 
 
 def jain(values: list[float]) -> float:
@@ -94,7 +96,8 @@ async def _user(
         try:
             async for _ in send(spec):
                 pass
-        except Exception:
+        except Exception as exc:  # counted, and the user goes on (a fault run may cause it)
+            ERRORS[type(exc).__name__ + ": " + str(exc)[:120]] += 1
             await asyncio.sleep(0.05)
             continue
         if time.monotonic() <= until:
