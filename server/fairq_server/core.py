@@ -68,8 +68,6 @@ class FairqCore:
         self.config = config
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.tier_names = tuple(t.name for t in config.tiers)
-        # Fail at start-up on unknown policy names, not at the first request.
-        self.policies = self._policies(config)
         self.cluster: ClusterNode | None = None
         launcher = None
         if config.cluster is not None:
@@ -84,6 +82,8 @@ class FairqCore:
                 self.cluster,
                 lambda: self.dispatcher.tiers,
             )
+        # Fail at start-up on unknown policy names, not at the first request.
+        self.policies = self._policies(config)
         self.dispatcher = Dispatcher(
             config.tiers, config.scheduler, self.telemetry, self.policies, launcher,
             on_health=on_health,
@@ -177,14 +177,14 @@ class FairqCore:
             if cfg not in old.backends or self.dispatcher.backend(cfg.id) is None:
                 await self.register_backend(cfg)
 
-    @staticmethod
-    def _policies(config: Config) -> Policies:
+    def _policies(self, config: Config) -> Policies:
         policies = Policies.from_config(config.scheduler)
-        if config.cluster is None:
+        if self.cluster is None:
             return policies
         from fairq_server.cluster.fairness import shared_policies
 
-        return shared_policies(policies, config.cluster.fairness_slack)
+        slack = self.cluster.config.fairness_slack
+        return shared_policies(policies, slack, self.cluster.dispatched)
 
     def live_requests(self) -> int:
         """Count the requests queued or running, over all models."""

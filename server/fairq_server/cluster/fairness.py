@@ -12,7 +12,7 @@ slack of that floor, so the slots of the shared gate go to the user furthest beh
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -25,8 +25,13 @@ from fairq_server.scheduling.policies import Policies
 __all__ = ["SharedCounters", "SyncResult", "shared_policies"]
 
 
-def shared_policies(policies: Policies, slack: float) -> Policies:
-    """Return ``policies`` whose counter policies journal their changes for the cluster."""
+def shared_policies(
+    policies: Policies, slack: float, on_backlogged: Callable[[], None]
+) -> Policies:
+    """Return ``policies`` whose counter policies journal their changes for the cluster.
+
+    ``on_backlogged`` is told when a user becomes backlogged (its head may be the new floor).
+    """
     make = policies.fairness
 
     def fairness() -> FairnessPolicy:
@@ -34,6 +39,7 @@ def shared_policies(policies: Policies, slack: float) -> Policies:
         if isinstance(policy, CounterFairness):
             policy.journal = Journal()
             policy.slack = slack
+            policy.on_backlogged = on_backlogged
         return policy
 
     return dataclasses.replace(policies, fairness=fairness)

@@ -280,7 +280,7 @@ class ClusterNode:
     # -- shared fairness ------------------------------------------------------------------
 
     def dispatched(self) -> None:
-        """Note a dispatch here: share the counters soon."""
+        """Note a dispatch or a newly backlogged user here: share the counters soon."""
         self._fair_wake.set()
 
     async def _fair_loop(self) -> None:

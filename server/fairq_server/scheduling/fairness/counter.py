@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fairq_server.scheduling.interfaces import Cost
@@ -86,6 +86,7 @@ class CounterFairness:
         self.journal: Journal | None = None
         self.global_floor: float | None = None
         self.slack = 0.0
+        self.on_backlogged: Callable[[], None] | None = None  # share the new head soon
 
     def _push(self, user: str, state: _UserState, *, fresh: bool = False) -> None:
         # Activation stamps sort before every stamp given after a charge, in arrival order.
@@ -132,6 +133,8 @@ class CounterFairness:
         state.counter = max(state.counter, floor)
         if lifted and self.journal is not None:
             self.journal.floors[user] = max(self.journal.floors.get(user, 0.0), floor)
+        if self.on_backlogged is not None:
+            self.on_backlogged()
         state.active = True
         self._active += 1
         self._push(user, state, fresh=lifted)
