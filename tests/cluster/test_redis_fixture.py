@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
+import grpc
 import pytest
 
 from fairq_server.cluster.connection import connect
 from fairq_server.cluster.redis_process import RedisProcess
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.config import ConfigError, parse_config
+from fairq_server.sim import SimServer
+from tests.conftest import FairqFactory, make_config, sim_backend
+from tests.reliability.helpers import gen_request, generate, run_call, until
 
 
 async def test_redis_server_answers_and_restarts_empty(redis_server: RedisProcess) -> None:
@@ -78,3 +83,23 @@ def test_single_process_path_does_not_import_redis() -> None:
         "sys.exit('redis' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+async def test_redis_unreachable_at_start_forwards_on_the_local_share(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    dead = RedisProcess()  # a free port nobody listens on
+    config = replace(
+        make_config([sim_backend(sim)]),
+        cluster=ClusterConfig(dead.url, replica_id="lonely", local_share=0.5, lease_seconds=1.0),
+    )
+    dead.close()
+    server = await fairq_factory(config)
+    state = server.core.backend("sim-a")
+    assert state is not None
+    await until(lambda: state.share == 0.5, what="the backend on the local share")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        outcome = await run_call(generate(channel, gen_request()))
+    assert outcome.code is grpc.StatusCode.OK, outcome
+    cluster = server.core.cluster
+    assert cluster is not None and not cluster.connected

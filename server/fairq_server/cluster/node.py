@@ -38,6 +38,11 @@ __all__ = ["ClusterNode"]
 
 log = logging.getLogger(__name__)
 
+#: Shortest time between two reads of the shared gate, and between two fairness syncs:
+#: at a high request rate each read or sync covers many events (the cost per request falls)
+#: at the price of this much delay in learning another replica's news.
+COALESCE_SECONDS = 0.005
+
 
 class ClusterNode:
     """One replica's membership of the cluster.
@@ -104,11 +109,12 @@ class ClusterNode:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await asyncio.gather(*self._background, return_exceptions=True)
-        with contextlib.suppress(*REDIS_ERRORS):
-            for backend_id, members in list(self._held.items()):
-                for member in list(members):
-                    await self.gate.release(backend_id, member)
-            await self.client.zrem(self._replicas_key, self.replica_id)
+        if self.connected:  # else their leases free them: no waiting on a lost Redis
+            with contextlib.suppress(*REDIS_ERRORS):
+                for backend_id, members in list(self._held.items()):
+                    for member in list(members):
+                        await self.gate.release(backend_id, member)
+                await self.client.zrem(self._replicas_key, self.replica_id)
         self._held.clear()
         await self.client.aclose()
 
@@ -202,13 +208,19 @@ class ClusterNode:
         self.connected = up
         self.metrics.redis_up.set(1 if up else 0)
         if not up:
-            # The slots held in Redis are forgotten: their leases free them there.
-            self._held.clear()
-            share = self.local_share
-            for backend_id in self._backend_ids():
+            # The slots held stay known: they are still released (first token, end) and
+            # renewed as soon as Redis answers again, so a brief timeout does not leave them
+            # counted in Redis until their leases run out.
+            self._local_views()
+        self._wake.set()
+
+    def _local_views(self) -> None:
+        """Put every backend (also one registered since Redis was lost) on the local share."""
+        share = self.local_share
+        for backend_id in self._backend_ids():
+            if self._views.get(backend_id) != (0, 0, share):
                 self._views[backend_id] = (0, 0, share)
                 self._post(ev.PeerView(backend_id, 0, 0, share))
-        self._wake.set()
 
     async def _heartbeat_once(self) -> None:
         """Presence, leases of the slots held, the number of replicas alive."""
@@ -254,6 +266,7 @@ class ClusterNode:
                             self._fair_wake.set()
                             message = await pubsub.get_message(timeout=0)
                     else:
+                        self._local_views()
                         self._wake.clear()
                         with contextlib.suppress(TimeoutError):
                             async with asyncio.timeout(self.config.refresh_seconds):
@@ -262,6 +275,8 @@ class ClusterNode:
                             break  # subscribe now
                         continue
                     await self._refresh()
+                    # A burst of releases shares one read: at most one per COALESCE.
+                    await asyncio.sleep(COALESCE_SECONDS)
             except REDIS_ERRORS as exc:
                 self._lost(exc)
             except Exception:
@@ -295,8 +310,8 @@ class ClusterNode:
                 self._lost(exc)
             except Exception:
                 log.exception("fairness sync failed")
-            # At most one sync per few milliseconds: a burst of dispatches shares one.
-            await asyncio.sleep(0.002)
+            # A burst of dispatches shares one sync: at most one per COALESCE.
+            await asyncio.sleep(COALESCE_SECONDS)
 
     async def _take(self) -> list[ev.JournalEntry]:
         done: asyncio.Future[list[ev.JournalEntry]] = asyncio.get_running_loop().create_future()

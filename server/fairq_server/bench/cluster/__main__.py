@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from fairq_server.bench.cluster.table import run_table, table_markdown, table_workload
+from fairq_server.bench.cluster.table import plot_table, run_table, table_markdown, table_workload
 from fairq_server.cluster.redis_process import INSTALL_HINT, redis_server_path
 
 __all__ = ["main"]
@@ -36,7 +36,10 @@ async def _run(args: argparse.Namespace) -> int:
             flush=True,
         )
         rows = await run_table(counts, specs)
-        _write(args.out, "cluster-table.md", table_markdown(rows))
+        name = "cluster-demo" if args.what == "demo" else "cluster-table"
+        _write(args.out, f"{name}.md", table_markdown(rows))
+        if args.out is not None:
+            plot_table(rows, args.out / f"{name}.png")
         return 0
     if args.what == "fairness":
         from fairq_server.bench.cluster.fairness import fairness_markdown, run_fairness

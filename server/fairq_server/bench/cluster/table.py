@@ -11,12 +11,20 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from fairq_server.bench.cluster.setup import QueueWatcher, by_replica, running_cluster
 from fairq_server.bench.report import markdown_table
 from fairq_server.bench.workload import RequestResult, RequestSpec, replay
 
-__all__ = ["TableRow", "run_table", "table_markdown", "table_workload"]
+__all__ = [
+    "TableRow",
+    "plot_table",
+    "rows_from_markdown",
+    "run_table",
+    "table_markdown",
+    "table_workload",
+]
 
 LIGHT_USERS = 4
 
@@ -107,3 +115,50 @@ def table_markdown(rows: list[TableRow]) -> str:
     header = ("replicas", "coordination", "backend waiting, peak", "light-user TTFT mean / max",
               "TTFT mean vs 1 replica", "errors")  # fmt: skip
     return markdown_table(header, out)
+
+
+def plot_table(rows: list[TableRow], path: Path) -> None:
+    """Two panels against the replica count: backend waiting peak and light-user TTFT mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for coordinated, label in ((False, "replicas alone"), (True, "shared gate (Redis)")):
+        mine = sorted((r for r in rows if r.coordinated is coordinated), key=lambda r: r.replicas)
+        xs = [r.replicas for r in mine]
+        left.plot(xs, [r.peak_waiting for r in mine], marker="o", label=label)
+        right.plot(xs, [r.light_ttft_mean for r in mine], marker="o", label=label)
+    left.set_title("backend waiting queue, peak")
+    right.set_title("light-user TTFT mean (s)")
+    for ax in (left, right):
+        ax.set_xlabel("replicas")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def rows_from_markdown(text: str) -> list[TableRow]:
+    """Read back the rows :func:`table_markdown` wrote (to plot an earlier run)."""
+    rows = []
+    for line in text.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) < 6:
+            continue
+        mean, peak_max = cells[3].split(" / ")
+        rows.append(
+            TableRow(
+                replicas=int(cells[0]),
+                coordinated=cells[1] != "none",
+                peak_waiting=float(cells[2]),
+                light_ttft_mean=float(mean.removesuffix(" s")),
+                light_ttft_max=float(peak_max.removesuffix(" s")),
+                errors=int(cells[5]),
+                makespan=float("nan"),
+            )
+        )
+    return rows
