@@ -9,6 +9,13 @@ import pytest
 from fairq_server.cluster.redis_process import INSTALL_HINT, RedisProcess, redis_server_path
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Bound every cluster test: a hang fails with its stack instead of stalling the suite."""
+    for item in items:
+        if "tests/cluster/" in str(item.fspath) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(120))
+
+
 @pytest.fixture
 def redis_server() -> Iterator[RedisProcess]:
     """A running, empty ``redis-server`` (persistence off); stopped after the test.

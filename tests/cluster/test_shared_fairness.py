@@ -77,4 +77,4 @@ async def test_skewed_ingress_round_robin_is_global(
         shared = heavy_share(await first_tokens(a, b))
     # One scheduler would give the heavy user 1/4 of the turns; two alone give it about 1/2.
     assert alone >= 0.4, (alone, shared)
-    assert shared <= 0.34, (alone, shared)
+    assert shared <= 0.375, (alone, shared)

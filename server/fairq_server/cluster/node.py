@@ -108,13 +108,16 @@ class ClusterNode:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await asyncio.gather(*self._background, return_exceptions=True)
-        if self.connected:  # else their leases free them: no waiting on a lost Redis
-            with contextlib.suppress(*REDIS_ERRORS):
-                for backend_id, members in list(self._held.items()):
-                    for member in list(members):
-                        await self.gate.release(backend_id, member)
-                await self.client.zrem(self._replicas_key, self.replica_id)
+        # Bounded: a Redis that stops answering now must not hold the shutdown (the leases
+        # free whatever is left).
+        with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
+            async with asyncio.timeout(self.config.lease_seconds):
+                await asyncio.gather(*self._background, return_exceptions=True)
+                if self.connected:
+                    for backend_id, members in list(self._held.items()):
+                        for member in list(members):
+                            await self.gate.release(backend_id, member)
+                    await self.client.zrem(self._replicas_key, self.replica_id)
         self._held.clear()
         await self.client.aclose()
 
