@@ -123,9 +123,9 @@ class FairqCore:
     async def close(self) -> None:
         """Close the queues, stop polling and close backend connections (aborting streams)."""
         if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+            from fairq_server.cluster.node import cancel_all
+
+            await cancel_all([self._watcher])
         await self.close_queues()
         for backend_id in list(self._polled):
             await self._stop_polling(backend_id)

@@ -3,8 +3,8 @@
 The dispatcher loop never waits on Redis. Its gate admits on the local view (this replica's
 requests plus the other replicas' as last read); the launcher then reserves the slot in
 Redis in a task of its own and only then opens the backend request. If Redis refuses
-(another replica took the slot since the last read), the request goes back to the front of
-its queue (:class:`~fairq_server.scheduling.events.Refused`) with the fresh counts
+(another replica took the slot since the last read), the request goes back among its user's
+queued requests (:class:`~fairq_server.scheduling.events.Refused`) with the fresh counts
 (:class:`~fairq_server.scheduling.events.PeerView`), which close the local gate until a
 slot frees. The cost is one Redis round trip before the backend request leaves.
 """

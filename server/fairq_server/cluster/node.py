@@ -34,7 +34,7 @@ from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate
 from fairq_server.scheduling import events as ev
 
-__all__ = ["ClusterNode"]
+__all__ = ["ClusterNode", "cancel_all"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,19 @@ log = logging.getLogger(__name__)
 #: at a high request rate each read or sync covers many events (the cost per request falls)
 #: at the price of this much delay in learning another replica's news.
 COALESCE_SECONDS = 0.005
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that lives on.
+
+    On Python 3.11 a cancellation arriving just as an ``asyncio.timeout`` expires can be
+    taken for the timeout and swallowed; the loops here wait under such timeouts.
+    """
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.1)
 
 
 class ClusterNode:
@@ -103,11 +116,7 @@ class ClusterNode:
 
     async def close(self) -> None:
         """Leave: stop the tasks, give back every slot held and the presence."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks)
         # Bounded: a Redis that stops answering now must not hold the shutdown (the leases
         # free whatever is left).
         with contextlib.suppress(TimeoutError, *REDIS_ERRORS):

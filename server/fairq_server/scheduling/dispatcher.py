@@ -334,11 +334,21 @@ class Dispatcher:
             self.attempts.abort(ticket)
         ticket.state = TicketState.DONE
 
-    def requeue(self, ticket: Ticket) -> None:
-        """Queue a ticket whose attempt failed before its first token, ahead of its tier."""
-        self._models[ticket.request.model].push(
-            ticket, self._clock(), ttl=self.config.queue_ttl_seconds is not None, front=True
-        )
+    def requeue(self, ticket: Ticket, *, retry: bool = True) -> None:
+        """Queue a ticket whose attempt failed before its first token, ahead of its tier.
+
+        With ``retry=False`` (the cluster's shared gate refused it) it goes back among its
+        user's requests instead, in its place by the ordering policy, and waits for its
+        user's turn like any other.
+        """
+        model = self._models[ticket.request.model]
+        ttl = self.config.queue_ttl_seconds is not None
+        if retry:
+            model.push(ticket, self._clock(), ttl=ttl, front=True)
+            return
+        model.queue.push(ticket)
+        if ttl:
+            model.arrivals.appendleft(ticket)  # among the oldest by arrival
 
     def _scrape_landed(self, backend_id: str, result: ScrapeResult) -> None:
         state = self._backends.get(backend_id)

@@ -125,8 +125,8 @@ class StreamFailed:
 class Refused:
     """The cluster's shared gate refused attempt ``attempt`` before it reached the backend.
 
-    The request goes back to the front of its tier, not charged a retry: another replica
-    took the last slot first.
+    The request goes back among its user's queued requests, its dispatch charge refunded
+    (not as a retry, which would pass everyone in its tier): another replica took the slot.
     """
 
     ticket: Ticket
