@@ -5,11 +5,12 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap sync protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
+.PHONY: help bootstrap redis sync demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
 	@echo "make test       - the fast test suite (lint, types, stubs, unit, API, simulator, Node client)"
+	@echo "make demo-cluster - redis-server, 3 replicas and a simulated backend: with and without coordination"
 	@echo "make test-vllm  - end-to-end tests against a real vLLM (installs it, ~2 min)"
 	@echo "make protos     - regenerate Python stubs from protos/"
 	@echo "make gen        - Go and Java stubs under gen/ (buf managed mode, buf.gen.yaml)"
@@ -24,6 +25,15 @@ $(UV):
 
 bootstrap: $(UV)
 	@command -v $(UV) >/dev/null || (echo "uv not found"; exit 1)
+
+# redis-server for the cluster tests and demo: installed with apt where that is possible (root).
+redis:
+	@command -v redis-server >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
+		else \
+			echo "redis-server is needed (tests/cluster, make demo-cluster): install it, e.g. 'sudo apt-get install -y redis-server' or 'brew install redis'"; exit 1; \
+		fi; }
 
 sync: bootstrap
 	$(UV) sync --frozen --quiet
@@ -52,7 +62,7 @@ lint: sync node
 typecheck: sync
 	$(PY) mypy
 
-test: sync node lint typecheck
+test: sync redis node lint typecheck
 	$(PY) pytest -q
 	cd clients/node && npm test --silent
 
@@ -78,6 +88,9 @@ sweep-vllm: sync $(VLLM_VENV)/.installed
 
 demo: sync
 	$(PY) fairq demo
+
+demo-cluster: sync redis
+	$(PY) python -m fairq_server.bench.cluster demo
 
 bench: sync
 	$(PY) fairq bench flood --backend sim

@@ -43,12 +43,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fairq_server.cluster.settings import ClusterConfig
+
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
     "DEFAULT_TIERS",
     "PRIORITY_ORDERS",
     "AdminConfig",
     "BackendConfig",
+    "ClusterConfig",
     "Config",
     "ConfigError",
     "HttpConfig",
@@ -352,6 +355,10 @@ class Config:
     Attributes:
         access_log: write one JSON line per finished request to standard output (see
             :mod:`fairq_server.api.access_log`).
+        state_file: where a single process keeps the backends registered over RPC, so they
+            survive a restart (empty: not kept). With ``cluster``, Redis keeps them.
+        cluster: several replicas sharing gate, fairness and registry on Redis (None: one
+            process, no Redis).
 
     """
 
@@ -363,6 +370,8 @@ class Config:
     tls: TlsConfig | None = None
     admin: AdminConfig = field(default_factory=AdminConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    state_file: str = ""
+    cluster: ClusterConfig | None = None
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()

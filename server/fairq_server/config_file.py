@@ -19,6 +19,7 @@ from fairq_server.config import (
     PRIORITY_ORDERS,
     AdminConfig,
     BackendConfig,
+    ClusterConfig,
     Config,
     ConfigError,
     HttpConfig,
@@ -115,7 +116,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
     """
     raw = dict(raw)
     kwargs: dict[str, Any] = {}
-    for key in ("listen", "metrics_listen"):
+    for key in ("listen", "metrics_listen", "state_file"):
         if key in raw:
             kwargs[key] = str(raw.pop(key))
     if "access_log" in raw:
@@ -133,6 +134,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
         kwargs["admin"] = _build(AdminConfig, "admin", raw.pop("admin"))
     if "http" in raw:
         kwargs["http"] = _build(HttpConfig, "http", raw.pop("http"))
+    if "cluster" in raw:
+        kwargs["cluster"] = _build(ClusterConfig, "cluster", raw.pop("cluster"))
     if "tiers" in raw:
         kwargs["tiers"] = tuple(
             _build(TierConfig, f"tiers[{i}]", t) for i, t in enumerate(raw.pop("tiers"))

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.credentials import refuse_unserved
@@ -24,11 +25,20 @@ from fairq_server.config import BackendConfig, Config, ConfigError
 from fairq_server.errors import InvalidRequestError, QueueFullError
 from fairq_server.loop_monitor import LoopMonitor
 from fairq_server.names import escape
+from fairq_server.registrations import (
+    FileRegistrations,
+    Registrations,
+    backend_from_json,
+    backend_to_json,
+)
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
 from fairq_server.supervisor import supervise
 from fairq_server.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from fairq_server.cluster.node import ClusterNode
 
 __all__ = ["FairqCore"]
 
@@ -61,11 +71,39 @@ class FairqCore:
         self.config = config
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.tier_names = tuple(t.name for t in config.tiers)
+        self.cluster: ClusterNode | None = None
+        launcher = None
+        if config.cluster is not None:
+            # Imported only here: one process without [cluster] never loads the Redis client.
+            from fairq_server.cluster.launcher import ClusterLauncher
+            from fairq_server.cluster.node import ClusterNode
+
+            self.cluster = ClusterNode(config.cluster, self.telemetry.registry)
+            launcher = ClusterLauncher(
+                lambda event: self.dispatcher.post(event),
+                config.scheduler.stream_coalesce_seconds,
+                self.cluster,
+                lambda: self.dispatcher.tiers,
+            )
         # Fail at start-up on unknown policy names, not at the first request.
-        self.policies = Policies.from_config(config.scheduler)
+        self.policies = self._policies(config)
         self.dispatcher = Dispatcher(
-            config.tiers, config.scheduler, self.telemetry, self.policies, on_health=on_health
-        )
+            config.tiers, config.scheduler, self.telemetry, self.policies, launcher,
+            on_health=on_health,
+        )  # fmt: skip
+        if self.cluster is not None:
+            self.cluster.attach(self.dispatcher.post, lambda: [b.id for b in self.backends()])
+        # Where RPC registrations outlive this process: Redis in a cluster, else state_file.
+        self.registrations: Registrations | None = None
+        if self.cluster is not None:
+            from fairq_server.cluster.registry import RedisRegistrations
+
+            prefix = self.cluster.config.key_prefix
+            self.registrations = RedisRegistrations(self.cluster.client, prefix)
+        elif config.state_file:
+            self.registrations = FileRegistrations(config.state_file)
+        self._stored: dict[str, str] = {}  # registrations applied here, as stored
+        self._watcher: asyncio.Task[None] | None = None
         self._polled: dict[str, _Polled] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._adapters: set[Backend] = set()
@@ -74,9 +112,12 @@ class FairqCore:
     async def start(self) -> None:
         """Start the dispatcher, measure event-loop lag, register the configured backends."""
         self._loop_monitor.start()
+        if self.cluster is not None:
+            await self.cluster.start()
         self.dispatcher.start()
         for cfg in self.config.backends:
             await self.register_backend(cfg)
+        await self._restore_registrations()
 
     async def close_queues(self) -> None:
         """Stop dispatching and answer every queued request UNAVAILABLE."""
@@ -84,6 +125,10 @@ class FairqCore:
 
     async def close(self) -> None:
         """Close the queues, stop polling and close backend connections (aborting streams)."""
+        if self._watcher is not None:
+            from fairq_server.cluster.node import cancel_all
+
+            await cancel_all([self._watcher])
         await self.close_queues()
         for backend_id in list(self._polled):
             await self._stop_polling(backend_id)
@@ -94,6 +139,8 @@ class FairqCore:
             await adapter.aclose()
         self._adapters.clear()
         await self._loop_monitor.stop()
+        if self.cluster is not None:
+            await self.cluster.close()
 
     async def reconfigure(self, config: Config) -> None:
         """Apply a reloaded configuration without dropping queued or running requests.
@@ -112,7 +159,7 @@ class FairqCore:
         if tuple(t.name for t in config.tiers) != self.tier_names:
             raise ConfigError("tiers cannot be renamed, added or reordered at run time")
         try:
-            policies = Policies.from_config(config.scheduler)
+            policies = self._policies(config)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         s, o = config.scheduler, old.scheduler
@@ -154,6 +201,15 @@ class FairqCore:
         for cfg, backend in added:
             await self.register_backend(cfg, backend=backend)
 
+    def _policies(self, config: Config) -> Policies:
+        policies = Policies.from_config(config.scheduler)
+        if self.cluster is None:
+            return policies
+        from fairq_server.cluster.fairness import shared_policies
+
+        slack = self.cluster.config.fairness_slack
+        return shared_policies(policies, slack, self.cluster.dispatched)
+
     def live_requests(self) -> int:
         """Count the requests queued or running, over all models."""
         return self.dispatcher.live_requests()
@@ -166,8 +222,48 @@ class FairqCore:
         """Return the states of every registered backend."""
         return self.dispatcher.backends()
 
+    async def _restore_registrations(self) -> None:
+        """Register what earlier RPCs stored; in a cluster, follow the shared registry."""
+        if self.registrations is None:
+            return
+        from_file = {b.id for b in self.config.backends}
+        if self.cluster is not None:
+            from fairq_server.cluster.registry import RedisRegistrations, watch
+
+            assert isinstance(self.registrations, RedisRegistrations)
+            self._watcher = asyncio.create_task(
+                watch(self.cluster.client, self.registrations, self._reconcile), name="registry"
+            )
+            return
+        for cfg in await self.registrations.load():
+            if cfg.id not in from_file:
+                await self._reconcile_one(cfg.id, backend_to_json(cfg))
+
+    async def _reconcile(self, stored: dict[str, str]) -> None:
+        """Match this replica's RPC-registered backends to the shared registry."""
+        from_file = {b.id for b in self.config.backends}
+        for backend_id, text in stored.items():
+            if backend_id not in from_file and self._stored.get(backend_id) != text:
+                await self._reconcile_one(backend_id, text)
+        for backend_id in [b for b in self._stored if b not in stored]:
+            del self._stored[backend_id]
+            await self.deregister_backend(backend_id, drain=False, persist=False)
+
+    async def _reconcile_one(self, backend_id: str, text: str) -> None:
+        try:
+            await self.register_backend(backend_from_json(text), from_rpc=True, persist=False)
+        except Exception as exc:  # the backend may be down now: tried again at the next read
+            log.warning("stored backend %s not registered: %s", backend_id, exc)
+            return
+        self._stored[backend_id] = text
+
     async def register_backend(
-        self, cfg: BackendConfig, *, backend: Backend | None = None, from_rpc: bool = False
+        self,
+        cfg: BackendConfig,
+        *,
+        backend: Backend | None = None,
+        from_rpc: bool = False,
+        persist: bool = True,
     ) -> BackendState:
         """Validate and register a backend (replacing one with the same id).
 
@@ -212,6 +308,9 @@ class FairqCore:
             "registered backend %s (%s) for %s",
             backend.id, backend.kind, [escape(m, 100) for m in backend.models],
         )  # fmt: skip
+        if from_rpc and persist and self.registrations is not None:
+            self._stored[cfg.id] = backend_to_json(cfg)
+            await self.registrations.put(cfg)
         return state
 
     async def _undo_registration(self, backend_id: str) -> None:
@@ -229,8 +328,16 @@ class FairqCore:
             read_limits=ReadLimits(s.max_metrics_bytes, s.max_error_body_bytes),
         )
 
-    async def deregister_backend(self, backend_id: str, *, drain: bool) -> bool:
-        """Remove a backend; with ``drain``, return once its in-flight requests are done."""
+    async def deregister_backend(
+        self, backend_id: str, *, drain: bool, persist: bool = True
+    ) -> bool:
+        """Remove a backend; with ``drain``, return once its in-flight requests are done.
+
+        With ``persist``, a stored RPC registration is forgotten too (every replica's).
+        """
+        if persist and self.registrations is not None:
+            self._stored.pop(backend_id, None)
+            await self.registrations.delete(backend_id)
         await self._stop_polling(backend_id)
         state = await self.dispatcher.remove_backend(backend_id)
         if state is None:

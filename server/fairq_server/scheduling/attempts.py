@@ -174,6 +174,17 @@ class AttemptBook:
             case ev.StreamFailed(error=error):
                 self._failed(ticket, error)
 
+    def refused(self, event: ev.Refused) -> None:
+        """Queue again an attempt the cluster's shared gate refused (among its user's requests)."""
+        ticket = event.ticket
+        if ticket.attempt != event.attempt or ticket.state is not TicketState.RUNNING:
+            return
+        self._release(ticket)
+        # Not as a retry: a retry goes before everyone in its tier and past the cluster's
+        # fairness floor. The dispatch charge is refunded; it is charged again when popped.
+        self._charge(ticket, Cost(requests=-1, prompt_tokens=-ticket.prompt_tokens))
+        self._d.requeue(ticket, retry=False)
+
     def _first_token(self, ticket: Ticket, at: float) -> None:
         assert ticket.backend is not None
         if ticket.generating:

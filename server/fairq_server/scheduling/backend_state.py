@@ -60,6 +60,11 @@ class BackendState:
         dispatched: requests ever started on it.
         finished: requests ever ended on it (any way).
         idle: set while ``in_flight`` is 0.
+        peer_awaiting: other replicas' requests on it without a token yet (cluster only;
+            from the last read of the shared gate).
+        peer_in_flight: other replicas' requests running on it (cluster only).
+        share: the part of the tier thresholds and in-flight caps this replica may use on
+            its own (1: all of it; below 1 while the cluster's shared gate is unreachable).
 
     """
 
@@ -83,6 +88,9 @@ class BackendState:
     consecutive_failures: int = 0
     last_error: str = ""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    peer_awaiting: int = 0
+    peer_in_flight: int = 0
+    share: float = 1.0
     _sent_at: float = 0.0
     _sent_mark: int = 0
     _previous: MetricsSample | None = None
@@ -117,9 +125,12 @@ class BackendState:
             self.health = Health.SUSPECT
 
     def scrape_sent(self, now: float) -> None:
-        """Remember when a scrape left, and how many of fairq's requests lacked a token."""
+        """Remember when a scrape left, and how many of fairq's requests lacked a token.
+
+        In a cluster, fairq's requests are every replica's: the scraped queue holds theirs too.
+        """
         self._sent_at = now
-        self._sent_mark = self.awaiting_first_token
+        self._sent_mark = self.awaiting_first_token + self.peer_awaiting
 
     def scrape_landed(self, result: MetricsSample | BackendError, unhealthy_after: int) -> None:
         """Apply a scrape's outcome: a fresh sample, or one more failure."""

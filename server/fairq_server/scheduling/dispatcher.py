@@ -45,6 +45,7 @@ from fairq_server.scheduling.picking import Picker
 from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.prefix import PrefixCache
 from fairq_server.scheduling.queue import ModelQueue
+from fairq_server.scheduling.shared_counters import adopt_counters, take_journals
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.supervisor import RESTART_DELAYS, supervise
 from fairq_server.telemetry import Telemetry
@@ -284,6 +285,17 @@ class Dispatcher:
                 self._scrape_landed(backend_id, result)
             case ev.FirstToken() | ev.Tokens() | ev.StreamEnded() | ev.StreamFailed():
                 self.attempts.apply(event)
+            case ev.Refused():
+                self.attempts.refused(event)
+            case ev.PeerView(backend_id, awaiting, in_flight, share):
+                if (state := self._backends.get(backend_id)) is not None:
+                    state.peer_awaiting, state.peer_in_flight = awaiting, in_flight
+                    state.share = share
+            case ev.TakeJournals(done):
+                if not done.done():
+                    done.set_result(take_journals(self._models.values()))
+            case ev.FairnessSync():
+                adopt_counters(self._models, event)
             case ev.AddBackend(state):
                 self._add_backend(state)
             case ev.RemoveBackend(backend_id, done):
@@ -332,14 +344,25 @@ class Dispatcher:
             self.attempts.abort(ticket)
         ticket.state = TicketState.DONE
 
-    def requeue(self, ticket: Ticket) -> None:
-        """Queue a ticket whose attempt failed before its first token, ahead of its tier."""
+    def requeue(self, ticket: Ticket, *, retry: bool = True) -> None:
+        """Queue a ticket whose attempt failed before its first token, ahead of its tier.
+
+        With ``retry=False`` (the cluster's shared gate refused it) it goes back among its
+        user's requests instead, in its place by the ordering policy, and waits for its
+        user's turn like any other.
+        """
         model = self._models.get(ticket.request.model)
         if model is None:  # its last backend left, and the model with it
             error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
             self.attempts.abandon(ticket, error)
             return
-        model.push(ticket, self._clock(), ttl=self.config.queue_ttl_seconds is not None, front=True)
+        ttl = self.config.queue_ttl_seconds is not None
+        if retry:
+            model.push(ticket, self._clock(), ttl=ttl, front=True)
+            return
+        model.queue.push(ticket)
+        if ttl:
+            model.arrivals.appendleft(ticket)  # among the oldest by arrival
 
     def _scrape_landed(self, backend_id: str, result: ScrapeResult) -> None:
         state = self._backends.get(backend_id)

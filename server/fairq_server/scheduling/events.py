@@ -19,6 +19,7 @@ from fairq_server.scheduling.ticket import Ticket
 
 if TYPE_CHECKING:
     from fairq_server.scheduling.backend_state import BackendState
+    from fairq_server.scheduling.fairness.counter import Journal
     from fairq_server.scheduling.policies import Policies
 
 __all__ = [
@@ -26,16 +27,32 @@ __all__ = [
     "Barrier",
     "Cancel",
     "Event",
+    "FairnessSync",
     "FirstToken",
+    "JournalEntry",
+    "PeerView",
     "Reconfigure",
+    "Refused",
     "RemoveBackend",
     "ScrapeLanded",
     "ScrapeSent",
     "StreamEnded",
     "StreamFailed",
     "Submit",
+    "TakeJournals",
     "Tokens",
 ]
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One tier's journal: its charges and lifts, backlogged users and smallest counter."""
+
+    model: str
+    tier: int
+    journal: Journal
+    active: list[str]
+    head: float | None
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,45 @@ class StreamFailed:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """The cluster's shared gate refused attempt ``attempt`` before it reached the backend.
+
+    The request goes back among its user's queued requests, its dispatch charge refunded
+    (not as a retry, which would pass everyone in its tier): another replica took the slot.
+    """
+
+    ticket: Ticket
+    attempt: int
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """What the other replicas hold on ``backend_id``, and this replica's share (cluster)."""
+
+    backend_id: str
+    awaiting: int
+    in_flight: int
+    share: float
+
+
+@dataclass(frozen=True)
+class TakeJournals:
+    """Resolve ``done`` with every fairness journal (cluster: the charges to share)."""
+
+    done: asyncio.Future[list[JournalEntry]]
+
+
+@dataclass(frozen=True)
+class FairnessSync:
+    """Shared counters of ``model``'s tier ``tier``, and the other replicas' smallest."""
+
+    model: str
+    tier: int
+    counters: dict[str, float]
+    floor: float | None
+
+
+@dataclass(frozen=True)
 class AddBackend:
     """Start routing to ``backend`` (replacing one with the same id)."""
 
@@ -145,6 +201,10 @@ Event = (
     | Tokens
     | StreamEnded
     | StreamFailed
+    | Refused
+    | PeerView
+    | TakeJournals
+    | FairnessSync
     | AddBackend
     | RemoveBackend
     | Reconfigure

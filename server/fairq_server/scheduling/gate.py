@@ -8,9 +8,15 @@ clients as of the last scrape (the scraped count minus fairq's tokenless request
 scrape was sent). A slot freed by a finishing request is refilled as soon as the backend
 starts the next one (its first token), not at the next scrape, so the poll interval does not
 pace dispatch. Missing or stale metrics count as saturated (fail closed).
+
+In a cluster the other replicas' requests count as fairq's own (``peer_awaiting``,
+``peer_in_flight``, read from the shared gate in Redis), and while Redis is unreachable each
+replica uses only its ``share`` of the thresholds and caps. On one process both are neutral.
 """
 
 from __future__ import annotations
+
+import math
 
 from fairq_server.config import TierConfig
 from fairq_server.scheduling.backend_state import BackendState
@@ -20,14 +26,22 @@ __all__ = ["GateOutcome", "ThresholdGate", "estimated_waiting"]
 
 
 def estimated_waiting(backend: BackendState) -> float:
-    """Other clients' waiting requests at the last scrape + fairq's own tokenless ones now."""
+    """Other clients' waiting requests at the last scrape + fairq's own tokenless ones now.
+
+    fairq's own: this replica's and, in a cluster, the other replicas' (as last read).
+    """
     sample = backend.sample
     if sample is None:
         return float("inf")
     # Clamped: a request of ours that got its first token between the scrape being sent and
     # the backend answering it is in the mark but no longer in the scraped count.
     others = max(0.0, sample.waiting - backend.awaiting_mark)
-    return others + backend.awaiting_first_token
+    return others + backend.awaiting_first_token + backend.peer_awaiting
+
+
+def _scaled(limit: int, share: float) -> int:
+    """Return a replica's part of ``limit`` (at least 1: every replica makes progress)."""
+    return limit if share >= 1 else max(1, math.floor(limit * share))
 
 
 class ThresholdGate:
@@ -45,11 +59,13 @@ class ThresholdGate:
             return GateOutcome.DRAINING
         if backend.healthy is False:  # suspect or down
             return GateOutcome.UNHEALTHY
-        if backend.max_in_flight and backend.in_flight >= backend.max_in_flight:
+        share = backend.share
+        in_flight = backend.in_flight + backend.peer_in_flight
+        if backend.max_in_flight and in_flight >= _scaled(backend.max_in_flight, share):
             return GateOutcome.IN_FLIGHT
         if tier.max_in_flight and backend.tier_in_flight.get(tier.name, 0) >= tier.max_in_flight:
             return GateOutcome.TIER_IN_FLIGHT
-        if tier.max_backend_in_flight and backend.in_flight >= tier.max_backend_in_flight:
+        if tier.max_backend_in_flight and in_flight >= _scaled(tier.max_backend_in_flight, share):
             return GateOutcome.RESERVED  # the remaining slots are kept for higher tiers
         sample = backend.sample
         if sample is None:
@@ -57,7 +73,7 @@ class ThresholdGate:
         if now - backend.sampled_at > stale_after:
             return GateOutcome.STALE
         # A threshold of 0 means "only while the backend queue is empty", i.e. waiting < 1.
-        if estimated_waiting(backend) >= max(tier.max_backend_waiting, 1):
+        if estimated_waiting(backend) >= _scaled(max(tier.max_backend_waiting, 1), share):
             return GateOutcome.WAITING
         tpot, limit = backend.tpot_seconds, tier.tpot_limit_seconds
         if limit is not None and tpot is not None and tpot > limit:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.fairness.counter import CounterFairness
 from fairq_server.scheduling.interfaces import GateOutcome, Route
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.ticket import Ticket
@@ -82,6 +83,11 @@ class Picker:
                 return False  # only a waiting retry: strict tiers keep lower ones behind it
         else:
             user, route = self._pick(model, tier, candidates)
+            fairness = tier_queue.fairness
+            if isinstance(fairness, CounterFairness) and not fairness.may_serve(user):
+                # Cluster: a user backlogged on another replica is further behind; that
+                # replica takes this slot (the shared gate gives it out).
+                return False
             ticket = queue.pop(tier, user)
         model.last_served[tier] = now
         # An aged request is sent with the priority of the tier it overtook, so a

@@ -9,12 +9,19 @@ is O(log n) amortised.
 A user whose queue goes from empty to non-empty is lifted to the smallest counter among
 backlogged users (or, with none backlogged, to the counter of the last user served): idle time
 cannot be banked as credit and spent later in a burst (Sheng et al., OSDI 2024).
+
+In a cluster the counters are shared through Redis (:mod:`fairq_server.cluster.fairness`):
+charges and lifts go to a :class:`Journal` the replica flushes, :meth:`adopt` takes the global
+counters back, and :meth:`may_serve` holds a user whose counter is above the smallest counter
+of any backlogged user on the other replicas (plus a slack). Without a cluster none of this
+is used.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from fairq_server.scheduling.interfaces import Cost
 
@@ -29,6 +36,20 @@ class _UserState:
     weight: float = 1.0
     active: bool = False
     stamp: int = -1  # the stamp of this user's one valid heap entry
+
+
+@dataclass
+class Journal:
+    """What this replica changed in the shared counters since the last flush.
+
+    Attributes:
+        floors: users lifted, to at least this counter.
+        deltas: charges per user (already divided by the weight).
+
+    """
+
+    floors: dict[str, float] = field(default_factory=dict)
+    deltas: dict[str, float] = field(default_factory=dict)
 
 
 class CounterFairness:
@@ -60,6 +81,11 @@ class CounterFairness:
         # once the virtual time passes them (a returning user is lifted that far anyway), so
         # memory follows active users, not every user name ever seen.
         self._idle: list[tuple[float, str]] = []
+        # Cluster only (see the module docstring): None on one process.
+        self.journal: Journal | None = None
+        self.global_floor: float | None = None
+        self.slack = 0.0
+        self.on_backlogged: Callable[[], None] | None = None  # share the new head soon
 
     def _push(self, user: str, state: _UserState, *, fresh: bool = False) -> None:
         # Activation stamps sort before every stamp given after a charge, in arrival order.
@@ -100,8 +126,15 @@ class CounterFairness:
             return
         top = self._clean_top()
         floor = top[0] if top is not None else self._virtual_time
+        if self.global_floor is not None:
+            # The smallest counter backlogged on the other replicas (as last read).
+            floor = self.global_floor if top is None else min(floor, self.global_floor)
         lifted = state.counter < floor
         state.counter = max(state.counter, floor)
+        if lifted and self.journal is not None:
+            self.journal.floors[user] = max(self.journal.floors.get(user, 0.0), floor)
+        if self.on_backlogged is not None:
+            self.on_backlogged()
         state.active = True
         self._active += 1
         self._push(user, state, fresh=lifted)
@@ -192,6 +225,10 @@ class CounterFairness:
         if not amount:
             return
         state = self._users.get(user)
+        if self.journal is not None:
+            # Shared even when no user is backlogged here: they may be elsewhere.
+            w = weight if weight is not None and weight > 0 else state.weight if state else 1.0
+            self.journal.deltas[user] = self.journal.deltas.get(user, 0.0) + amount / w
         if state is None:
             if self._active == 0:
                 return  # nobody to be fair against: see deactivate()
@@ -204,3 +241,34 @@ class CounterFairness:
     def price(self, cost: Cost) -> float:
         """Return what ``cost`` adds to a counter before the weight divides it."""
         raise NotImplementedError
+
+    # -- cluster: shared counters -----------------------------------------------------------
+
+    def take_journal(self) -> tuple[Journal, list[str], float | None]:
+        """Start a new journal; return the old one, the backlogged users and the head.
+
+        The head is the smallest backlogged counter here (None: nobody is backlogged).
+        """
+        journal, self.journal = self.journal or Journal(), Journal()
+        top = self._clean_top()
+        active = [u for u, s in self._users.items() if s.active]
+        return journal, active, top[0] if top is not None else None
+
+    def adopt(self, counters: Mapping[str, float], floor: float | None) -> None:
+        """Take the shared counters (plus what was journaled since), and the global floor."""
+        pending = self.journal or Journal()
+        for user, value in counters.items():
+            state = self._users.get(user)
+            if state is None:
+                continue
+            value = max(value, pending.floors.get(user, value)) + pending.deltas.get(user, 0.0)
+            if value != state.counter:
+                state.counter = value
+                if state.active:
+                    self._push(user, state)  # a new stamp retires the old heap entry
+        self.global_floor = floor
+
+    def may_serve(self, user: str) -> bool:
+        """Whether ``user`` is within the slack of the other replicas' smallest counter."""
+        floor = self.global_floor
+        return floor is None or self.counter(user) <= floor + self.slack + 1e-9

@@ -1,0 +1,348 @@
+"""A replica's membership of the cluster: its Redis connection, leases and global view.
+
+Background tasks (never the dispatcher loop) talk to Redis:
+
+* the heartbeat, every third of a lease: this replica's presence, and the leases of the
+  reservations it holds;
+* the refresher: the other replicas' reservations per backend, read when a release is
+  announced (pub/sub) or every ``refresh_seconds``, posted to the dispatcher as
+  :class:`~fairq_server.scheduling.events.PeerView`;
+* the fairness sync: flushes the fairness journals and reads the shared counters back
+  (:mod:`.fairness`), after each dispatch, when another replica's head moves, and every
+  ``refresh_seconds``.
+
+When Redis stops answering, the replica runs on its local share: each backend's threshold
+and in-flight cap scaled by ``local_share`` (default one over the replicas last seen), so
+the replicas together stay near the threshold instead of each filling it. It keeps trying;
+when Redis answers again (even restarted empty) it goes back to the shared gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from fairq_server.cluster.connection import REDIS_ERRORS, connect
+from fairq_server.cluster.fairness import SharedCounters
+from fairq_server.cluster.metrics import ClusterMetrics
+from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate
+from fairq_server.scheduling import events as ev
+
+__all__ = ["ClusterNode", "cancel_all"]
+
+log = logging.getLogger(__name__)
+
+#: Shortest time between two reads of the shared gate, and between two fairness syncs:
+#: at a high request rate each read or sync covers many events (the cost per request falls)
+#: at the price of this much delay in learning another replica's news.
+COALESCE_SECONDS = 0.005
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that lives on.
+
+    On Python 3.11 a cancellation arriving just as an ``asyncio.timeout`` expires can be
+    taken for the timeout and swallowed; the loops here wait under such timeouts.
+    """
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.1)
+
+
+class ClusterNode:
+    """One replica's membership of the cluster.
+
+    Args:
+        config: the ``[cluster]`` section.
+        registry: where its metrics go (the replica's ``/metrics``).
+
+    """
+
+    def __init__(self, config: ClusterConfig, registry: CollectorRegistry) -> None:
+        self.config = config
+        self.replica_id = config.replica_id
+        self.metrics = ClusterMetrics(registry, config.replica_id)
+        self.client = connect(config)
+        self.gate = SharedGate(self.client, config.key_prefix, config.lease_seconds)
+        self.counters = SharedCounters(
+            self.client, config.key_prefix, config.replica_id, config.lease_seconds
+        )
+        self.connected = False
+        self.replicas = 1
+        self._post: Callable[[ev.Event], None] = lambda event: None
+        self._backend_ids: Callable[[], list[str]] = list
+        # backend -> member -> still awaiting its first token
+        self._held: dict[str, dict[str, bool]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        self._views: dict[str, tuple[int, int, float]] = {}
+        self._fair_wake = asyncio.Event()
+        self._heads: dict[tuple[str, int], float | None] = {}
+
+    # -- wiring -----------------------------------------------------------------------------
+
+    def attach(
+        self, post: Callable[[ev.Event], None], backend_ids: Callable[[], list[str]]
+    ) -> None:
+        """Where to post views (the dispatcher's inbox), and which backends to watch."""
+        self._post = post
+        self._backend_ids = backend_ids
+
+    async def start(self) -> None:
+        """Join: check Redis (running on the local share if it does not answer), start tasks."""
+        try:
+            await self.client.ping()
+            self._set_connected(True)
+        except REDIS_ERRORS as exc:
+            log.warning(
+                "Redis at %s unreachable at start (%s): local share", self.config.safe_url, exc
+            )
+            self._set_connected(False)
+        await self._heartbeat_once()
+        self._tasks = [
+            asyncio.create_task(self._forever(self._heartbeat_once, self._beat), name="heartbeat"),
+            asyncio.create_task(self._refresher(), name="cluster-refresh"),
+            asyncio.create_task(self._fair_loop(), name="cluster-fairness"),
+        ]
+
+    async def close(self) -> None:
+        """Leave: stop the tasks, give back every slot held and the presence."""
+        await cancel_all(self._tasks)
+        # Bounded: a Redis that stops answering now must not hold the shutdown (the leases
+        # free whatever is left).
+        with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
+            async with asyncio.timeout(self.config.lease_seconds):
+                await asyncio.gather(*self._background, return_exceptions=True)
+                if self.connected:
+                    for backend_id, members in list(self._held.items()):
+                        for member in list(members):
+                            await self.gate.release(backend_id, member)
+                    await self.client.zrem(self._replicas_key, self.replica_id)
+        self._held.clear()
+        await self.client.aclose()
+
+    @property
+    def _beat(self) -> float:
+        return self.config.lease_seconds / 3
+
+    @property
+    def _replicas_key(self) -> str:
+        return f"{self.config.key_prefix}:replicas"
+
+    @property
+    def local_share(self) -> float:
+        """What this replica uses of each backend alone (while Redis is unreachable)."""
+        return self.config.local_share or 1.0 / max(1, self.replicas)
+
+    # -- reservations (called by the launcher) --------------------------------------------
+
+    async def reserve(
+        self, backend_id: str, member: str, others: float, threshold: int, cap: int
+    ) -> bool | None:
+        """Reserve a slot: True granted, False refused, None Redis unreachable (go local)."""
+        try:
+            granted, counts = await self.gate.reserve(backend_id, member, others, threshold, cap)
+        except REDIS_ERRORS as exc:
+            self.metrics.reservations.labels(backend_id, "unreachable").inc()
+            self._lost(exc)
+            return None
+        if granted:
+            self._held.setdefault(backend_id, {})[member] = True
+        self.metrics.reservations.labels(backend_id, "granted" if granted else "refused").inc()
+        self._view(backend_id, counts)
+        return granted
+
+    def first_token(self, backend_id: str, member: str) -> None:
+        """Tell the shared gate the reserved request has its first token (in the background)."""
+        members = self._held.get(backend_id)
+        if members is None or member not in members:
+            return
+        members[member] = False
+        self._spawn(self.gate.first_token(backend_id, member))
+
+    def release(self, backend_id: str, member: str) -> None:
+        """Give back the slot of a reserved request that ended (in the background)."""
+        members = self._held.get(backend_id)
+        if members is None or members.pop(member, None) is None:
+            return
+        self._spawn(self.gate.release(backend_id, member))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        async def run() -> None:
+            try:
+                await coro
+            except REDIS_ERRORS as exc:
+                self._lost(exc)  # the lease frees the slot; the heartbeat notices recovery
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- the global view ------------------------------------------------------------------
+
+    def _own(self, backend_id: str) -> tuple[int, int]:
+        members = self._held.get(backend_id, {})
+        return sum(members.values()), len(members)
+
+    def _view(self, backend_id: str, counts: GlobalCounts) -> None:
+        """Post the other replicas' part of ``counts`` if it changed."""
+        self.metrics.global_awaiting.labels(backend_id).set(counts.awaiting)
+        self.metrics.global_in_flight.labels(backend_id).set(counts.in_flight)
+        own_awaiting, own_flight = self._own(backend_id)
+        view = (
+            max(0, counts.awaiting - own_awaiting),
+            max(0, counts.in_flight - own_flight),
+            1.0,
+        )
+        if self._views.get(backend_id) != view:
+            self._views[backend_id] = view
+            self._post(ev.PeerView(backend_id, *view))
+
+    def _lost(self, exc: BaseException) -> None:
+        self.metrics.redis_errors.inc()
+        if not self.connected:
+            return
+        log.warning(
+            "Redis unreachable (%s): forwarding on the local share %.2f", exc, self.local_share
+        )
+        self._set_connected(False)
+
+    def _set_connected(self, up: bool) -> None:
+        self.connected = up
+        self.metrics.redis_up.set(1 if up else 0)
+        if not up:
+            # The slots held stay known: they are still released (first token, end) and
+            # renewed as soon as Redis answers again, so a brief timeout does not leave them
+            # counted in Redis until their leases run out.
+            self._local_views()
+        self._wake.set()
+
+    def _local_views(self) -> None:
+        """Put every backend (also one registered since Redis was lost) on the local share."""
+        share = self.local_share
+        for backend_id in self._backend_ids():
+            if self._views.get(backend_id) != (0, 0, share):
+                self._views[backend_id] = (0, 0, share)
+                self._post(ev.PeerView(backend_id, 0, 0, share))
+
+    async def _heartbeat_once(self) -> None:
+        """Presence, leases of the slots held, the number of replicas alive."""
+        key, ms = self._replicas_key, round(self.config.lease_seconds * 1000)
+        try:
+            now_s, now_us = await self.client.time()
+            now = now_s * 1000 + now_us // 1000
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zadd(key, {self.replica_id: now + ms})
+                pipe.zremrangebyscore(key, "-inf", now)
+                pipe.zcard(key)
+                _, _, alive = await pipe.execute()
+            await self.gate.renew({b: list(m) for b, m in self._held.items()})
+        except REDIS_ERRORS as exc:
+            self._lost(exc)
+            return
+        self.replicas = max(1, int(alive))
+        self.metrics.replicas.set(self.replicas)
+        if not self.connected:
+            log.warning("Redis reachable again: back on the shared gate")
+            self._set_connected(True)
+
+    async def _forever(self, step: Callable[[], Coroutine[Any, Any, None]], every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await step()
+            except Exception:  # a bug here must not stop the heartbeat for good
+                log.exception("cluster task step failed")
+
+    async def _refresher(self) -> None:
+        """Read the shared counts on every announced release, and at least every refresh."""
+        while True:
+            pubsub = None
+            try:
+                if self.connected:
+                    pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                    await pubsub.psubscribe(self.gate.channel(), self.counters.channel())
+                while self.connected or pubsub is None:
+                    if pubsub is not None:
+                        message = await pubsub.get_message(timeout=self.config.refresh_seconds)
+                        while message is not None:  # coalesce a burst of releases
+                            self._fair_wake.set()
+                            message = await pubsub.get_message(timeout=0)
+                    else:
+                        self._local_views()
+                        self._wake.clear()
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(self.config.refresh_seconds):
+                                await self._wake.wait()
+                        if self.connected:
+                            break  # subscribe now
+                        continue
+                    await self._refresh()
+                    # A burst of releases shares one read: at most one per COALESCE.
+                    await asyncio.sleep(COALESCE_SECONDS)
+            except REDIS_ERRORS as exc:
+                self._lost(exc)
+            except Exception:
+                log.exception("cluster refresher failed")
+                await asyncio.sleep(self.config.refresh_seconds)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _refresh(self) -> None:
+        ids = self._backend_ids()
+        for backend_id, counts in (await self.gate.counts(ids)).items():
+            self._view(backend_id, counts)
+
+    # -- shared fairness ------------------------------------------------------------------
+
+    def dispatched(self) -> None:
+        """Note a dispatch or a newly backlogged user here: share the counters soon."""
+        self._fair_wake.set()
+
+    async def _fair_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.refresh_seconds):
+                    await self._fair_wake.wait()
+            self._fair_wake.clear()
+            try:
+                await self._fair_sync()
+            except REDIS_ERRORS as exc:
+                self._lost(exc)
+            except Exception:
+                log.exception("fairness sync failed")
+            # A burst of dispatches shares one sync: at most one per COALESCE.
+            await asyncio.sleep(COALESCE_SECONDS)
+
+    async def _take(self) -> list[ev.JournalEntry]:
+        done: asyncio.Future[list[ev.JournalEntry]] = asyncio.get_running_loop().create_future()
+        self._post(ev.TakeJournals(done))
+        return await done
+
+    async def _fair_sync(self) -> None:
+        entries = await self._take()
+        if not self.connected:
+            # Local fairness until Redis is back: no floor from replicas not heard from.
+            for e in entries:
+                if self._heads.pop((e.model, e.tier), 0.0) is not None:
+                    self._post(ev.FairnessSync(e.model, e.tier, {}, None))
+            return
+        results = await self.counters.sync(entries)
+        moved = False
+        for e, r in zip(entries, results, strict=True):
+            self._post(ev.FairnessSync(r.model, r.tier, r.counters, r.floor))
+            moved |= self._heads.get((e.model, e.tier)) != e.head
+            self._heads[(e.model, e.tier)] = e.head
+        if moved:
+            await self.client.publish(self.counters.channel(), self.replica_id)

@@ -1,0 +1,157 @@
+"""The shared gate: every replica's requests on a backend, counted in Redis.
+
+Per backend, two sorted sets hold the reservations of every replica: ``await`` (sent, no
+token yet) and ``flight`` (sent, not ended). A member is ``<replica>|<n>``; its score is the
+time (Redis's own clock, milliseconds) its lease runs out. Expired members are dropped by
+every reservation, so a replica killed with SIGKILL holds nothing longer than a lease. The
+owning replica renews its members every third of a lease.
+
+A reservation is one Lua script, atomic in Redis: drop expired members, refuse if the
+in-flight cap is reached or if the other clients' waiting requests (from this replica's last
+scrape) plus every replica's tokenless requests reach the tier's threshold, else add the
+member to both sets. Releases are ``ZREM`` and a ``PUBLISH`` so the other replicas read the
+freed slot at once instead of at their next refresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+__all__ = ["GlobalCounts", "SharedGate"]
+
+_NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
+
+# KEYS: await, flight. ARGV: member, lease ms, others waiting, threshold, in-flight cap (0:
+# none). Returns {granted 0/1, awaiting, in flight} (after the reservation, if granted).
+_RESERVE = (
+    _NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local awaiting = redis.call('ZCARD', KEYS[1])
+local flight = redis.call('ZCARD', KEYS[2])
+local cap = tonumber(ARGV[5])
+if (cap > 0 and flight >= cap) or (tonumber(ARGV[3]) + awaiting >= tonumber(ARGV[4])) then
+  return {0, awaiting, flight}
+end
+local lease = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('ZADD', KEYS[2], now + lease, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * lease)
+redis.call('PEXPIRE', KEYS[2], 2 * lease)
+return {1, awaiting + 1, flight + 1}
+"""
+)
+
+# KEYS: await, flight. ARGV: lease ms, members... Renews only members still there (XX): a
+# member dropped meanwhile (expired, or Redis restarted empty) is not brought back.
+_RENEW = (
+    _NOW
+    + """
+local lease = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i])
+  redis.call('ZADD', KEYS[2], 'XX', now + lease, ARGV[i])
+end
+redis.call('PEXPIRE', KEYS[1], 2 * lease)
+redis.call('PEXPIRE', KEYS[2], 2 * lease)
+return 1
+"""
+)
+
+# KEYS: await, flight. Counts of live (unexpired) members.
+_COUNT = (
+    _NOW
+    + """
+return {redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
+        redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')}
+"""
+)
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    """Every replica's requests on one backend: without a token yet, and not ended."""
+
+    awaiting: int
+    in_flight: int
+
+
+class SharedGate:
+    """The Redis side of the shared gate (stateless: the caller keeps its members).
+
+    Args:
+        client: the replica's Redis client.
+        prefix: key prefix of this cluster.
+        lease_seconds: how long a reservation lives without renewal.
+
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str, lease_seconds: float) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._lease_ms = max(1, round(lease_seconds * 1000))
+        self._reserve = client.register_script(_RESERVE)
+        self._renew = client.register_script(_RENEW)
+        self._count = client.register_script(_COUNT)
+
+    def _keys(self, backend_id: str) -> list[str]:
+        base = f"{self._prefix}:gate:{backend_id}"
+        return [f"{base}:await", f"{base}:flight"]
+
+    def channel(self, backend_id: str = "*") -> str:
+        """Return the channel of releases on ``backend_id`` (``*``: a pattern)."""
+        return f"{self._prefix}:gate-released:{backend_id}"
+
+    async def reserve(
+        self, backend_id: str, member: str, others_waiting: float, threshold: int, cap: int
+    ) -> tuple[bool, GlobalCounts]:
+        """Take a slot on ``backend_id`` if the shared counts allow it; return them too."""
+        granted, awaiting, flight = await self._reserve(
+            keys=self._keys(backend_id),
+            args=[member, self._lease_ms, repr(float(others_waiting)), threshold, cap],
+        )
+        return bool(granted), GlobalCounts(int(awaiting), int(flight))
+
+    async def first_token(self, backend_id: str, member: str) -> None:
+        """Mark that the request produced a token: it no longer waits in the backend's queue."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.zrem(self._keys(backend_id)[0], member)
+            pipe.publish(self.channel(backend_id), member)
+            await pipe.execute()
+
+    async def release(self, backend_id: str, member: str) -> None:
+        """Free the slot of a request that ended (any way)."""
+        keys = self._keys(backend_id)
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.zrem(keys[0], member)
+            pipe.zrem(keys[1], member)
+            pipe.publish(self.channel(backend_id), member)
+            await pipe.execute()
+
+    async def renew(self, held: dict[str, Sequence[str]]) -> None:
+        """Extend the lease of every member held, per backend, in one round trip."""
+        if not held:
+            return
+        async with self._client.pipeline(transaction=False) as pipe:
+            for backend_id, members in held.items():
+                if members:
+                    await self._renew(
+                        keys=self._keys(backend_id), args=[self._lease_ms, *members], client=pipe
+                    )
+            await pipe.execute()
+
+    async def counts(self, backend_ids: Sequence[str]) -> dict[str, GlobalCounts]:
+        """Every replica's live reservations on each of ``backend_ids``, in one round trip."""
+        if not backend_ids:
+            return {}
+        async with self._client.pipeline(transaction=False) as pipe:
+            for backend_id in backend_ids:
+                await self._count(keys=self._keys(backend_id), client=pipe)
+            rows = await pipe.execute()
+        return {
+            b: GlobalCounts(int(r[0]), int(r[1])) for b, r in zip(backend_ids, rows, strict=True)
+        }

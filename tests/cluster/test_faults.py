@@ -1,0 +1,48 @@
+"""Cluster faults at reduced size, against a real redis-server and real fairq processes.
+
+Each scenario is the benchmark's (:mod:`fairq_server.bench.cluster.faults`): nothing lost on
+the surviving replicas, and the backend queue never far above the tier threshold.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fairq_server.bench.cluster.faults import THRESHOLD, scenario
+from fairq_server.cluster.redis_process import redis_server_path
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def _needs_redis() -> None:
+    if redis_server_path() is None:
+        pytest.fail("redis-server is not installed: apt-get install -y redis-server")
+
+
+async def test_kill_9_a_replica_mid_flood() -> None:
+    r = await scenario("kill", quick=True)
+    assert r.survivor_errors == 0, r
+    assert r.target_errors > 0, r  # its own callers see the replica gone (UNAVAILABLE)
+    # Its slots leave Redis within a lease (+ the heartbeat's third and margin).
+    assert r.slots_freed_seconds <= 2 * r.lease_seconds, r
+    assert r.peak_waiting <= THRESHOLD + 1, r
+
+
+async def test_redis_stopped_and_restarted_empty() -> None:
+    r = await scenario("redis", quick=True)
+    assert r.survivor_errors == 0 and r.target_errors == 0, r
+    assert not math.isnan(r.recovered_seconds), r  # every replica back on the shared gate
+    # On the local share (half the threshold each) the two replicas stay near it too.
+    assert r.peak_waiting <= THRESHOLD + 1, r
+    assert r.peak_after <= THRESHOLD, r
+
+
+async def test_sigstop_a_replica_longer_than_a_lease() -> None:
+    r = await scenario("sigstop", quick=True)
+    assert r.survivor_errors == 0 and r.target_errors == 0, r  # it finishes after SIGCONT
+    assert r.slots_freed_seconds <= 2 * r.lease_seconds, r
+    assert not math.isnan(r.recovered_seconds), r
+    assert r.peak_waiting <= THRESHOLD + 1, r

@@ -1,0 +1,106 @@
+"""The Redis fixture itself: a real server that answers, and starts empty after a restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import grpc
+import pytest
+
+from fairq_server.cluster.connection import connect
+from fairq_server.cluster.redis_process import RedisProcess
+from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.config import ConfigError
+from fairq_server.config_file import parse_config
+from fairq_server.sim import SimServer
+from tests.conftest import FairqFactory, make_config, sim_backend
+from tests.reliability.helpers import gen_request, generate, run_call, until
+
+
+async def test_redis_server_answers_and_restarts_empty(redis_server: RedisProcess) -> None:
+    # The replica's own client: it reconnects after the restart by itself.
+    client = connect(ClusterConfig(redis_server.url, replica_id="t"))
+    try:
+        await client.set("k", "v")
+        assert await client.get("k") == b"v"
+        redis_server.stop()
+        redis_server.start()
+        assert await client.get("k") is None  # persistence is off: restarted empty
+    finally:
+        await client.aclose()
+
+
+async def test_password_from_the_url_or_from_password_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    with RedisProcess.running(password="s3cret") as server:
+        bare = f"redis://127.0.0.1:{server.port}/0"
+        monkeypatch.setenv("FAIRQ_TEST_REDIS_PW", "s3cret")
+        for config in (
+            ClusterConfig(server.url, replica_id="t"),
+            ClusterConfig(bare, password_env="FAIRQ_TEST_REDIS_PW", replica_id="t"),
+        ):
+            client = connect(config)
+            try:
+                assert await client.ping()
+            finally:
+                await client.aclose()
+        client = connect(ClusterConfig(bare, replica_id="t"))
+        try:
+            with pytest.raises(Exception, match=r"(?i)auth"):
+                await client.ping()
+        finally:
+            await client.aclose()
+
+
+def test_cluster_section_is_parsed_and_checked() -> None:
+    assert parse_config({}).cluster is None
+    config = parse_config(
+        {"cluster": {"redis_url": "rediss://h:6380/0", "replica_id": "r1"}, "state_file": "s"}
+    )
+    assert config.cluster is not None
+    assert (config.cluster.replica_id, config.cluster.lease_seconds) == ("r1", 5.0)
+    assert config.cluster.safe_url == "rediss://h:6380/0"
+    assert config.state_file == "s"
+    assert parse_config({"cluster": {"redis_url": "redis://h"}}).cluster.replica_id.endswith(
+        f"-{os.getpid()}"
+    )  # type: ignore[union-attr]
+    for bad, message in (
+        ({"redis_url": "http://h"}, "redis_url"),
+        ({"redis_url": "redis://h", "lease_seconds": 0}, "lease_seconds"),
+        ({"redis_url": "redis://h", "local_share": 2}, "local_share"),
+        ({"redis_url": "redis://h", "password_env": "FAIRQ_UNSET_VAR_X"}, "FAIRQ_UNSET_VAR_X"),
+        ({"redis_url": "redis://h", "lease": 1}, "unknown keys"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_config({"cluster": bad})
+
+
+def test_single_process_path_does_not_import_redis() -> None:
+    """No ``[cluster]``: the server modules load without the Redis client."""
+    code = (
+        "import sys, fairq_server.api.server, fairq_server.cli, fairq_server.config;"
+        "sys.exit('redis' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+async def test_redis_unreachable_at_start_forwards_on_the_local_share(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    dead = RedisProcess()  # a free port nobody listens on
+    config = replace(
+        make_config([sim_backend(sim)]),
+        cluster=ClusterConfig(dead.url, replica_id="lonely", local_share=0.5, lease_seconds=1.0),
+    )
+    dead.close()
+    server = await fairq_factory(config)
+    state = server.core.backend("sim-a")
+    assert state is not None
+    await until(lambda: state.share == 0.5, what="the backend on the local share")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        outcome = await run_call(generate(channel, gen_request()))
+    assert outcome.code is grpc.StatusCode.OK, outcome
+    cluster = server.core.cluster
+    assert cluster is not None and not cluster.connected

@@ -1,0 +1,61 @@
+"""Counter policies in a cluster: the journal, adopting shared counters, the global floor."""
+
+from __future__ import annotations
+
+from fairq_server.scheduling.fairness import RoundRobinFairness, VtcFairness
+from fairq_server.scheduling.fairness.counter import Journal
+from fairq_server.scheduling.interfaces import Cost
+
+
+def test_without_a_journal_nothing_is_recorded_and_everyone_may_be_served() -> None:
+    policy = VtcFairness()
+    policy.activate("a", 1.0)
+    policy.charge("a", Cost(prompt_tokens=10))
+    assert policy.journal is None
+    assert policy.may_serve("a")
+
+
+def test_charges_and_lifts_are_journaled_weighted() -> None:
+    policy = VtcFairness()
+    policy.journal = Journal()
+    policy.activate("a", 2.0)
+    policy.charge("a", Cost(prompt_tokens=10, completion_tokens=5))  # (10 + 2 * 5) / 2
+    policy.activate("b", 1.0)  # lifted to a's counter, 10
+    journal, active, head = policy.take_journal()
+    assert journal.deltas == {"a": 10.0}
+    assert journal.floors == {"b": 10.0}
+    assert sorted(active) == ["a", "b"] and head == 10.0
+    assert policy.journal == Journal()  # a fresh one
+
+
+def test_adopted_counters_add_what_was_journaled_since_and_reorder() -> None:
+    policy = RoundRobinFairness()
+    policy.journal = Journal()
+    policy.activate("a", 1.0)
+    policy.activate("b", 1.0)
+    policy.take_journal()
+    policy.charge("b", Cost(requests=1))  # after the flush: still pending
+    policy.adopt({"a": 5.0, "b": 1.0}, floor=None)  # another replica served a five times
+    assert policy.counter("a") == 5.0 and policy.counter("b") == 2.0
+    assert policy.select() == "b"
+
+
+def test_a_user_above_the_other_replicas_floor_waits() -> None:
+    policy = RoundRobinFairness()
+    policy.journal = Journal()
+    policy.activate("heavy", 1.0)
+    policy.adopt({"heavy": 7.0}, floor=3.0)  # someone elsewhere is at 3
+    assert not policy.may_serve("heavy")
+    policy.slack = 4.0
+    assert policy.may_serve("heavy")
+    policy.adopt({"heavy": 7.0}, floor=None)  # nobody backlogged elsewhere
+    policy.slack = 0.0
+    assert policy.may_serve("heavy")
+
+
+def test_a_new_user_is_lifted_to_the_other_replicas_floor() -> None:
+    policy = RoundRobinFairness()
+    policy.journal = Journal()
+    policy.adopt({}, floor=42.0)
+    policy.activate("new", 1.0)
+    assert policy.counter("new") == 42.0
