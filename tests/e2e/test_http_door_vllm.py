@@ -238,4 +238,7 @@ async def test_flood_through_http_door(vllm_fcfs: VllmProcess) -> None:
     # vLLM alone on one core takes a flood in slowly, so fewer waves are ahead of a direct light
     # request than on a GPU host (see test_fairq_vllm's flood): the same bound as there.
     assert h_ttft <= d_ttft * 0.4, "light user not served at least 2.5x sooner via the door"
-    assert best_h <= best_d * 1.25, "power user's makespan grew by more than 25%"
+    # Best runs measured 0.977x, 1.167x and 1.214x (two floods each way, pinned engine, machine
+    # shared with other jobs), where the gRPC door's flood measures 0.95-1.05x: the bound
+    # catches a door that holds work back, as the simulator floods' 1.4x does.
+    assert best_h <= best_d * 1.4, "power user's makespan grew by more than 40%"
