@@ -39,6 +39,7 @@ from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.attempts import AttemptBook, Launcher
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.outbox import Queued
 from fairq_server.scheduling.picking import Picker
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 #: (about a millisecond of CPU); when thousands of slots free at once, the yield lets other
 #: work on the event loop (health checks, new calls, scrapes) run between batches.
 DISPATCH_BATCH = 32
-#: Seconds between checks for models no backend serves (see ``_sweep_models``).
+#: Seconds between checks for models no backend serves (see ``ModelSet.sweep``).
 _SWEEP_EVERY = 0.1
 
 
@@ -99,7 +100,7 @@ class Dispatcher:
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._backends = BackendSet()
-        self._models: dict[str, ModelState] = {}
+        self._models = ModelSet(telemetry)
         self.attempts = AttemptBook(self, launcher)
         self._picker = Picker(self)
         self.crashes = 0
@@ -246,7 +247,7 @@ class Dispatcher:
                 # A grace period in seconds needs no finer check; every pass would cost
                 # O(models) per event, and dead backends' scrapes are events too.
                 self._next_sweep = now + _SWEEP_EVERY
-                self._sweep_models(now)
+                self._sweep(now)
             more = self._picker.dispatch(now, DISPATCH_BATCH)
             for model in self._models.values():
                 model.update_depth()
@@ -381,76 +382,40 @@ class Dispatcher:
     def _add_backend(self, state: BackendState) -> None:
         self._backends.add(state)
         now = self._clock()
+        # A model's queue outlives its backends for a grace period: when the last backend of a
+        # model leaves, queued requests wait no_backend_grace_seconds for another one.
         for model in state.backend.models:
-            if model not in self._models:
-                # A model's queue outlives its backends for a grace period: when the last
-                # backend of a model leaves, queued requests wait no_backend_grace_seconds
-                # for another one (see _sweep_models).
-                queue = self._policies.new_queue(len(self.tiers))
-                self._models[model] = ModelState(model, queue, self.tiers, self._telemetry, now)
+            self._models.ensure(model, self._new_queue, self.tiers, now)
+
+    def _new_queue(self) -> ModelQueue:
+        return self._policies.new_queue(len(self.tiers))
 
     def _reconfigure(self, event: ev.Reconfigure) -> None:
         self.tiers = event.tiers
         self.config = event.config
         self._policies = event.policies
         self.attempts.set_window(event.config.stream_coalesce_seconds)
-        if not event.rebuild:
-            return
-        for model in self._models.values():
-            tickets = model.take_all()
-            model.queue = event.policies.new_queue(len(self.tiers))
-            for ticket in tickets:
-                model.queue.push(ticket, front=ticket.retries > 0)
+        if event.rebuild:
+            self._models.rebuild(self._new_queue)
 
-    def _sweep_models(self, now: float) -> None:
-        """Fail what waits for a model no backend can serve; forget a model nothing serves.
-
-        A model none of whose backends is serving (all down or draining, or none left) keeps
-        its queue for ``no_backend_grace_seconds``, so a backend restarting within it fails
-        nobody; then its queued requests are answered UNAVAILABLE. A model without backends
-        and without queued requests is forgotten, with its metric series.
-        """
+    def _sweep(self, now: float) -> None:
         grace = self.config.no_backend_grace_seconds
-        for model in list(self._models.values()):
-            backends = self._backends.of(model.name)
-            if any(b.serving for b in backends):
-                model.orphaned_since = None
-                continue
-            if model.orphaned_since is None:
-                model.orphaned_since = now
-            if len(model.queue) and now - model.orphaned_since >= grace:
-                error = NoBackendError(
-                    f"no healthy backend has served model '{model.name}' for {grace:g} s"
-                )
-                for ticket in model.take_all():
-                    self.attempts.abandon(ticket, error)
-                model.arrivals.clear()
-            if not backends and not len(model.queue):
-                del self._models[model.name]
-                self._telemetry.forget_model(model.name)
+        for model, tickets in self._models.sweep(now, grace, self._backends.of):
+            error = NoBackendError(
+                f"no healthy backend has served model '{model.name}' for {grace:g} s"
+            )
+            for ticket in tickets:
+                self.attempts.abandon(ticket, error)
 
     def _expire(self, now: float) -> None:
         ttl = self.config.queue_ttl_seconds
-        deadline = None if ttl is None else now - ttl
-        for model in self._models.values():
-            for ticket in model.expire(deadline):
-                error = QueueTimeoutError(f"request waited in the queue longer than {ttl:g} s")
-                self.attempts.abandon(ticket, error)
+        for ticket in self._models.expire(None if ttl is None else now - ttl):
+            error = QueueTimeoutError(f"request waited in the queue longer than {ttl:g} s")
+            self.attempts.abandon(ticket, error)
 
     def _fail_queued(self, error: SchedulerError) -> None:
-        for model in self._models.values():
-            try:
-                tickets = model.take_all()
-            except Exception:
-                # A queue broken by the fault itself: its tickets are still in the arrivals
-                # list where a TTL is set; start the model afresh either way.
-                log.exception("queue of model %s unreadable; rebuilt empty", model.name)
-                tickets = [t for t in model.arrivals if t.state is TicketState.QUEUED]
-                model.queue = self._policies.new_queue(len(self.tiers))
-            model.arrivals.clear()
-            for ticket in tickets:
-                self.attempts.abandon(ticket, error)
-            model.update_depth()
+        for ticket in self._models.take_queued(self._new_queue):
+            self.attempts.abandon(ticket, error)
 
     @property
     def policies(self) -> Policies:
