@@ -22,13 +22,11 @@ either bound is repeated once on fresh processes; both attempts are reported on 
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fairq_server.bench.flood import FloodComparison, compare_flood, flood_workload
-from fairq_server.bench.processes import sim_process
+from fairq_server.bench.processes import confined, sim_process, split_cpus
 from fairq_server.bench.workload import RequestSpec
 
 __all__ = ["SIZES", "FloodOutcome", "assert_fairq_protects_the_light_user", "workload"]
@@ -77,28 +75,6 @@ def _machine() -> str:
     return f"{len(os.sched_getaffinity(0))} CPUs usable, load average {load}"
 
 
-def _split_cpus() -> tuple[tuple[int, ...], set[int]]:
-    """The simulator's CPU and everyone else's (both empty on a one-CPU machine)."""
-    usable = sorted(os.sched_getaffinity(0))
-    if len(usable) < 2:
-        return (), set()
-    return (usable[0],), set(usable[1:])
-
-
-@contextlib.contextmanager
-def _confined(cpus: set[int]) -> Iterator[None]:
-    """Run this process, and the children it starts meanwhile, on ``cpus``."""
-    if not cpus:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 def workload() -> list[RequestSpec]:
     """The schedule described by :data:`SIZES`."""
     return flood_workload(
@@ -114,9 +90,9 @@ def workload() -> list[RequestSpec]:
 async def run_flood(mode: str, door: str = "grpc") -> FloodOutcome:
     """Start a simulator in ``mode`` (``vllm`` or ``tgi``) and compare direct vs fairq."""
     args = ("--mode", mode, "--model", MODEL, "--max-num-seqs", str(SLOTS), "--speed", str(SPEED))
-    sim_cpus, other_cpus = _split_cpus()
+    sim_cpus, other_cpus = split_cpus()
     async with sim_process(*args, cpus=sim_cpus) as url:
-        with _confined(other_cpus):
+        with confined(other_cpus):
             comparison = await compare_flood(
                 url,
                 MODEL,

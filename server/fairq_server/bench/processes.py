@@ -13,10 +13,17 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["fairq_process", "sim_process", "stop_process", "toml_config"]
+__all__ = [
+    "confined",
+    "fairq_process",
+    "sim_process",
+    "split_cpus",
+    "stop_process",
+    "toml_config",
+]
 
 _READY_TIMEOUT = 60.0
 
@@ -50,6 +57,32 @@ async def _start(
     log.seek(0)
     err = log.read().decode(errors="replace")[-2000:]
     raise RuntimeError(f"fairq {args[0]} did not start: {err}")
+
+
+def split_cpus() -> tuple[tuple[int, ...], set[int]]:
+    """Return a CPU for the backend and the others for everyone else (both empty on one CPU).
+
+    A backend that shares its CPU with fairq and the load generator slows down whenever they
+    work, which then dominates any comparison; on separate hosts it would not.
+    """
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        return (), set()
+    return (usable[0],), set(usable[1:])
+
+
+@contextlib.contextmanager
+def confined(cpus: set[int]) -> Iterator[None]:
+    """Run this process, and the children it starts meanwhile, on ``cpus`` (empty: anywhere)."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 async def stop_process(proc: asyncio.subprocess.Process, timeout: float = 10.0) -> None:

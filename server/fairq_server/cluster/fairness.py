@@ -3,22 +3,24 @@
 Each replica keeps its policies' counters locally (the dispatcher reads them on every pick)
 and flushes what changed, in one round trip per sync for all its models and tiers: lifts as
 "at least" (``max``), charges as ``HINCRBYFLOAT``. The same script returns the shared
-counters of the replica's backlogged users and the global floor: the smallest counter any
-other replica has backlogged (each replica's head, leased like a reservation so a dead
-replica's head expires). A replica then serves a user only while its counter is within the
-slack of that floor, so the slots of the shared gate go to the user furthest behind anywhere.
+counters of the replica's backlogged users and the other replicas' heads: each replica's two
+smallest backlogged users (leased like a reservation, so a dead replica's heads expire). A
+replica then serves a user only while its counter is within the slack of the smallest
+counter of anyone else backlogged elsewhere, so the slots of the shared gate go to the user
+furthest behind anywhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.fairness.counter import CounterFairness, Journal
+from fairq_server.scheduling.fairness.counter import CounterFairness, Journal, PeerHeads
 from fairq_server.scheduling.interfaces import FairnessPolicy
 from fairq_server.scheduling.policies import Policies
 
@@ -45,9 +47,10 @@ def shared_policies(
     return dataclasses.replace(policies, fairness=fairness)
 
 
-# KEYS: counters hash, heads hash. ARGV: replica, lease ms, head ('' none), n floors,
-# (user, floor)*, n deltas, (user, delta)*, users to read*. Returns {floor or '', values*}:
-# the floor is the smallest head of the *other* replicas (this replica knows its own now).
+# KEYS: counters hash, heads hash. ARGV: replica, lease ms, heads (JSON, '' none), n floors,
+# (user, floor)*, n deltas, (user, delta)*, users to read*. Returns {n, heads*, values*}: the
+# heads of the *other* replicas (this replica knows its own), then the users' counters. A
+# replica's heads are stored as "<expiry ms> <JSON>", so a dead replica's expire.
 _SYNC = """
 local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local lease = tonumber(ARGV[2])
@@ -66,21 +69,22 @@ end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[2], ARGV[1])
 else
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. (now + lease))
+  redis.call('HSET', KEYS[2], ARGV[1], (now + lease) .. ' ' .. ARGV[3])
 end
-local floor = nil
+local others = {}
 local heads = redis.call('HGETALL', KEYS[2])
 for j = 1, #heads, 2 do
-  local value, expiry = string.match(heads[j + 1], '(%S+) (%S+)')
-  if tonumber(expiry) <= now then
+  local expiry, value = string.match(heads[j + 1], '^(%S+) (.*)$')
+  if expiry == nil or tonumber(expiry) <= now then
     redis.call('HDEL', KEYS[2], heads[j])
-  elseif heads[j] ~= ARGV[1] and (floor == nil or tonumber(value) < floor) then
-    floor = tonumber(value)
+  elseif heads[j] ~= ARGV[1] then
+    others[#others + 1] = value
   end
 end
 redis.call('PEXPIRE', KEYS[1], 3600000)
 redis.call('PEXPIRE', KEYS[2], 2 * lease)
-local out = {floor and tostring(floor) or ''}
+local out = {#others}
+for _, value in ipairs(others) do out[#out + 1] = value end
 for j = i, #ARGV do
   out[#out + 1] = redis.call('HGET', KEYS[1], ARGV[j]) or '0'
 end
@@ -90,12 +94,12 @@ return out
 
 @dataclass(frozen=True)
 class SyncResult:
-    """Shared counters of one tier's backlogged users here, and the global floor."""
+    """Shared counters of one tier's backlogged users here, and the other replicas' heads."""
 
     model: str
     tier: int
     counters: dict[str, float]
-    floor: float | None
+    heads: PeerHeads
 
 
 class SharedCounters:
@@ -130,7 +134,7 @@ class SharedCounters:
             for e in entries:
                 base = f"{self._prefix}:fair:{e.model}:{e.tier}"
                 args: list[str | int | float] = [self._replica, self._lease_ms]
-                args.append("" if e.head is None else repr(e.head))
+                args.append(json.dumps(e.heads) if e.heads else "")
                 args.append(len(e.journal.floors))
                 for user, value in e.journal.floors.items():
                     args += [user, repr(value)]
@@ -138,11 +142,25 @@ class SharedCounters:
                 for user, value in e.journal.deltas.items():
                     args += [user, repr(value)]
                 args += e.active
-                await self._sync(keys=[f"{base}:counters", f"{base}:heads"], args=args, client=pipe)
+                keys = [f"{base}:counters", f"{base}:peer-heads"]
+                await self._sync(keys=keys, args=args, client=pipe)
             rows = await pipe.execute()
         out = []
         for e, row in zip(entries, rows, strict=True):
-            floor = float(row[0]) if row[0] else None
-            counters = {u: float(v) for u, v in zip(e.active, row[1:], strict=True)}
-            out.append(SyncResult(e.model, e.tier, counters, floor))
+            n = int(row[0])
+            heads = PeerHeads(tuple(_pairs(row[1 : 1 + n])))
+            counters = {u: float(v) for u, v in zip(e.active, row[1 + n :], strict=True)}
+            out.append(SyncResult(e.model, e.tier, counters, heads))
         return out
+
+
+def _pairs(stored: Sequence[bytes | str]) -> Iterator[tuple[str, float]]:
+    """Yield the ``(user, counter)`` pairs of the heads other replicas stored (skip malformed)."""
+    for value in stored:
+        try:
+            pairs = json.loads(value)
+            for user, counter in pairs:
+                if isinstance(user, str) and isinstance(counter, int | float):
+                    yield user, float(counter)
+        except (ValueError, TypeError):
+            continue

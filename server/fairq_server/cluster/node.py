@@ -4,12 +4,13 @@ Background tasks (never the dispatcher loop) talk to Redis:
 
 * the heartbeat, every third of a lease: this replica's presence, and the leases of the
   reservations it holds;
-* the refresher: the other replicas' reservations per backend, read when a release is
-  announced (pub/sub) or every ``refresh_seconds``, posted to the dispatcher as
-  :class:`~fairq_server.scheduling.events.PeerView`;
+* the refresher: the other replicas' reservations per backend, posted to the dispatcher as
+  :class:`~fairq_server.scheduling.events.PeerView`. A release announces the counts it
+  leaves (pub/sub), which every replica takes as they are; the counts are read from Redis
+  only every ``refresh_seconds`` (leases that expire announce nothing);
 * the fairness sync: flushes the fairness journals and reads the shared counters back
   (:mod:`.fairness`), after each dispatch, when another replica's head moves, and every
-  ``refresh_seconds``.
+  third of a lease (which keeps this replica's heads alive).
 
 When Redis stops answering, the replica runs on its local share: each backend's threshold
 and in-flight cap scaled by ``local_share`` (default one over the replicas last seen), so
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -31,8 +33,9 @@ from fairq_server.cluster.connection import REDIS_ERRORS, connect
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.settings import ClusterConfig
-from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate
+from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
 from fairq_server.scheduling import events as ev
+from fairq_server.scheduling.fairness.counter import PeerHeads
 
 __all__ = ["ClusterNode", "cancel_all"]
 
@@ -86,7 +89,8 @@ class ClusterNode:
         self._wake = asyncio.Event()
         self._views: dict[str, tuple[int, int, float]] = {}
         self._fair_wake = asyncio.Event()
-        self._heads: dict[tuple[str, int], float | None] = {}
+        self._heads: dict[tuple[str, int], tuple[tuple[str, float], ...]] = {}
+        self._heads_channel = self.counters.channel()
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -167,14 +171,18 @@ class ClusterNode:
         if members is None or member not in members:
             return
         members[member] = False
-        self._spawn(self.gate.first_token(backend_id, member))
+        self._spawn(self._announce(backend_id, self.gate.first_token(backend_id, member)))
 
     def release(self, backend_id: str, member: str) -> None:
         """Give back the slot of a reserved request that ended (in the background)."""
         members = self._held.get(backend_id)
         if members is None or members.pop(member, None) is None:
             return
-        self._spawn(self.gate.release(backend_id, member))
+        self._spawn(self._announce(backend_id, self.gate.release(backend_id, member)))
+
+    async def _announce(self, backend_id: str, leave: Coroutine[Any, Any, GlobalCounts]) -> None:
+        # The counts left are this replica's news at once (the others hear them published).
+        self._view(backend_id, await leave)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         async def run() -> None:
@@ -271,12 +279,20 @@ class ClusterNode:
                 if self.connected:
                     pubsub = self.client.pubsub(ignore_subscribe_messages=True)
                     await pubsub.psubscribe(self.gate.channel(), self.counters.channel())
+                loop = asyncio.get_running_loop()
+                due = loop.time()
                 while self.connected or pubsub is None:
                     if pubsub is not None:
-                        message = await pubsub.get_message(timeout=self.config.refresh_seconds)
-                        while message is not None:  # coalesce a burst of releases
-                            self._fair_wake.set()
+                        # Expired leases announce nothing: read at least every refresh.
+                        wait = max(0.0, due - loop.time())
+                        message = await pubsub.get_message(timeout=wait)
+                        unread = False
+                        while message is not None:  # take a burst of announcements at once
+                            unread |= self._heard(message)
                             message = await pubsub.get_message(timeout=0)
+                        if not unread and loop.time() < due:
+                            continue
+                        due = loop.time() + self.config.refresh_seconds
                     else:
                         self._local_views()
                         self._wake.clear()
@@ -299,6 +315,21 @@ class ClusterNode:
                     with contextlib.suppress(Exception):
                         await pubsub.aclose()  # type: ignore[no-untyped-call]
 
+    def _heard(self, message: dict[str, Any]) -> bool:
+        """Apply one announcement; return True if the shared counts must be read instead."""
+        channel, data = (
+            v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+            for v in (message.get("channel"), message.get("data"))
+        )
+        if channel == self._heads_channel:
+            self._fair_wake.set()  # the fairness sync reads the heads
+            return False
+        news = parse_announcement(channel, data, self.config.key_prefix)
+        if news is None:
+            return True
+        self._view(*news)
+        return False
+
     async def _refresh(self) -> None:
         ids = self._backend_ids()
         for backend_id, counts in (await self.gate.counts(ids)).items():
@@ -312,8 +343,10 @@ class ClusterNode:
 
     async def _fair_loop(self) -> None:
         while True:
+            # Every change is announced (a dispatch here, a head moved elsewhere); the timer
+            # only renews this replica's heads, whose lease is a whole lease.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.refresh_seconds):
+                async with asyncio.timeout(self._beat):
                     await self._fair_wake.wait()
             self._fair_wake.clear()
             try:
@@ -335,14 +368,22 @@ class ClusterNode:
         if not self.connected:
             # Local fairness until Redis is back: no floor from replicas not heard from.
             for e in entries:
-                if self._heads.pop((e.model, e.tier), 0.0) is not None:
-                    self._post(ev.FairnessSync(e.model, e.tier, {}, None))
+                if self._heads.pop((e.model, e.tier), None) is not None:
+                    self._post(ev.FairnessSync(e.model, e.tier, {}, PeerHeads()))
             return
         results = await self.counters.sync(entries)
-        moved = False
+        moved = stale = False
         for e, r in zip(entries, results, strict=True):
-            self._post(ev.FairnessSync(r.model, r.tier, r.counters, r.floor))
-            moved |= self._heads.get((e.model, e.tier)) != e.head
-            self._heads[(e.model, e.tier)] = e.head
+            self._post(ev.FairnessSync(r.model, r.tier, r.counters, r.heads))
+            moved |= self._heads.get((e.model, e.tier)) != e.heads
+            self._heads[(e.model, e.tier)] = e.heads
+            # Another replica charged a user at the head here: the heads just stored are
+            # behind the counters adopted now, and would hold others back; store them again.
+            stale |= any(
+                not math.isclose(r.counters.get(user, c), c, rel_tol=1e-9, abs_tol=1e-9)
+                for user, c in e.heads
+            )
+        if stale:
+            self._fair_wake.set()
         if moved:
             await self.client.publish(self.counters.channel(), self.replica_id)

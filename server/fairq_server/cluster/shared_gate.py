@@ -9,8 +9,9 @@ owning replica renews its members every third of a lease.
 A reservation is one Lua script, atomic in Redis: drop expired members, refuse if the
 in-flight cap is reached or if the other clients' waiting requests (from this replica's last
 scrape) plus every replica's tokenless requests reach the tier's threshold, else add the
-member to both sets. Releases are ``ZREM`` and a ``PUBLISH`` so the other replicas read the
-freed slot at once instead of at their next refresh.
+member to both sets. A release (first token: out of ``await``; end: out of both) is a script
+too: it removes the member and publishes the counts it leaves behind, so every replica learns
+of the freed slot at once, without reading the sets again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-__all__ = ["GlobalCounts", "SharedGate"]
+__all__ = ["GlobalCounts", "SharedGate", "parse_announcement"]
 
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 
@@ -62,6 +63,20 @@ return 1
 """
 )
 
+# KEYS: await, flight. ARGV: member, channel, '1' to leave flight too (the request ended).
+# Publishes and returns "<awaiting> <in flight>" of live members after the removal.
+_RELEASE = (
+    _NOW
+    + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[3] == '1' then redis.call('ZREM', KEYS[2], ARGV[1]) end
+local counts = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') .. ' '
+  .. redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+redis.call('PUBLISH', ARGV[2], counts)
+return counts
+"""
+)
+
 # KEYS: await, flight. Counts of live (unexpired) members.
 _COUNT = (
     _NOW
@@ -80,6 +95,20 @@ class GlobalCounts:
     in_flight: int
 
 
+def parse_announcement(channel: str, data: str, prefix: str) -> tuple[str, GlobalCounts] | None:
+    """Read a release announcement: the backend and the counts left (None: not one)."""
+    head = f"{prefix}:gate-released:"
+    if not channel.startswith(head):
+        return None
+    try:
+        awaiting, in_flight = (int(x) for x in data.split())
+    except ValueError:
+        return None
+    if awaiting < 0 or in_flight < 0:
+        return None
+    return channel[len(head) :], GlobalCounts(awaiting, in_flight)
+
+
 class SharedGate:
     """The Redis side of the shared gate (stateless: the caller keeps its members).
 
@@ -96,6 +125,7 @@ class SharedGate:
         self._lease_ms = max(1, round(lease_seconds * 1000))
         self._reserve = client.register_script(_RESERVE)
         self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
         self._count = client.register_script(_COUNT)
 
     def _keys(self, backend_id: str) -> list[str]:
@@ -116,21 +146,23 @@ class SharedGate:
         )
         return bool(granted), GlobalCounts(int(awaiting), int(flight))
 
-    async def first_token(self, backend_id: str, member: str) -> None:
-        """Mark that the request produced a token: it no longer waits in the backend's queue."""
-        async with self._client.pipeline(transaction=False) as pipe:
-            pipe.zrem(self._keys(backend_id)[0], member)
-            pipe.publish(self.channel(backend_id), member)
-            await pipe.execute()
+    async def first_token(self, backend_id: str, member: str) -> GlobalCounts:
+        """Mark that the request produced a token: it no longer waits in the backend's queue.
 
-    async def release(self, backend_id: str, member: str) -> None:
-        """Free the slot of a request that ended (any way)."""
-        keys = self._keys(backend_id)
-        async with self._client.pipeline(transaction=False) as pipe:
-            pipe.zrem(keys[0], member)
-            pipe.zrem(keys[1], member)
-            pipe.publish(self.channel(backend_id), member)
-            await pipe.execute()
+        Returns the counts left, which every replica is told too.
+        """
+        return await self._leave(backend_id, member, ended=False)
+
+    async def release(self, backend_id: str, member: str) -> GlobalCounts:
+        """Free the slot of a request that ended (any way); return the counts left."""
+        return await self._leave(backend_id, member, ended=True)
+
+    async def _leave(self, backend_id: str, member: str, *, ended: bool) -> GlobalCounts:
+        args = [member, self.channel(backend_id), "1" if ended else "0"]
+        counts = await self._release(keys=self._keys(backend_id), args=args)
+        text = counts.decode() if isinstance(counts, bytes) else str(counts)
+        awaiting, in_flight = (int(x) for x in text.split())
+        return GlobalCounts(awaiting, in_flight)
 
     async def renew(self, held: dict[str, Sequence[str]]) -> None:
         """Extend the lease of every member held, per backend, in one round trip."""

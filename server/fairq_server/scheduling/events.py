@@ -19,7 +19,7 @@ from fairq_server.scheduling.ticket import Ticket
 
 if TYPE_CHECKING:
     from fairq_server.scheduling.backend_state import BackendState
-    from fairq_server.scheduling.fairness.counter import Journal
+    from fairq_server.scheduling.fairness.counter import Journal, PeerHeads
     from fairq_server.scheduling.policies import Policies
 
 __all__ = [
@@ -46,13 +46,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """One tier's journal: its charges and lifts, backlogged users and smallest counter."""
+    """One tier's journal: its charges and lifts, backlogged users and its two heads."""
 
     model: str
     tier: int
     journal: Journal
     active: list[str]
-    head: float | None
+    heads: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True)
@@ -152,12 +152,12 @@ class TakeJournals:
 
 @dataclass(frozen=True)
 class FairnessSync:
-    """Shared counters of ``model``'s tier ``tier``, and the other replicas' smallest."""
+    """Shared counters of ``model``'s tier ``tier``, and the other replicas' heads."""
 
     model: str
     tier: int
     counters: dict[str, float]
-    floor: float | None
+    heads: PeerHeads
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ def take_journals(models: Iterable[ModelState]) -> list[ev.JournalEntry]:
         for index, tier in enumerate(model.queue.tiers):
             fairness = tier.fairness
             if isinstance(fairness, CounterFairness):
-                journal, active, head = fairness.take_journal()
-                out.append(ev.JournalEntry(model.name, index, journal, active, head))
+                journal, active, heads = fairness.take_journal()
+                out.append(ev.JournalEntry(model.name, index, journal, active, heads))
     return out
 
 
@@ -35,4 +35,4 @@ def adopt_counters(models: Mapping[str, ModelState], sync: ev.FairnessSync) -> N
         return
     fairness = model.queue.tiers[sync.tier].fairness
     if isinstance(fairness, CounterFairness):
-        fairness.adopt(sync.counters, sync.floor)
+        fairness.adopt(sync.counters, sync.heads)

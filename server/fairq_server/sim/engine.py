@@ -80,6 +80,10 @@ class Engine:
         self._requests: dict[str, SimRequest] = {}
         self._arrivals = itertools.count()
         self.num_preemptions = 0
+        # The longest waiting queue left after a step's scheduling: what a scraper sampling
+        # vllm:num_requests_waiting at every step would see at most (benchmarks read it
+        # instead of sampling /metrics themselves).
+        self.peak_waiting = 0
         # Mutable so a running simulator can be sped up or slowed down between steps.
         self.speed = config.speed
 
@@ -201,6 +205,7 @@ class Engine:
         # vLLM admits nothing new in a step that had to preempt, unless the batch is empty.
         if not preempted or not scheduled:
             budget = self._schedule_waiting(scheduled, budget)
+        self.peak_waiting = max(self.peak_waiting, len(self._waiting))
 
         if not scheduled:
             return None

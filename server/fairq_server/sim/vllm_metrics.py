@@ -124,6 +124,12 @@ class VllmMetrics(EngineObserver):
 
         self.running = gauge("vllm:num_requests_running", _HELP["running"])
         self.waiting = gauge("vllm:num_requests_waiting", _HELP["waiting"])
+        # The simulator's own (not vLLM's): the exact peak, for benchmarks.
+        self.waiting_peak = Gauge(
+            "fairq_sim_num_requests_waiting_peak",
+            "Longest waiting queue after any engine step since the simulator started.",
+            registry=r,
+        )
         self.waiting_by_reason = gauge(
             "vllm:num_requests_waiting_by_reason", _HELP["waiting_by_reason"], ("reason",)
         )
@@ -204,6 +210,7 @@ class VllmMetrics(EngineObserver):
             engine = self._engine
             self.running.labels(**self._labels).set(engine.num_running)
             self.waiting.labels(**self._labels).set(engine.num_waiting)
+            self.waiting_peak.set(engine.peak_waiting)
             self.waiting_by_reason.labels(**self._labels, reason="capacity").set(engine.num_waiting)
             self.kv_usage.labels(**self._labels).set(engine.kv.usage)
         return generate_latest(self.registry)

@@ -1,5 +1,10 @@
 """A cluster on one machine: redis-server, a simulated backend and N fairq replicas, each a
-child process; plus the backend-queue watcher the benchmarks judge the shared gate by."""
+child process; plus the backend-queue watcher the benchmarks judge the shared gate by.
+
+The simulator gets a CPU of its own and everything else (Redis, the replicas, the load
+generator) the others, as a backend on its own host would: otherwise every replica added
+takes CPU from the backend, and the comparison measures that instead of the scheduling.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,10 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+import aiohttp
 import grpc
-import httpx
 
-from fairq_server.bench.processes import sim_process
+from fairq_server.bench.processes import confined, sim_process, split_cpus
 from fairq_server.bench.scenarios.procs import fairq_module_process
 from fairq_server.bench.targets import fairq_sender
 from fairq_server.bench.workload import RequestSpec, SendFn
@@ -22,6 +27,7 @@ from fairq_server.cluster.redis_process import RedisProcess
 __all__ = ["Cluster", "QueueWatcher", "by_replica", "replica_config", "running_cluster"]
 
 _WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.MULTILINE)
+_PEAK = re.compile(r"^fairq_sim_num_requests_waiting_peak (\S+)$", re.MULTILINE)
 
 
 def replica_config(
@@ -32,14 +38,19 @@ def replica_config(
     fairness: str = "round-robin",
     threshold: int = 3,
     lease_seconds: float = 5.0,
+    poll_interval: float = 0.5,
     extra: str = "",
 ) -> str:
-    """The configuration of one replica (``redis_url`` None: no ``[cluster]``)."""
+    """The configuration of one replica (``redis_url`` None: no ``[cluster]``).
+
+    Each replica scrapes the backend on its own, so the backend renders ``/metrics`` once
+    per replica per ``poll_interval`` (the default, 0.5 s, unless a scenario says otherwise).
+    """
     text = (
         'listen = "127.0.0.1:0"\n'
         "[scheduler]\n"
         f'fairness = "{fairness}"\n'
-        "poll_interval_seconds = 0.1\n"
+        f"poll_interval_seconds = {poll_interval}\n"
         "[[tiers]]\n"
         'name = "standard"\n'
         f"max_backend_waiting = {threshold}\n"
@@ -57,28 +68,38 @@ def replica_config(
             f'redis_url = "{redis_url}"\n'
             f'replica_id = "{replica}"\n'
             f"lease_seconds = {lease_seconds}\n"
-            "refresh_seconds = 0.05\n"
         )
     return text
 
 
 @dataclass
 class QueueWatcher:
-    """Samples the backend's waiting queue (its /metrics) every ``every`` seconds."""
+    """Watches the simulated backend's waiting queue.
+
+    Samples ``vllm:num_requests_waiting`` every ``every`` seconds (for what happened when) and
+    the simulator's exact peak after any engine step (``fairq_sim_num_requests_waiting_peak``,
+    which sampling alone could miss). Reads with aiohttp: this runs on the CPU fairq uses.
+    """
 
     url: str
-    every: float = 0.01
-    samples: list[tuple[float, float]] = field(default_factory=list)
+    every: float = 0.2
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
 
+    async def _sample(self, session: aiohttp.ClientSession) -> None:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(self.url + "/metrics") as response:
+                text = await response.text()
+            waiting, peak = _WAITING.search(text), _PEAK.search(text)
+            if waiting and peak:
+                sample = (time.monotonic(), float(waiting.group(1)), float(peak.group(1)))
+                self.samples.append(sample)
+
     async def _run(self) -> None:
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    text = (await client.get(self.url + "/metrics")).text
-                    match = _WAITING.search(text)
-                    if match:
-                        self.samples.append((time.monotonic(), float(match.group(1))))
+                await self._sample(session)
                 await asyncio.sleep(self.every)
 
     def start(self) -> None:
@@ -87,15 +108,28 @@ class QueueWatcher:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop sampling."""
+        """Take a last sample, then stop."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as s:
+                await self._sample(s)
 
     def peak(self, since: float = 0.0) -> float:
-        """The largest waiting count sampled at or after ``since`` (monotonic)."""
-        return max((v for t, v in self.samples if t >= since), default=0.0)
+        """The longest waiting queue at or after ``since`` (monotonic).
+
+        The sampled values, and the simulator's exact peak wherever it rose within the window
+        (a rise there is a new maximum reached there).
+        """
+        before = [p for t, _, p in self.samples if t < since]
+        window = [(w, p) for t, w, p in self.samples if t >= since]
+        if not window:
+            return 0.0
+        sampled = max(w for w, _ in window)
+        exact = window[-1][1]
+        risen = not before or exact > before[-1]
+        return max(sampled, exact) if risen else sampled
 
 
 @dataclass
@@ -116,16 +150,25 @@ async def running_cluster(
     coordinated: bool,
     *,
     max_num_seqs: int = 8,
+    speed: float = 1.0,
     backend_url: str | None = None,
     redis: RedisProcess | None = None,
     **config: object,
 ) -> AsyncIterator[Cluster]:
-    """Start (or reuse) a simulator and Redis, then ``replicas`` fairq processes."""
+    """Start (or reuse) a simulator and Redis, then ``replicas`` fairq processes.
+
+    A simulator started here runs on a CPU of its own; the rest, and the caller while inside,
+    on the others.
+    """
     async with contextlib.AsyncExitStack() as stack:
         if backend_url is None:
+            sim_cpus, other_cpus = split_cpus()
             backend_url = await stack.enter_async_context(
-                sim_process("--max-num-seqs", str(max_num_seqs))
+                sim_process(
+                    "--max-num-seqs", str(max_num_seqs), "--speed", str(speed), cpus=sim_cpus
+                )
             )
+            stack.enter_context(confined(other_cpus))
         if coordinated and redis is None:
             redis = stack.enter_context(RedisProcess.running())
         redis_url = redis.url if coordinated and redis is not None else None

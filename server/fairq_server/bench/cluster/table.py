@@ -56,9 +56,11 @@ class TableRow:
     makespan: float
 
 
-async def run_one(replicas: int, coordinated: bool, specs: list[RequestSpec]) -> TableRow:
-    """Run the workload once on a fresh simulator and fresh replicas."""
-    async with running_cluster(replicas, coordinated) as cluster:
+async def run_one(
+    replicas: int, coordinated: bool, specs: list[RequestSpec], speed: float = 1.0
+) -> TableRow:
+    """Run the workload once on a fresh simulator (at ``speed``) and fresh replicas."""
+    async with running_cluster(replicas, coordinated, speed=speed) as cluster:
         watcher = QueueWatcher(cluster.backend_url)
         watcher.start()
         pick = {s.user: 0 for s in specs if s.user.startswith("light")}

@@ -13,7 +13,9 @@ cannot be banked as credit and spent later in a burst (Sheng et al., OSDI 2024).
 In a cluster the counters are shared through Redis (:mod:`fairq_server.cluster.fairness`):
 charges and lifts go to a :class:`Journal` the replica flushes, :meth:`adopt` takes the global
 counters back, and :meth:`may_serve` holds a user whose counter is above the smallest counter
-of any backlogged user on the other replicas (plus a slack). Without a cluster none of this
+of any *other* user backlogged on the other replicas (plus a slack): each replica publishes
+its two smallest backlogged users (:class:`PeerHeads`), so a user spread over several
+replicas is never held back by its own, older counter there. Without a cluster none of this
 is used.
 """
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 from fairq_server.scheduling.interfaces import Cost
 
-__all__ = ["CounterFairness"]
+__all__ = ["CounterFairness", "Journal", "PeerHeads"]
 
 _FRESH = 1 << 62
 
@@ -50,6 +52,21 @@ class Journal:
 
     floors: dict[str, float] = field(default_factory=dict)
     deltas: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PeerHeads:
+    """The other replicas' smallest backlogged counters, as ``(user, counter)`` pairs.
+
+    Each replica contributes its head and the runner-up of another user, so the smallest
+    counter of anyone but a given user is always among them.
+    """
+
+    pairs: tuple[tuple[str, float], ...] = ()
+
+    def floor(self, user: str | None = None) -> float | None:
+        """Return the smallest counter of a user other than ``user`` (None: nobody else)."""
+        return min((c for u, c in self.pairs if u != user), default=None)
 
 
 class CounterFairness:
@@ -83,7 +100,7 @@ class CounterFairness:
         self._idle: list[tuple[float, str]] = []
         # Cluster only (see the module docstring): None on one process.
         self.journal: Journal | None = None
-        self.global_floor: float | None = None
+        self.peer_heads = PeerHeads()
         self.slack = 0.0
         self.on_backlogged: Callable[[], None] | None = None  # share the new head soon
 
@@ -126,9 +143,10 @@ class CounterFairness:
             return
         top = self._clean_top()
         floor = top[0] if top is not None else self._virtual_time
-        if self.global_floor is not None:
+        peer_floor = self.peer_heads.floor(user)
+        if peer_floor is not None:
             # The smallest counter backlogged on the other replicas (as last read).
-            floor = self.global_floor if top is None else min(floor, self.global_floor)
+            floor = peer_floor if top is None else min(floor, peer_floor)
         lifted = state.counter < floor
         state.counter = max(state.counter, floor)
         if lifted and self.journal is not None:
@@ -244,18 +262,28 @@ class CounterFairness:
 
     # -- cluster: shared counters -----------------------------------------------------------
 
-    def take_journal(self) -> tuple[Journal, list[str], float | None]:
-        """Start a new journal; return the old one, the backlogged users and the head.
+    def take_journal(self) -> tuple[Journal, list[str], tuple[tuple[str, float], ...]]:
+        """Start a new journal; return the old one, the backlogged users and the heads.
 
-        The head is the smallest backlogged counter here (None: nobody is backlogged).
+        The heads are the two backlogged users with the smallest counters here, smallest
+        first (fewer when fewer are backlogged).
         """
         journal, self.journal = self.journal or Journal(), Journal()
-        top = self._clean_top()
         active = [u for u, s in self._users.items() if s.active]
-        return journal, active, top[0] if top is not None else None
+        return journal, active, self._heads()
 
-    def adopt(self, counters: Mapping[str, float], floor: float | None) -> None:
-        """Take the shared counters (plus what was journaled since), and the global floor."""
+    def _heads(self) -> tuple[tuple[str, float], ...]:
+        first = self._clean_top()
+        if first is None:
+            return ()
+        heapq.heappop(self._heap)  # look under the top, then put it back
+        second = self._clean_top()
+        heapq.heappush(self._heap, first)
+        heads = ((first[2], first[0]),)
+        return heads if second is None else (*heads, (second[2], second[0]))
+
+    def adopt(self, counters: Mapping[str, float], heads: PeerHeads) -> None:
+        """Take the shared counters (plus what was journaled since), and the peers' heads."""
         pending = self.journal or Journal()
         for user, value in counters.items():
             state = self._users.get(user)
@@ -266,9 +294,9 @@ class CounterFairness:
                 state.counter = value
                 if state.active:
                     self._push(user, state)  # a new stamp retires the old heap entry
-        self.global_floor = floor
+        self.peer_heads = heads
 
     def may_serve(self, user: str) -> bool:
-        """Whether ``user`` is within the slack of the other replicas' smallest counter."""
-        floor = self.global_floor
+        """Whether ``user`` is within the slack of anyone else's counter on the other replicas."""
+        floor = self.peer_heads.floor(user)
         return floor is None or self.counter(user) <= floor + self.slack + 1e-9
