@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairq_server.cluster.settings import ClusterConfig
 
-__all__ = ["REDIS_ERRORS", "connect"]
+__all__ = ["REDIS_ERRORS", "ScriptCall", "connect", "run_scripts"]
 
 #: What a lost, stopped or partitioned Redis raises.
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -39,3 +44,31 @@ def connect(config: ClusterConfig, *, timeout: float | None = None) -> aioredis.
         client_name=f"fairq-{config.replica_id}"[:64],
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+#: One call of a Lua script: the script, its keys, its arguments.
+ScriptCall = tuple[AsyncScript, Sequence[str], Sequence[str | int | float]]
+
+
+async def run_scripts(client: aioredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Run script calls in one round trip; return their replies in order.
+
+    A pipeline of registered scripts costs a second round trip each time (redis-py asks
+    ``SCRIPT EXISTS`` first), so the calls go as plain ``EVALSHA``; only if Redis has lost a
+    script (restarted) is it loaded and the calls sent again. One call goes on its own.
+    """
+    if len(calls) == 1:
+        script, keys, args = calls[0]
+        return [await script(keys=list(keys), args=list(args))]
+    for attempt in range(2):
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for script, keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                return list(await pipe.execute())
+        except NoScriptError:
+            if attempt:
+                raise
+            for script in {id(c[0]): c[0] for c in calls}.values():
+                script.sha = await client.script_load(script.script)
+    raise AssertionError("unreachable")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from fairq_server.cluster.connection import ScriptCall, run_scripts
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.fairness.counter import CounterFairness, Journal, PeerHeads
 from fairq_server.scheduling.interfaces import FairnessPolicy
@@ -130,21 +131,20 @@ class SharedCounters:
         """Flush ``entries`` and read the shared counters back, in one round trip."""
         if not entries:
             return []
-        async with self._client.pipeline(transaction=False) as pipe:
-            for e in entries:
-                base = f"{self._prefix}:fair:{e.model}:{e.tier}"
-                args: list[str | int | float] = [self._replica, self._lease_ms]
-                args.append(json.dumps(e.heads) if e.heads else "")
-                args.append(len(e.journal.floors))
-                for user, value in e.journal.floors.items():
-                    args += [user, repr(value)]
-                args.append(len(e.journal.deltas))
-                for user, value in e.journal.deltas.items():
-                    args += [user, repr(value)]
-                args += e.active
-                keys = [f"{base}:counters", f"{base}:peer-heads"]
-                await self._sync(keys=keys, args=args, client=pipe)
-            rows = await pipe.execute()
+        calls: list[ScriptCall] = []
+        for e in entries:
+            base = f"{self._prefix}:fair:{e.model}:{e.tier}"
+            args: list[str | int | float] = [self._replica, self._lease_ms]
+            args.append(json.dumps(e.heads) if e.heads else "")
+            args.append(len(e.journal.floors))
+            for user, value in e.journal.floors.items():
+                args += [user, repr(value)]
+            args.append(len(e.journal.deltas))
+            for user, value in e.journal.deltas.items():
+                args += [user, repr(value)]
+            args += e.active
+            calls.append((self._sync, [f"{base}:counters", f"{base}:peer-heads"], args))
+        rows = await run_scripts(self._client, calls)
         out = []
         for e, row in zip(entries, rows, strict=True):
             n = int(row[0])

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from fairq_server.cluster.connection import ScriptCall, run_scripts
+
 __all__ = ["GlobalCounts", "SharedGate", "parse_announcement"]
 
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
@@ -166,24 +168,21 @@ class SharedGate:
 
     async def renew(self, held: dict[str, Sequence[str]]) -> None:
         """Extend the lease of every member held, per backend, in one round trip."""
-        if not held:
-            return
-        async with self._client.pipeline(transaction=False) as pipe:
-            for backend_id, members in held.items():
-                if members:
-                    await self._renew(
-                        keys=self._keys(backend_id), args=[self._lease_ms, *members], client=pipe
-                    )
-            await pipe.execute()
+        calls: list[ScriptCall] = [
+            (self._renew, self._keys(b), [self._lease_ms, *members])
+            for b, members in held.items()
+            if members
+        ]
+        if calls:
+            await run_scripts(self._client, calls)
 
     async def counts(self, backend_ids: Sequence[str]) -> dict[str, GlobalCounts]:
         """Every replica's live reservations on each of ``backend_ids``, in one round trip."""
         if not backend_ids:
             return {}
-        async with self._client.pipeline(transaction=False) as pipe:
-            for backend_id in backend_ids:
-                await self._count(keys=self._keys(backend_id), client=pipe)
-            rows = await pipe.execute()
+        rows = await run_scripts(
+            self._client, [(self._count, self._keys(b), []) for b in backend_ids]
+        )
         return {
             b: GlobalCounts(int(r[0]), int(r[1])) for b, r in zip(backend_ids, rows, strict=True)
         }

@@ -1,0 +1,93 @@
+"""The Redis side of the cluster against a real server: the gate's release announcements,
+the fairness heads, and scripts that Redis lost in a restart."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fairq_server.cluster.connection import connect, run_scripts
+from fairq_server.cluster.fairness import SharedCounters
+from fairq_server.cluster.redis_process import RedisProcess
+from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
+from fairq_server.scheduling import events as ev
+from fairq_server.scheduling.fairness.counter import Journal
+
+
+async def test_a_release_announces_the_counts_it_leaves(redis_url: str) -> None:
+    client = connect(ClusterConfig(redis_url, replica_id="a"))
+    listener = connect(ClusterConfig(redis_url, replica_id="b"))
+    gate = SharedGate(client, "t", lease_seconds=5.0)
+    pubsub = listener.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.psubscribe(gate.channel())
+        for member in ("a|1", "a|2"):
+            granted, _ = await gate.reserve("sim", member, 0.0, threshold=3, cap=0)
+            assert granted
+        assert await gate.first_token("sim", "a|1") == GlobalCounts(awaiting=1, in_flight=2)
+        assert await gate.release("sim", "a|2") == GlobalCounts(awaiting=0, in_flight=1)
+        heard = []
+        async with asyncio.timeout(5):
+            while len(heard) < 2:
+                message = await pubsub.get_message(timeout=1.0)
+                if message is not None:
+                    channel, data = message["channel"].decode(), message["data"].decode()
+                    heard.append(parse_announcement(channel, data, "t"))
+        assert heard == [("sim", GlobalCounts(1, 2)), ("sim", GlobalCounts(0, 1))]
+        assert await gate.counts(["sim"]) == {"sim": GlobalCounts(0, 1)}
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await client.aclose()
+        await listener.aclose()
+
+
+def test_announcements_that_are_not_counts_are_ignored() -> None:
+    assert parse_announcement("t:gate-released:sim", "2 5", "t") == ("sim", GlobalCounts(2, 5))
+    assert parse_announcement("t:gate-released:sim", "a|1", "t") is None  # an older replica
+    assert parse_announcement("t:gate-released:sim", "-1 5", "t") is None
+    assert parse_announcement("t:fair-heads", "2 5", "t") is None
+
+
+def _entry(heads: tuple[tuple[str, float], ...], active: list[str]) -> ev.JournalEntry:
+    return ev.JournalEntry("m", 0, Journal(deltas={u: c for u, c in heads}), active, heads)
+
+
+async def test_each_replica_reads_the_other_replicas_heads_not_its_own(redis_url: str) -> None:
+    a = connect(ClusterConfig(redis_url, replica_id="a"))
+    b = connect(ClusterConfig(redis_url, replica_id="b"))
+    try:
+        on_a = SharedCounters(a, "t", "a", lease_seconds=5.0)
+        on_b = SharedCounters(b, "t", "b", lease_seconds=5.0)
+        # A user name with spaces and quotes travels intact.
+        odd = 'light "one" two'
+        (ra,) = await on_a.sync([_entry(((odd, 3.0), ("power", 9.0)), [odd, "power"])])
+        assert ra.heads.pairs == ()
+        (rb,) = await on_b.sync([_entry((("power", 9.0),), ["power"])])
+        assert sorted(rb.heads.pairs) == [(odd, 3.0), ("power", 9.0)]
+        assert rb.heads.floor("power") == 3.0
+        assert rb.counters == {"power": 18.0}  # both replicas charged 9
+        (ra,) = await on_a.sync([_entry((), [])])  # nobody backlogged on a any more
+        (rb,) = await on_b.sync([_entry((("power", 18.0),), ["power"])])
+        assert rb.heads.pairs == ()
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_scripts_are_loaded_again_after_redis_restarts_empty(
+    redis_server: RedisProcess,
+) -> None:
+    client = connect(ClusterConfig(redis_server.url, replica_id="a"))
+    gate = SharedGate(client, "t", lease_seconds=5.0)
+    try:
+        assert await gate.counts(["x", "y"]) == {"x": GlobalCounts(0, 0), "y": GlobalCounts(0, 0)}
+        redis_server.stop()
+        redis_server.start()  # empty: no scripts cached
+        await gate.renew({"x": ["a|1"], "y": ["a|2"]})  # a pipeline of two calls
+        assert await gate.counts(["x", "y"]) == {"x": GlobalCounts(0, 0), "y": GlobalCounts(0, 0)}
+        flushed = await client.script_exists(gate._count.sha)
+        assert flushed == [True]
+        await client.script_flush()
+        assert await run_scripts(client, [(gate._count, ["k1", "k2"], [])]) == [[0, 0]]
+    finally:
+        await client.aclose()
