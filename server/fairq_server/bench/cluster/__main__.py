@@ -28,14 +28,16 @@ async def _run(args: argparse.Namespace) -> int:
         specs = table_workload(power=24 if quick else 60, power_tokens=120 if quick else 300,
                                light=2 if quick else 3)  # fmt: skip
         power = sum(1 for s in specs if s.user == "power")
+        repeats = args.repeats or (3 if args.what == "table" and not quick else 1)
         print(
-            f"One simulated vLLM (max_num_seqs 8), tier threshold 3. 'power' sends {power} "
-            "requests spread over the replicas; four light users send short ones to replica 0.\n"
-            "Each replica count runs twice: every replica alone (no [cluster]), then sharing "
-            "one gate and one fairness through Redis.",
+            f"One simulated vLLM (max_num_seqs 8, on a CPU of its own), tier threshold 3. "
+            f"'power' sends {power} requests spread over the replicas; four light users send "
+            "short ones to replica 0.\nEach replica count runs with every replica alone (no "
+            "[cluster]), then sharing one gate and one fairness through Redis"
+            + (f"; {repeats} rounds, interleaved." if repeats > 1 else "."),
             flush=True,
         )
-        rows = await run_table(counts, specs)
+        rows = await run_table(counts, specs, repeats=repeats)
         name = "cluster-demo" if args.what == "demo" else "cluster-table"
         _write(args.out, f"{name}.md", table_markdown(rows))
         if args.out is not None:
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("what", choices=("table", "fairness", "cost", "faults", "demo"))
     parser.add_argument("--quick", action="store_true", help="reduced size (CI)")
+    parser.add_argument(
+        "--repeats", type=int, default=0, help="table: runs per configuration (default 3, quick 1)"
+    )
     parser.add_argument("--out", type=Path, help="directory for the markdown tables and plots")
     args = parser.parse_args(argv)
     if redis_server_path() is None:

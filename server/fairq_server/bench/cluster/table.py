@@ -8,6 +8,7 @@ the shared gate it stays at the threshold.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -45,7 +46,16 @@ def table_workload(power: int = 60, power_tokens: int = 300, light: int = 3) -> 
 
 @dataclass(frozen=True)
 class TableRow:
-    """One run: replica count, coordination, what the backend and the light users saw."""
+    """Runs of one replica count and coordination, pooled.
+
+    Attributes:
+        peak_waiting: the backend's longest waiting queue in any of the runs.
+        light_ttft_mean: mean over every light request of every run.
+        light_ttft_max: the longest light-user TTFT of any run.
+        light_ttft_runs: each run's light-user TTFT mean (the spread between runs).
+        makespan: mean time to the last answer.
+
+    """
 
     replicas: int
     coordinated: bool
@@ -54,11 +64,20 @@ class TableRow:
     light_ttft_max: float
     errors: int
     makespan: float
+    light_ttft_runs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Run:
+    peak_waiting: float
+    light: list[float]
+    errors: int
+    makespan: float
 
 
 async def run_one(
     replicas: int, coordinated: bool, specs: list[RequestSpec], speed: float = 1.0
-) -> TableRow:
+) -> _Run:
     """Run the workload once on a fresh simulator (at ``speed``) and fresh replicas."""
     async with running_cluster(replicas, coordinated, speed=speed) as cluster:
         watcher = QueueWatcher(cluster.backend_url)
@@ -67,32 +86,51 @@ async def run_one(
         started = time.monotonic()
         results: list[RequestResult] = await replay(specs, by_replica(cluster.senders, pick))
         await watcher.stop()
-    light = [r.ttft for r in results if r.spec.user.startswith("light") and not r.error]
-    return TableRow(
-        replicas=replicas,
-        coordinated=coordinated,
+    return _Run(
         peak_waiting=watcher.peak(started),
-        light_ttft_mean=statistics.fmean(light) if light else float("nan"),
-        light_ttft_max=max(light, default=float("nan")),
+        light=[r.ttft for r in results if r.spec.user.startswith("light") and not r.error],
         errors=sum(1 for r in results if r.error),
         makespan=max(r.done for r in results),
     )
 
 
-async def run_table(counts: list[int], specs: list[RequestSpec]) -> list[TableRow]:
-    """Every replica count, uncoordinated then coordinated (one replica: both, as cost)."""
-    rows = []
-    for n in counts:
-        for coordinated in (False, True):
-            row = await run_one(n, coordinated, specs)
+def _pool(replicas: int, coordinated: bool, runs: list[_Run]) -> TableRow:
+    light = [t for r in runs for t in r.light]
+    return TableRow(
+        replicas=replicas,
+        coordinated=coordinated,
+        peak_waiting=max(r.peak_waiting for r in runs),
+        light_ttft_mean=statistics.fmean(light) if light else float("nan"),
+        light_ttft_max=max(light, default=float("nan")),
+        errors=sum(r.errors for r in runs),
+        makespan=statistics.fmean(r.makespan for r in runs),
+        light_ttft_runs=tuple(statistics.fmean(r.light) if r.light else math.nan for r in runs),
+    )
+
+
+async def run_table(
+    counts: list[int], specs: list[RequestSpec], repeats: int = 1
+) -> list[TableRow]:
+    """Every replica count, alone then sharing the gate, ``repeats`` times interleaved.
+
+    Interleaving spreads the machine's slow moments over every configuration instead of
+    letting them fall on one.
+    """
+    configs = [(n, coordinated) for n in counts for coordinated in (False, True)]
+    runs: dict[tuple[int, bool], list[_Run]] = {c: [] for c in configs}
+    for round_ in range(repeats):
+        for n, coordinated in configs:
+            run = await run_one(n, coordinated, specs)
+            runs[(n, coordinated)].append(run)
+            light = statistics.fmean(run.light) if run.light else math.nan
             print(
-                f"  {n} replica(s), {'shared gate' if coordinated else 'alone      '}: "
-                f"backend waiting peak {row.peak_waiting:g}, light TTFT mean "
-                f"{row.light_ttft_mean:.2f} s / max {row.light_ttft_max:.2f} s",
+                f"  [{round_ + 1}/{repeats}] {n} replica(s), "
+                f"{'shared gate' if coordinated else 'alone      '}: backend waiting peak "
+                f"{run.peak_waiting:g}, light TTFT mean {light:.2f} s, makespan "
+                f"{run.makespan:.1f} s",
                 flush=True,
             )
-            rows.append(row)
-    return rows
+    return [_pool(n, coordinated, runs[(n, coordinated)]) for n, coordinated in configs]
 
 
 def table_markdown(rows: list[TableRow]) -> str:
@@ -104,6 +142,7 @@ def table_markdown(rows: list[TableRow]) -> str:
         ratio = (
             r.light_ttft_mean / one.light_ttft_mean if one and one.light_ttft_mean else float("nan")
         )
+        spread = ", ".join(f"{t:.2f}" for t in r.light_ttft_runs)
         out.append(
             (
                 r.replicas,
@@ -111,11 +150,13 @@ def table_markdown(rows: list[TableRow]) -> str:
                 f"{r.peak_waiting:g}",
                 f"{r.light_ttft_mean:.2f} s / {r.light_ttft_max:.2f} s",
                 f"{ratio:.2f}x",
+                spread,
+                f"{r.makespan:.1f} s",
                 r.errors,
             )
         )
     header = ("replicas", "coordination", "backend waiting, peak", "light-user TTFT mean / max",
-              "TTFT mean vs 1 replica", "errors")  # fmt: skip
+              "TTFT mean vs 1 replica", "per-run means (s)", "makespan", "errors")  # fmt: skip
     return markdown_table(header, out)
 
 
@@ -149,7 +190,7 @@ def rows_from_markdown(text: str) -> list[TableRow]:
     rows = []
     for line in text.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) < 6:
+        if len(cells) < 8:
             continue
         mean, peak_max = cells[3].split(" / ")
         rows.append(
@@ -159,8 +200,9 @@ def rows_from_markdown(text: str) -> list[TableRow]:
                 peak_waiting=float(cells[2]),
                 light_ttft_mean=float(mean.removesuffix(" s")),
                 light_ttft_max=float(peak_max.removesuffix(" s")),
-                errors=int(cells[5]),
-                makespan=float("nan"),
+                errors=int(cells[7]),
+                makespan=float(cells[6].removesuffix(" s")),
+                light_ttft_runs=tuple(float(x) for x in cells[5].split(", ") if x),
             )
         )
     return rows
