@@ -134,14 +134,20 @@ async def run_table(
 
 
 def table_markdown(rows: list[TableRow]) -> str:
-    """The issue's table, side by side: alone vs shared gate, and the ratio to 1 replica."""
+    """The issue's table, side by side: alone vs shared gate, and the ratios to 1 replica.
+
+    Every row is compared with one replica alone (the single process as it runs without
+    ``[cluster]``) and with one replica of its own kind (alone, or with Redis).
+    """
     base = {r.coordinated: r for r in rows if r.replicas == 1}
+
+    def ratio(row: TableRow, one: TableRow | None) -> str:
+        if one is None or not one.light_ttft_mean:
+            return "-"
+        return f"{row.light_ttft_mean / one.light_ttft_mean:.2f}x"
+
     out = []
     for r in rows:
-        one = base.get(r.coordinated)
-        ratio = (
-            r.light_ttft_mean / one.light_ttft_mean if one and one.light_ttft_mean else float("nan")
-        )
         spread = ", ".join(f"{t:.2f}" for t in r.light_ttft_runs)
         out.append(
             (
@@ -149,14 +155,16 @@ def table_markdown(rows: list[TableRow]) -> str:
                 "Redis (shared)" if r.coordinated else "none",
                 f"{r.peak_waiting:g}",
                 f"{r.light_ttft_mean:.2f} s / {r.light_ttft_max:.2f} s",
-                f"{ratio:.2f}x",
+                ratio(r, base.get(False)),
+                ratio(r, base.get(r.coordinated)),
                 spread,
                 f"{r.makespan:.1f} s",
                 r.errors,
             )
         )
     header = ("replicas", "coordination", "backend waiting, peak", "light-user TTFT mean / max",
-              "TTFT mean vs 1 replica", "per-run means (s)", "makespan", "errors")  # fmt: skip
+              "vs 1 replica alone", "vs 1 replica of its kind", "per-run means (s)", "makespan",
+              "errors")  # fmt: skip
     return markdown_table(header, out)
 
 
@@ -190,7 +198,7 @@ def rows_from_markdown(text: str) -> list[TableRow]:
     rows = []
     for line in text.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) < 8:
+        if len(cells) < 9:
             continue
         mean, peak_max = cells[3].split(" / ")
         rows.append(
@@ -200,9 +208,9 @@ def rows_from_markdown(text: str) -> list[TableRow]:
                 peak_waiting=float(cells[2]),
                 light_ttft_mean=float(mean.removesuffix(" s")),
                 light_ttft_max=float(peak_max.removesuffix(" s")),
-                errors=int(cells[7]),
-                makespan=float(cells[6].removesuffix(" s")),
-                light_ttft_runs=tuple(float(x) for x in cells[5].split(", ") if x),
+                errors=int(cells[8]),
+                makespan=float(cells[7].removesuffix(" s")),
+                light_ttft_runs=tuple(float(x) for x in cells[6].split(", ") if x),
             )
         )
     return rows
