@@ -104,3 +104,42 @@ async def test_redis_unreachable_at_start_forwards_on_the_local_share(
     assert outcome.code is grpc.StatusCode.OK, outcome
     cluster = server.core.cluster
     assert cluster is not None and not cluster.connected
+
+
+async def test_a_replica_reserves_through_a_tls_redis_with_its_ca_and_password(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """rediss:// with ``tls_ca_file`` and a password: the shared gate grants over TLS."""
+    with RedisProcess.running(password="s3cret", tls=True) as server:
+        assert server.url.startswith("rediss://")
+        config = replace(
+            make_config([sim_backend(sim)]),
+            cluster=ClusterConfig(server.url, tls_ca_file=server.ca_file, replica_id="tls"),
+        )
+        fairq = await fairq_factory(config)
+        cluster = fairq.core.cluster
+        assert cluster is not None
+        await until(lambda: cluster.connected, what="the replica on the shared gate")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{fairq.port}") as channel:
+            outcome = await run_call(generate(channel, gen_request()))
+        assert outcome.code is grpc.StatusCode.OK, outcome
+        granted = cluster.metrics.reservations.labels("sim-a", "granted")._value.get()
+        assert granted == 1
+
+
+async def test_a_tls_redis_with_an_unknown_ca_is_refused_and_the_replica_runs_alone(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """A certificate the replica cannot verify is never trusted: it forwards on its local share."""
+    with RedisProcess.running(tls=True) as server:
+        config = replace(
+            make_config([sim_backend(sim)]),
+            cluster=ClusterConfig(server.url, replica_id="tls", local_share=0.5),
+        )  # no tls_ca_file: the system CAs, which did not sign this server
+        fairq = await fairq_factory(config)
+        cluster = fairq.core.cluster
+        assert cluster is not None and not cluster.connected
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{fairq.port}") as channel:
+            outcome = await run_call(generate(channel, gen_request()))
+        assert outcome.code is grpc.StatusCode.OK, outcome
+        assert cluster.metrics.redis_errors._value.get() >= 1

@@ -2,6 +2,8 @@
 
 Runs with persistence off (``--save ''``, ``--appendonly no``) in a temporary directory, so a
 restart starts empty: exactly the "Redis restarted empty" failure the cluster must survive.
+With ``tls=True`` it serves TLS only, with a certificate from a throw-away CA (made with the
+``openssl`` command) that :attr:`RedisProcess.ca_file` names.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -42,10 +45,11 @@ class RedisProcess:
 
     Args:
         password: ``requirepass`` (empty: none).
+        tls: serve TLS only (``rediss://``), certified by a CA made for it.
 
     """
 
-    def __init__(self, password: str = "") -> None:
+    def __init__(self, password: str = "", *, tls: bool = False) -> None:
         binary = redis_server_path()
         if binary is None:
             raise RuntimeError(INSTALL_HINT)
@@ -53,13 +57,21 @@ class RedisProcess:
         self._dir = tempfile.TemporaryDirectory(prefix="fairq-redis-")
         self.port = _free_port()
         self.password = password
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
+        if tls:
+            _make_certificates(Path(self._dir.name))
 
     @property
     def url(self) -> str:
-        """``redis://[:password@]127.0.0.1:port/0``."""
+        """``redis[s]://[:password@]127.0.0.1:port/0``."""
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def ca_file(self) -> str:
+        """The CA certificate that signed the server's (TLS only)."""
+        return str(Path(self._dir.name) / "ca.crt")
 
     def start(self, timeout: float = 10.0) -> None:
         """Start it (empty) and wait until it accepts connections."""
@@ -70,6 +82,13 @@ class RedisProcess:
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]
+        if self.tls:
+            d = Path(self._dir.name)
+            args[1:3] = ["--port", "0", "--tls-port", str(self.port)]
+            args += [
+                "--tls-cert-file", str(d / "server.crt"), "--tls-key-file", str(d / "server.key"),
+                "--tls-ca-cert-file", self.ca_file, "--tls-auth-clients", "no",
+            ]  # fmt: skip
         log = open(Path(self._dir.name) / "redis.log", "ab")  # noqa: SIM115 - the child's
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -77,16 +96,21 @@ class RedisProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited: {self.log_tail()}")
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s,
-            ):
-                s.sendall(b"PING\r\n")
-                # +PONG, or -NOAUTH with a password: either way it is serving.
-                if s.recv(64)[:1] in (b"+", b"-"):
+            with contextlib.suppress(OSError):
+                if self._answers():
                     return
             time.sleep(0.02)
         raise RuntimeError(f"redis-server did not start within {timeout} s: {self.log_tail()}")
+
+    def _answers(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as raw:
+            conn = raw
+            if self.tls:
+                context = ssl.create_default_context(cafile=self.ca_file)
+                conn = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            conn.sendall(b"PING\r\n")
+            # +PONG, or -NOAUTH with a password: either way it is serving.
+            return conn.recv(64)[:1] in (b"+", b"-")
 
     def stop(self) -> None:
         """Stop it (SIGTERM, then SIGKILL); what it held is gone (no persistence)."""
@@ -113,11 +137,28 @@ class RedisProcess:
 
     @classmethod
     @contextlib.contextmanager
-    def running(cls, password: str = "") -> Iterator[RedisProcess]:
+    def running(cls, password: str = "", *, tls: bool = False) -> Iterator[RedisProcess]:
         """Start one, yield it, stop it."""
-        server = cls(password)
+        server = cls(password, tls=tls)
         try:
             server.start()
             yield server
         finally:
             server.close()
+
+
+def _make_certificates(directory: Path) -> None:
+    """Write ``ca.crt`` and a ``server.crt`` / ``server.key`` for 127.0.0.1 it signed."""
+    if shutil.which("openssl") is None:
+        raise RuntimeError("a TLS redis-server needs the openssl command (apt-get install openssl)")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=fairq-test-ca",
+        "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", "server.key", "-out", "server.csr")  # fmt: skip
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", "san.cnf", "-out", "server.crt")  # fmt: skip

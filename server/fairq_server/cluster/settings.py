@@ -42,9 +42,11 @@ class ClusterConfig:
             on its own while Redis is unreachable (0: one over the number of replicas last
             seen alive).
         fairness_slack: a replica dispatches a user only while that user's fairness counter
-            is within this of the smallest counter of any backlogged user on any replica
-            (units of the fairness policy: requests for round-robin, tokens for vtc); 0 turns
-            the global head check off (global counters still apply).
+            is within this of the smallest counter of any other user backlogged on another
+            replica (units of the fairness policy: requests for round-robin, tokens for vtc).
+            0, the default, is the order one scheduler would keep; more lets a replica go on
+            serving its own users for that much while the replica holding the user furthest
+            behind is slow to take its turn.
 
     """
 
