@@ -37,6 +37,7 @@ async def test_redis_stopped_and_restarted_empty() -> None:
     assert not math.isnan(r.recovered_seconds), r  # every replica back on the shared gate
     # On the local share (half the threshold each) the two replicas stay near it too.
     assert r.peak_waiting <= THRESHOLD + 1, r
+    assert r.started_after > 0, r  # the gate was seen at work after the restart
     assert r.peak_after <= THRESHOLD, r
 
 
@@ -46,3 +47,4 @@ async def test_sigstop_a_replica_longer_than_a_lease() -> None:
     assert r.slots_freed_seconds <= 2 * r.lease_seconds, r
     assert not math.isnan(r.recovered_seconds), r
     assert r.peak_waiting <= THRESHOLD + 1, r
+    assert r.started_after > 0 and r.peak_after <= THRESHOLD, r

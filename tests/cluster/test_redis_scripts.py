@@ -83,11 +83,32 @@ async def test_scripts_are_loaded_again_after_redis_restarts_empty(
         assert await gate.counts(["x", "y"]) == {"x": GlobalCounts(0, 0), "y": GlobalCounts(0, 0)}
         redis_server.stop()
         redis_server.start()  # empty: no scripts cached
-        await gate.renew({"x": ["a|1"], "y": ["a|2"]})  # a pipeline of two calls
-        assert await gate.counts(["x", "y"]) == {"x": GlobalCounts(0, 0), "y": GlobalCounts(0, 0)}
+        await gate.renew({"x": {"a|1": True}, "y": {"a|2": True}})  # a pipeline of two calls
+        assert await gate.counts(["x", "y"]) == {"x": GlobalCounts(1, 1), "y": GlobalCounts(1, 1)}
         flushed = await client.script_exists(gate._count.sha)
         assert flushed == [True]
         await client.script_flush()
         assert await run_scripts(client, [(gate._count, ["k1", "k2"], [])]) == [[0, 0]]
+    finally:
+        await client.aclose()
+
+
+async def test_renewing_sets_every_member_held_again_after_an_empty_restart(
+    redis_server: RedisProcess,
+) -> None:
+    """The requests a replica still has on the backend are counted again, in the right set."""
+    client = connect(ClusterConfig(redis_server.url, replica_id="a"))
+    gate = SharedGate(client, "t", lease_seconds=5.0)
+    try:
+        for member in ("a|1", "a|2"):
+            assert (await gate.reserve("sim", member, 0.0, threshold=3, cap=0))[0]
+        await gate.first_token("sim", "a|1")
+        redis_server.stop()
+        redis_server.start()  # empty
+        assert await gate.counts(["sim"]) == {"sim": GlobalCounts(0, 0)}
+        await gate.renew({"sim": {"a|1": False, "a|2": True, "a|3": True}})  # a|3: local
+        assert await gate.counts(["sim"]) == {"sim": GlobalCounts(awaiting=2, in_flight=3)}
+        await gate.renew({"sim": {"a|1": False, "a|2": False, "a|3": False}})  # tokens came
+        assert (await gate.counts(["sim"]))["sim"].awaiting == 0
     finally:
         await client.aclose()

@@ -99,6 +99,7 @@ class ClusterLauncher(StreamLauncher):
         node = self._node
         held = False
         try:
+            granted = None
             if node.connected:
                 started = time.perf_counter()
                 granted = await node.reserve(backend_id, member, others, threshold, cap)
@@ -106,21 +107,18 @@ class ClusterLauncher(StreamLauncher):
                 if granted is False:
                     self._post(ev.Refused(ticket, attempt))
                     return
-                held = granted is True
             else:
                 node.metrics.reservations.labels(backend_id, "local").inc()
+            if granted is None:  # Redis unreachable: forwarded on the local share
+                node.hold_local(backend_id, member)
+            held = True
             if ticket.attempt != attempt:
                 return  # aborted while reserving
             assert ticket.backend is not None
-            on_first = (lambda: node.first_token(backend_id, member)) if held else _nothing
-            sink = _FirstTokenSink(self._post, ticket, on_first)
+            sink = _FirstTokenSink(self._post, ticket, lambda: node.first_token(backend_id, member))
             stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
             # Awaiting the reader: cancelling this task (an abort) cancels the reader too.
             await start_reading(stream, sink, self.window)
         finally:
             if held:
                 node.release(backend_id, member)
-
-
-def _nothing() -> None:
-    pass

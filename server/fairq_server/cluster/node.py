@@ -79,11 +79,17 @@ class ClusterNode:
             self.client, config.key_prefix, config.replica_id, config.lease_seconds
         )
         self.connected = False
+        self._answered = False  # Redis answered a heartbeat since it was lost
         self.replicas = 1
         self._post: Callable[[ev.Event], None] = lambda event: None
         self._backend_ids: Callable[[], list[str]] = list
         # backend -> member -> still awaiting its first token
         self._held: dict[str, dict[str, bool]] = {}
+        # Members forwarded on the local share and not yet put into Redis by a heartbeat.
+        self._local: set[str] = set()
+        # Renewals set every member held (also one Redis lost in a restart), so they must not
+        # overtake a release or first token sent before them: one at a time, in order (FIFO).
+        self._gate_writes = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
@@ -165,24 +171,43 @@ class ClusterNode:
         self._view(backend_id, counts)
         return granted
 
+    def hold_local(self, backend_id: str, member: str) -> None:
+        """Track a request forwarded on the local share (Redis unreachable).
+
+        The heartbeat puts it into the shared gate when Redis answers again, so the counts
+        include it; until then its first token and end are not sent (Redis never had it).
+        """
+        self._held.setdefault(backend_id, {})[member] = True
+        self._local.add(member)
+
     def first_token(self, backend_id: str, member: str) -> None:
         """Tell the shared gate the reserved request has its first token (in the background)."""
         members = self._held.get(backend_id)
         if members is None or member not in members:
             return
         members[member] = False
-        self._spawn(self._announce(backend_id, self.gate.first_token(backend_id, member)))
+        if member not in self._local:
+            self._spawn(self._leave(backend_id, member, ended=False))
 
     def release(self, backend_id: str, member: str) -> None:
         """Give back the slot of a reserved request that ended (in the background)."""
         members = self._held.get(backend_id)
         if members is None or members.pop(member, None) is None:
             return
-        self._spawn(self._announce(backend_id, self.gate.release(backend_id, member)))
+        if member in self._local:
+            self._local.discard(member)
+        else:
+            self._spawn(self._leave(backend_id, member, ended=True))
 
-    async def _announce(self, backend_id: str, leave: Coroutine[Any, Any, GlobalCounts]) -> None:
+    async def _leave(self, backend_id: str, member: str, *, ended: bool) -> None:
+        gate = self.gate
+        async with self._gate_writes:
+            if ended:
+                counts = await gate.release(backend_id, member)
+            else:
+                counts = await gate.first_token(backend_id, member)
         # The counts left are this replica's news at once (the others hear them published).
-        self._view(backend_id, await leave)
+        self._view(backend_id, counts)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         async def run() -> None:
@@ -217,6 +242,7 @@ class ClusterNode:
 
     def _lost(self, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
+        self._answered = False
         if not self.connected:
             return
         log.warning(
@@ -229,8 +255,9 @@ class ClusterNode:
         self.metrics.redis_up.set(1 if up else 0)
         if not up:
             # The slots held stay known: they are still released (first token, end) and
-            # renewed as soon as Redis answers again, so a brief timeout does not leave them
-            # counted in Redis until their leases run out.
+            # set again by the heartbeat as soon as Redis answers, so a brief timeout does not
+            # leave them counted in Redis until their leases run out, and a Redis restarted
+            # empty counts them again.
             self._local_views()
         self._wake.set()
 
@@ -253,13 +280,22 @@ class ClusterNode:
                 pipe.zremrangebyscore(key, "-inf", now)
                 pipe.zcard(key)
                 _, _, alive = await pipe.execute()
-            await self.gate.renew({b: list(m) for b, m in self._held.items()})
+            async with self._gate_writes:  # the members as held now, not as before a release
+                await self.gate.renew(self._held)
+            self._local.clear()  # every member held is in Redis now
         except REDIS_ERRORS as exc:
             self._lost(exc)
             return
         self.replicas = max(1, int(alive))
         self.metrics.replicas.set(self.replicas)
         if not self.connected:
+            # Back on the shared gate only at the second beat that reaches Redis: a Redis
+            # restarted empty counts the others' requests again only once their heartbeats
+            # have put them back, and until then the counts there would let this replica
+            # fill the backend's whole threshold on top of them.
+            if not self._answered:
+                self._answered = True
+                return
             log.warning("Redis reachable again: back on the shared gate")
             self._set_connected(True)
 

@@ -16,7 +16,7 @@ of the freed slot at once, without reading the sets again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -49,15 +49,21 @@ return {1, awaiting + 1, flight + 1}
 """
 )
 
-# KEYS: await, flight. ARGV: lease ms, members... Renews only members still there (XX): a
-# member dropped meanwhile (expired, or Redis restarted empty) is not brought back.
+# KEYS: await, flight. ARGV: lease ms, (member, '1' still awaiting its first token / '0')*.
+# Sets every member the replica holds, lease renewed: a member that vanished (Redis restarted
+# empty, or its lease ran out while the replica was stopped) is put back, since its request
+# is still on the backend and the counts must say so.
 _RENEW = (
     _NOW
     + """
 local lease = tonumber(ARGV[1])
-for i = 2, #ARGV do
-  redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i])
-  redis.call('ZADD', KEYS[2], 'XX', now + lease, ARGV[i])
+for i = 2, #ARGV, 2 do
+  if ARGV[i + 1] == '1' then
+    redis.call('ZADD', KEYS[1], now + lease, ARGV[i])
+  else
+    redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+  redis.call('ZADD', KEYS[2], now + lease, ARGV[i])
 end
 redis.call('PEXPIRE', KEYS[1], 2 * lease)
 redis.call('PEXPIRE', KEYS[2], 2 * lease)
@@ -166,13 +172,19 @@ class SharedGate:
         awaiting, in_flight = (int(x) for x in text.split())
         return GlobalCounts(awaiting, in_flight)
 
-    async def renew(self, held: dict[str, Sequence[str]]) -> None:
-        """Extend the lease of every member held, per backend, in one round trip."""
-        calls: list[ScriptCall] = [
-            (self._renew, self._keys(b), [self._lease_ms, *members])
-            for b, members in held.items()
-            if members
-        ]
+    async def renew(self, held: Mapping[str, Mapping[str, bool]]) -> None:
+        """Set and extend every member held, per backend, in one round trip.
+
+        ``held`` maps each backend to its members and whether each still awaits its first
+        token.
+        """
+        calls: list[ScriptCall] = []
+        for backend_id, members in held.items():
+            if members:
+                args: list[str | int | float] = [self._lease_ms]
+                for member, awaiting in members.items():
+                    args += [member, "1" if awaiting else "0"]
+                calls.append((self._renew, self._keys(backend_id), args))
         if calls:
             await run_scripts(self._client, calls)
 

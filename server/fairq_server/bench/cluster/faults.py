@@ -42,6 +42,7 @@ class FaultResult:
     target_errors: int  # requests on the faulted replica (UNAVAILABLE expected for kill)
     peak_waiting: float  # backend queue, whole run
     peak_after: float  # backend queue after recovery
+    started_after: int  # requests whose first token came after recovery (peak_after's traffic)
     slots_freed_seconds: float  # fault -> the target's slots gone from Redis (nan: n/a)
     recovered_seconds: float  # fault end -> every replica back on the shared gate (nan: n/a)
     lease_seconds: float
@@ -92,7 +93,11 @@ async def scenario(name: str, *, quick: bool) -> FaultResult:
     """Run fault scenario ``name`` (``kill``, ``redis`` or ``sigstop``)."""
     lease = 1.0 if quick else 3.0
     replicas = 3 if name == "kill" else 2
-    per_replica, tokens = (8, 60) if quick else (30, 200)
+    # The flood outlasts the fault and the recovery, so that the gate is seen working again.
+    if name == "kill":
+        per_replica, tokens = (8, 60) if quick else (30, 200)
+    else:
+        per_replica, tokens = (24, 200) if quick else (90, 200)
     target = replicas - 1
     specs = _specs(replicas, per_replica, tokens)
     with RedisProcess.running() as redis:
@@ -102,6 +107,7 @@ async def scenario(name: str, *, quick: bool) -> FaultResult:
             watcher = QueueWatcher(cluster.backend_url)
             watcher.start()
             pick = {f"user-{r}": r for r in range(replicas)}
+            began = time.monotonic()
             flood = asyncio.create_task(replay(specs, by_replica(cluster.senders, pick)))
             victim = f"replica-{target}"
             await _until(lambda: _has_slots(redis.url, victim), 30)
@@ -133,6 +139,9 @@ async def scenario(name: str, *, quick: bool) -> FaultResult:
         target_errors=sum(1 for r in on_target if r.error),
         peak_waiting=watcher.peak(),
         peak_after=watcher.peak(after),
+        started_after=sum(
+            1 for r in results if r.first_token is not None and began + r.first_token > after
+        ),
         slots_freed_seconds=freed,
         recovered_seconds=recovered,
         lease_seconds=lease,
@@ -170,6 +179,7 @@ def faults_markdown(results: list[FaultResult]) -> str:
             r.survivor_errors,
             r.target_errors,
             f"{r.peak_waiting:g} / {r.peak_after:g}",
+            r.started_after,
             f"{r.slots_freed_seconds:.2f} s"
             if r.slots_freed_seconds == r.slots_freed_seconds
             else "-",
@@ -179,6 +189,7 @@ def faults_markdown(results: list[FaultResult]) -> str:
         for r in results
     ]
     header = ("fault", "requests", "errors on survivors", "errors on the target",
-              "backend waiting peak (run / after recovery)", "target's slots freed after",
+              "backend waiting peak (run / after recovery)", "requests started after recovery",
+              "target's slots freed after",
               "all replicas back after", "lease")  # fmt: skip
     return markdown_table(header, rows) + f"\n\nTier threshold {THRESHOLD}."

@@ -183,8 +183,10 @@ def plot_table(rows: list[TableRow], path: Path) -> None:
         right.plot(xs, [r.light_ttft_mean for r in mine], marker="o", label=label)
     left.set_title("backend waiting queue, peak")
     right.set_title("light-user TTFT mean (s)")
+    counts = sorted({r.replicas for r in rows})
     for ax in (left, right):
         ax.set_xlabel("replicas")
+        ax.set_xticks(counts)
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.tight_layout()
