@@ -3,8 +3,9 @@
 Every user keeps the same number of requests outstanding for the whole run (all
 backlogged), so one fair scheduler gives each a quarter of the tokens. Without shared
 counters each replica serves its own users as the shared backend admits them: replica 0's
-one user gets about a third. Measured: Jain's index of per-user tokens over windows, and the
-accumulated service gap (largest minus smallest per-user tokens) over time.
+one user gets about a third. The reference is one replica serving all four users (the
+single-replica vtc bound, as measured). Measured: Jain's index of per-user tokens over
+windows, and the accumulated service gap (largest minus smallest per-user tokens) over time.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def jain(values: list[float]) -> float:
 class Run:
     """Completions of one run: (seconds from start, user, tokens)."""
 
-    coordinated: bool
+    label: str
     done: list[tuple[float, str, int]]
     seconds: float
 
@@ -79,10 +80,9 @@ class Run:
 
 @dataclass(frozen=True)
 class FairnessResult:
-    """The uncoordinated baseline and the shared-counter run."""
+    """The reference (one replica), the uncoordinated replicas and the shared counters."""
 
-    alone: Run
-    shared: Run
+    runs: tuple[Run, ...]
     window: float
 
 
@@ -104,28 +104,31 @@ async def _user(
             out.append((time.monotonic() - start, user, TOKENS))
 
 
-async def _run(coordinated: bool, seconds: float) -> Run:
-    async with running_cluster(3, coordinated, max_num_seqs=4, fairness="vtc") as cluster:
+async def _run(label: str, replicas: int, coordinated: bool, seconds: float) -> Run:
+    async with running_cluster(replicas, coordinated, max_num_seqs=4, fairness="vtc") as cluster:
         done: list[tuple[float, str, int]] = []
         start = time.monotonic()
         until = start + seconds
         await asyncio.gather(
             *(
-                _user(cluster.senders[replica], user, until, start, done)
+                _user(cluster.senders[replica % replicas], user, until, start, done)
                 for user, replica in USERS.items()
                 for _ in range(OUTSTANDING)
             )
         )
-    return Run(coordinated, done, seconds)
+    run = Run(label, done, seconds)
+    print(f"  {label}: shares {run.shares()}", flush=True)
+    return run
 
 
 async def run_fairness(seconds: float, window: float, plot: Path | None = None) -> FairnessResult:
-    """Run the baseline, then the shared counters; plot the service gap if asked."""
-    alone = await _run(False, seconds)
-    print(f"  alone: shares {alone.shares()}", flush=True)
-    shared = await _run(True, seconds)
-    print(f"  shared: shares {shared.shares()}", flush=True)
-    result = FairnessResult(alone, shared, window)
+    """Run the reference, the baseline and the shared counters; plot the service gaps."""
+    runs = (
+        await _run("one replica (reference)", 1, False, seconds),
+        await _run("replicas alone", 3, False, seconds),
+        await _run("shared counters", 3, True, seconds),
+    )
+    result = FairnessResult(runs, window)
     if plot is not None:
         _plot(result, plot)
     return result
@@ -138,12 +141,9 @@ def _plot(result: FairnessResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for run, label in (
-        (result.alone, "replicas alone"),
-        (result.shared, "shared counters (Redis)"),
-    ):
+    for run in result.runs:
         points = run.gap()
-        ax.plot([t for t, _ in points], [g for _, g in points], label=label)
+        ax.plot([t for t, _ in points], [g for _, g in points], label=run.label)
     ax.set_xlabel("seconds")
     ax.set_ylabel("accumulated service gap (tokens, max - min user)")
     ax.set_title("Skewed ingress, vtc: heavy user on replica 0, three others on 1 and 2")
@@ -158,13 +158,13 @@ def _plot(result: FairnessResult, path: Path) -> None:
 def fairness_markdown(result: FairnessResult) -> str:
     """Shares, Jain per window and the final service gap, baseline vs shared."""
     rows = []
-    for run, label in ((result.alone, "replicas alone"), (result.shared, "shared counters")):
+    for run in result.runs:
         shares = run.shares()
         windows = run.windows(result.window)
         gap = run.gap()
         rows.append(
             (
-                label,
+                run.label,
                 " / ".join(f"{shares[u]:.2f}" for u in USERS),
                 ", ".join(f"{j:.3f}" for j in windows) or "-",
                 f"{gap[-1][1]:.0f}" if gap else "-",
