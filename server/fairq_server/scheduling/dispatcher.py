@@ -361,7 +361,7 @@ class Dispatcher:
         if retry:
             model.push(ticket, self._clock(), ttl=ttl, front=True)
             return
-        model.queue.push(ticket)
+        model.queue.push(ticket, resume=True)
         if ttl:
             model.arrivals.appendleft(ticket)  # among the oldest by arrival
 

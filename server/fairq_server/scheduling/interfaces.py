@@ -75,8 +75,13 @@ class FairnessPolicy(Protocol):
     queue has emptied).
     """
 
-    def activate(self, user: str, weight: float) -> None:
-        """Mark ``user`` backlogged (its queue went from empty to non-empty)."""
+    def activate(self, user: str, weight: float, *, resume: bool = False) -> None:
+        """Mark ``user`` backlogged (its queue went from empty to non-empty).
+
+        ``resume``: its queue emptied only because its last request was taken a moment ago,
+        and that request is back (the cluster's shared gate refused it): the user keeps its
+        standing, as if it had never left.
+        """
         ...
 
     def deactivate(self, user: str) -> None:

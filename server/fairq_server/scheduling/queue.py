@@ -53,12 +53,17 @@ class TierQueue:
         """Number of users with queued tickets."""
         return len(self._flows)
 
-    def push(self, ticket: Ticket) -> None:
-        """Queue ``ticket`` behind its user's other tickets (by the ordering policy)."""
+    def push(self, ticket: Ticket, *, resume: bool = False) -> None:
+        """Queue ``ticket`` behind its user's other tickets (by the ordering policy).
+
+        ``resume``: ``ticket`` was taken a moment ago and comes back; if its user's queue
+        emptied meanwhile, the user keeps its fairness standing (see
+        :meth:`FairnessPolicy.activate`).
+        """
         flow = self._flows.get(ticket.user)
         if flow is None:
             flow = self._flows[ticket.user] = _Flow()
-            self.fairness.activate(ticket.user, ticket.weight)
+            self.fairness.activate(ticket.user, ticket.weight, resume=resume)
         heapq.heappush(flow.heap, (self._ordering.key(ticket), ticket.seq, ticket))
         flow.live += 1
         self._len += 1
@@ -161,8 +166,10 @@ class ModelQueue:
         """Return how many tickets ``user`` has queued in any tier."""
         return self._per_user.get(user, 0)
 
-    def push(self, ticket: Ticket, *, front: bool = False) -> int:
+    def push(self, ticket: Ticket, *, front: bool = False, resume: bool = False) -> int:
         """Queue ``ticket`` and return an estimate of how many tickets are ahead of it.
+
+        ``resume``: see :meth:`TierQueue.push`.
 
         The estimate is O(1): everything in higher tiers, plus, inside the ticket's tier, one
         ticket of each other backlogged user for every ticket the user already has queued
@@ -173,7 +180,7 @@ class ModelQueue:
         if front:
             tier.push_front(ticket)
         else:
-            tier.push(ticket)
+            tier.push(ticket, resume=resume)
         ticket.state = TicketState.QUEUED
         self._len += 1
         self._per_user[ticket.user] = self._per_user.get(ticket.user, 0) + 1

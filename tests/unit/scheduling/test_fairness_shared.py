@@ -98,3 +98,20 @@ def test_peer_heads_floor_skips_the_asking_user() -> None:
     assert heads.floor("a") == 2.0
     assert heads.floor("c") == 0.5
     assert PeerHeads((("a", 1.0),)).floor("a") is None
+
+
+def test_a_refused_request_coming_back_keeps_its_users_standing() -> None:
+    """The cluster's shared gate refused the only queued request of the user furthest behind:
+    its charge is refunded and it comes back without a lift (a lift would cost it the whole
+    lead of everyone else, at random, every time a reservation loses a race)."""
+    for resume, expected in ((True, 0.0), (False, 100.0)):
+        policy = VtcFairness()
+        policy.activate("a", 1.0)
+        policy.activate("b", 1.0)
+        policy.charge("b", Cost(prompt_tokens=100))
+        assert policy.select() == "a"
+        policy.charge("a", Cost(prompt_tokens=10))  # dispatched, and its queue is empty
+        policy.deactivate("a")
+        policy.charge("a", Cost(prompt_tokens=-10))  # refused: refunded
+        policy.activate("a", 1.0, resume=resume)
+        assert policy.counter("a") == expected

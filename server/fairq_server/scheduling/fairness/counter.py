@@ -125,7 +125,7 @@ class CounterFairness:
                 return heap[0]
         return None
 
-    def activate(self, user: str, weight: float) -> None:
+    def activate(self, user: str, weight: float, *, resume: bool = False) -> None:
         """See :meth:`FairnessPolicy.activate`."""
         state = self._users.get(user)
         if state is None:
@@ -136,10 +136,14 @@ class CounterFairness:
         if state.active:
             return
         state.weight = weight if weight > 0 else 1.0
-        if not self._lift:
+        if not self._lift or resume:
+            # Resumed: a lift would take away the standing a refused dispatch just gave back,
+            # and with refusals at random, users' service would drift apart.
             state.active = True
             self._active += 1
             self._push(user, state)
+            if resume and self.on_backlogged is not None:
+                self.on_backlogged()
             return
         top = self._clean_top()
         floor = top[0] if top is not None else self._virtual_time
