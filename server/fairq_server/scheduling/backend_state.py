@@ -93,6 +93,9 @@ class BackendState:
     share: float = 1.0
     _sent_at: float = 0.0
     _sent_mark: int = 0
+    # Cluster: the shared gate was lost at this time; the peers' last counts stand until a
+    # scrape sent since then lands (it shows their requests as other clients'). None: not so.
+    _peers_lost_at: float | None = None
     _previous: MetricsSample | None = None
     _last_tpot: float | None = None
 
@@ -130,7 +133,26 @@ class BackendState:
         In a cluster, fairq's requests are every replica's: the scraped queue holds theirs too.
         """
         self._sent_at = now
-        self._sent_mark = self.awaiting_first_token + self.peer_awaiting
+        peers = 0 if self._peers_lost_at is not None else self.peer_awaiting
+        self._sent_mark = self.awaiting_first_token + peers
+
+    def peer_view(self, awaiting: int, in_flight: int, share: float, now: float) -> None:
+        """Apply the other replicas' counts and this replica's share (cluster only).
+
+        When the shared gate is lost (``share`` drops below 1 with no counts), the other
+        replicas' requests are known only from the last counts until a scrape sent from now
+        on lands: until then the backend would look emptier than it is, so those counts
+        stand (erring closed for at most one scrape interval).
+        """
+        if share < 1 and not awaiting and not in_flight:  # on the local share
+            if self.share >= 1:  # just lost
+                self._peers_lost_at = now
+            self.share = share
+            if self._peers_lost_at is None:
+                self.peer_awaiting = self.peer_in_flight = 0
+            return
+        self._peers_lost_at = None
+        self.peer_awaiting, self.peer_in_flight, self.share = awaiting, in_flight, share
 
     def scrape_landed(self, result: MetricsSample | BackendError, unhealthy_after: int) -> None:
         """Apply a scrape's outcome: a fresh sample, or one more failure."""
@@ -147,6 +169,11 @@ class BackendState:
         self.sample = result
         self.sampled_at = self._sent_at
         self.awaiting_mark = self._sent_mark
+        lost_at = self._peers_lost_at
+        if lost_at is not None and self._sent_at >= lost_at:
+            # This sample counts the other replicas' requests among other clients' now.
+            self._peers_lost_at = None
+            self.peer_awaiting = self.peer_in_flight = 0
 
     def _scrape_failed(self, error: BackendError, unhealthy_after: int) -> None:
         # The old sample stays, to go stale: the gate fails closed after stale_after.

@@ -290,8 +290,7 @@ class Dispatcher:
                 self.attempts.refused(event)
             case ev.PeerView(backend_id, awaiting, in_flight, share):
                 if (state := self._backends.get(backend_id)) is not None:
-                    state.peer_awaiting, state.peer_in_flight = awaiting, in_flight
-                    state.share = share
+                    state.peer_view(awaiting, in_flight, share, self._clock())
             case ev.TakeJournals(done):
                 if not done.done():
                     done.set_result(take_journals(self._models.values()))
