@@ -338,12 +338,11 @@ async def test_retry_goes_ahead_of_requests_queued_before_it() -> None:
                 first = generate(ch, gen_request("first", model="m"), metadata=user("a"))
                 await read_queued(first)
                 await until(lambda: len(backend.requests) == 1, what="first request sent")
-                later = [
-                    generate(ch, gen_request(f"later{i}", model="m"), metadata=user(f"b{i}"))
-                    for i in range(2)
-                ]
-                for call in later:
+                later = []
+                for i in range(2):  # one after the other: the order they are queued in
+                    call = generate(ch, gen_request(f"later{i}", model="m"), metadata=user(f"b{i}"))
                     await read_queued(call)
+                    later.append(call)
                 release.set()
                 outs = await asyncio.gather(run_call(first), *(run_call(c) for c in later))
         finally:
