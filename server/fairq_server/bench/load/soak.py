@@ -5,6 +5,7 @@ and per-user state must not outlive its users (the churn batch at the end)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -128,6 +129,16 @@ async def _fault(kind: str, victim: _Backend, seconds: float) -> None:
     await victim.restart()
 
 
+async def _all_healthy(http: httpx.AsyncClient, metrics_url: str, count: int) -> None:
+    """Wait (at most 30 s) until fairq reports all ``count`` backends healthy."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(30):
+            while True:
+                if total(await scrape(http, metrics_url), "fairq_backend_healthy") >= count:
+                    return
+                await asyncio.sleep(0.2)  # another process's state: nothing to await
+
+
 def _soak_spec(rng: random.Random, users: Sequence[str]) -> Spec:
     user = rng.choice(users)
     roll = rng.random()
@@ -187,6 +198,9 @@ async def soak(size: LoadSize, log: Callable[[str], None] = print, seed: int = 1
                 except TimeoutError:
                     result.quiet_every_round = False
                     samples = await scrape(http, fairq.metrics_url)
+                # The next round's fault is its own: the healed backend must be back first
+                # (a restarted simulator takes seconds to start on a loaded machine).
+                await _all_healthy(http, fairq.metrics_url, len(backends))
                 served = total(samples, "fairq_requests_total")
                 rss = fairq.rss_bytes()
                 round_result = RoundResult(
