@@ -8,9 +8,9 @@ Background tasks (never the dispatcher loop) talk to Redis:
   :class:`~fairq_server.scheduling.events.PeerView`. A release announces the counts it
   leaves (pub/sub), which every replica takes as they are; the counts are read from Redis
   only every ``refresh_seconds`` (leases that expire announce nothing);
-* the fairness sync: flushes the fairness journals and reads the shared counters back
-  (:mod:`.fairness`), after each dispatch, when another replica's head moves, and every
-  third of a lease (which keeps this replica's heads alive).
+* the fairness sync (:mod:`.fair_sync`): flushes the fairness journals and reads the shared
+  counters back, after each dispatch, when another replica's head moves, and every third of
+  a lease (which keeps this replica's heads alive).
 
 When Redis stops answering, the replica runs on its local share: each backend's threshold
 and in-flight cap scaled by ``local_share`` (default one over the replicas last seen), so
@@ -23,28 +23,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from fairq_server.cluster.connection import REDIS_ERRORS, connect
+from fairq_server.cluster.fair_sync import COALESCE_SECONDS, FairSync
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.fairness.counter import PeerHeads
 
 __all__ = ["ClusterNode", "cancel_all"]
 
 log = logging.getLogger(__name__)
-
-#: Shortest time between two reads of the shared gate, and between two fairness syncs:
-#: at a high request rate each read or sync covers many events (the cost per request falls)
-#: at the price of this much delay in learning another replica's news.
-COALESCE_SECONDS = 0.005
 
 
 async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
@@ -94,9 +88,11 @@ class ClusterNode:
         self._background: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._views: dict[str, tuple[int, int, float]] = {}
-        self._fair_wake = asyncio.Event()
-        self._heads: dict[tuple[str, int], tuple[tuple[str, float], ...]] = {}
         self._heads_channel = self.counters.channel()
+        self.fair = FairSync(
+            self.client, config.replica_id, self.counters, self._beat,
+            lambda: self.connected, self._lost,
+        )  # fmt: skip
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -105,6 +101,7 @@ class ClusterNode:
     ) -> None:
         """Where to post views (the dispatcher's inbox), and which backends to watch."""
         self._post = post
+        self.fair.post = post
         self._backend_ids = backend_ids
 
     async def start(self) -> None:
@@ -121,7 +118,7 @@ class ClusterNode:
         self._tasks = [
             asyncio.create_task(self._forever(self._heartbeat_once, self._beat), name="heartbeat"),
             asyncio.create_task(self._refresher(), name="cluster-refresh"),
-            asyncio.create_task(self._fair_loop(), name="cluster-fairness"),
+            asyncio.create_task(self.fair.run(), name="cluster-fairness"),
         ]
 
     async def close(self) -> None:
@@ -358,7 +355,7 @@ class ClusterNode:
             for v in (message.get("channel"), message.get("data"))
         )
         if channel == self._heads_channel:
-            self._fair_wake.set()  # the fairness sync reads the heads
+            self.fair.wake()  # the fairness sync reads the heads
             return False
         news = parse_announcement(channel, data, self.config.key_prefix)
         if news is None:
@@ -375,51 +372,4 @@ class ClusterNode:
 
     def dispatched(self) -> None:
         """Note a dispatch or a newly backlogged user here: share the counters soon."""
-        self._fair_wake.set()
-
-    async def _fair_loop(self) -> None:
-        while True:
-            # Every change is announced (a dispatch here, a head moved elsewhere); the timer
-            # only renews this replica's heads, whose lease is a whole lease.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._beat):
-                    await self._fair_wake.wait()
-            self._fair_wake.clear()
-            try:
-                await self._fair_sync()
-            except REDIS_ERRORS as exc:
-                self._lost(exc)
-            except Exception:
-                log.exception("fairness sync failed")
-            # A burst of dispatches shares one sync: at most one per COALESCE.
-            await asyncio.sleep(COALESCE_SECONDS)
-
-    async def _take(self) -> list[ev.JournalEntry]:
-        done: asyncio.Future[list[ev.JournalEntry]] = asyncio.get_running_loop().create_future()
-        self._post(ev.TakeJournals(done))
-        return await done
-
-    async def _fair_sync(self) -> None:
-        entries = await self._take()
-        if not self.connected:
-            # Local fairness until Redis is back: no floor from replicas not heard from.
-            for e in entries:
-                if self._heads.pop((e.model, e.tier), None) is not None:
-                    self._post(ev.FairnessSync(e.model, e.tier, {}, PeerHeads()))
-            return
-        results = await self.counters.sync(entries)
-        moved = stale = False
-        for e, r in zip(entries, results, strict=True):
-            self._post(ev.FairnessSync(r.model, r.tier, r.counters, r.heads))
-            moved |= self._heads.get((e.model, e.tier)) != e.heads
-            self._heads[(e.model, e.tier)] = e.heads
-            # Another replica charged a user at the head here: the heads just stored are
-            # behind the counters adopted now, and would hold others back; store them again.
-            stale |= any(
-                not math.isclose(r.counters.get(user, c), c, rel_tol=1e-9, abs_tol=1e-9)
-                for user, c in e.heads
-            )
-        if stale:
-            self._fair_wake.set()
-        if moved:
-            await self.client.publish(self.counters.channel(), self.replica_id)
+        self.fair.wake()
