@@ -100,7 +100,7 @@ class ClusterLauncher(StreamLauncher):
         held = False
         try:
             granted = None
-            if node.connected:
+            if node.reserving:
                 started = time.perf_counter()
                 granted = await node.reserve(backend_id, member, others, threshold, cap)
                 node.metrics.reserve_seconds.observe(time.perf_counter() - started)

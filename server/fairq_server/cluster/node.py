@@ -114,9 +114,9 @@ class ClusterNode:
                 "Redis at %s unreachable at start (%s): local share", self.config.safe_url, exc
             )
             self._set_connected(False)
-        await self._heartbeat_once()
+        await self.heartbeat()
         self._tasks = [
-            asyncio.create_task(self._forever(self._heartbeat_once, self._beat), name="heartbeat"),
+            asyncio.create_task(self._forever(self.heartbeat, self._beat), name="heartbeat"),
             asyncio.create_task(self._refresher(), name="cluster-refresh"),
             asyncio.create_task(self.fair.run(), name="cluster-fairness"),
         ]
@@ -144,6 +144,17 @@ class ClusterNode:
     @property
     def _replicas_key(self) -> str:
         return f"{self.config.key_prefix}:replicas"
+
+    @property
+    def reserving(self) -> bool:
+        """Whether reservations go to Redis: on the shared gate, or rejoining it.
+
+        Rejoining (Redis answered a heartbeat since it was lost, the gate is still the local
+        share): every request sent from now on must be counted in Redis at once, since
+        another replica may be back on the shared gate before this one, reading the counts
+        there as the whole of the cluster's requests.
+        """
+        return self.connected or self._answered
 
     @property
     def local_share(self) -> float:
@@ -224,14 +235,19 @@ class ClusterNode:
         return sum(members.values()), len(members)
 
     def _view(self, backend_id: str, counts: GlobalCounts) -> None:
-        """Post the other replicas' part of ``counts`` if it changed."""
+        """Post the other replicas' part of ``counts`` if it changed.
+
+        Rejoining, the counts come with the local share: they close the local gate as the
+        shared one would (no retrying a refused reservation at once), but do not end the local
+        share before the second beat.
+        """
         self.metrics.global_awaiting.labels(backend_id).set(counts.awaiting)
         self.metrics.global_in_flight.labels(backend_id).set(counts.in_flight)
         own_awaiting, own_flight = self._own(backend_id)
         view = (
             max(0, counts.awaiting - own_awaiting),
             max(0, counts.in_flight - own_flight),
-            1.0,
+            1.0 if self.connected else self.local_share,
         )
         if self._views.get(backend_id) != view:
             self._views[backend_id] = view
@@ -266,8 +282,13 @@ class ClusterNode:
                 self._views[backend_id] = (0, 0, share)
                 self._post(ev.PeerView(backend_id, 0, 0, share))
 
-    async def _heartbeat_once(self) -> None:
-        """Presence, leases of the slots held, the number of replicas alive."""
+    async def heartbeat(self) -> None:
+        """Beat once (the background task does every third of a lease).
+
+        Presence, leases of the slots held, the number of replicas alive; after Redis was
+        lost, the first beat that reaches it starts the rejoining (:attr:`reserving`) and the
+        second goes back to the shared gate.
+        """
         key, ms = self._replicas_key, round(self.config.lease_seconds * 1000)
         try:
             now_s, now_us = await self.client.time()
@@ -288,8 +309,9 @@ class ClusterNode:
         if not self.connected:
             # Back on the shared gate only at the second beat that reaches Redis: a Redis
             # restarted empty counts the others' requests again only once their heartbeats
-            # have put them back, and until then the counts there would let this replica
-            # fill the backend's whole threshold on top of them.
+            # have put them back (each beats once in between, and reserves through Redis
+            # from then on), and until then the counts there would let this replica fill the
+            # backend's whole threshold on top of them.
             if not self._answered:
                 self._answered = True
                 return
@@ -327,7 +349,8 @@ class ClusterNode:
                             continue
                         due = loop.time() + self.config.refresh_seconds
                     else:
-                        self._local_views()
+                        if not self._answered:  # rejoining: views come with reservations
+                            self._local_views()
                         self._wake.clear()
                         with contextlib.suppress(TimeoutError):
                             async with asyncio.timeout(self.config.refresh_seconds):

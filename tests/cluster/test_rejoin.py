@@ -1,0 +1,61 @@
+"""A replica coming back to Redis: counted there at once, on the shared gate one beat later.
+
+Between the first heartbeat that reaches Redis again and the second, a replica still uses its
+local share of the backend, but reserves every request through Redis: another replica may be
+back on the shared gate already, and reads the counts there as the whole cluster's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import grpc
+
+from fairq_server.cluster.redis_process import RedisProcess
+from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.sim import SimServer
+from tests.conftest import FairqFactory, make_config, sim_backend
+from tests.reliability.helpers import gen_request, generate, run_call, until
+
+
+def _reservations(metric: object, outcome: str) -> float:
+    return metric.labels("sim-a", outcome)._value.get()  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_a_rejoining_replica_reserves_through_redis_on_its_local_share(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    with RedisProcess.running() as redis:
+        # A long lease: the heartbeats of this test are the ones it calls itself.
+        cluster_config = ClusterConfig(
+            redis.url, replica_id="back", local_share=0.5, lease_seconds=60.0
+        )
+        fairq = await fairq_factory(
+            replace(make_config([sim_backend(sim)]), cluster=cluster_config)
+        )
+        node = fairq.core.cluster
+        state = fairq.core.backend("sim-a")
+        assert node is not None and state is not None and node.connected
+        reservations = node.metrics.reservations
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{fairq.port}") as channel:
+            redis.stop()
+            # The refresher's subscription notices the loss at once.
+            await until(lambda: state.share == 0.5, what="the backend on the local share")
+            assert not node.connected and not node.reserving
+            outcome = await run_call(generate(channel, gen_request()))
+            assert outcome.code is grpc.StatusCode.OK, outcome
+            assert _reservations(reservations, "local") == 1
+
+            redis.start()  # empty
+            await node.heartbeat()
+            assert node.reserving and not node.connected
+            granted = _reservations(reservations, "granted")
+            outcome = await run_call(generate(channel, gen_request()))
+            assert outcome.code is grpc.StatusCode.OK, outcome
+            assert _reservations(reservations, "granted") == granted + 1  # counted in Redis
+            assert _reservations(reservations, "local") == 1  # no more than before
+            assert state.share == 0.5  # the release's counts did not end the local share
+
+            await node.heartbeat()
+            assert node.connected
+            await until(lambda: state.share == 1.0, what="the backend on the shared gate")
