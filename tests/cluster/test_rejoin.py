@@ -7,6 +7,8 @@ back on the shared gate already, and reads the counts there as the whole cluster
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import replace
 
 import grpc
@@ -59,3 +61,32 @@ async def test_a_rejoining_replica_reserves_through_redis_on_its_local_share(
             await node.heartbeat()
             assert node.connected
             await until(lambda: state.share == 1.0, what="the backend on the shared gate")
+
+
+async def test_a_reservation_redis_does_not_answer_is_admitted_again_on_the_local_share(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """Not forwarded as it was: it had been admitted against the shared view of the backend."""
+    with RedisProcess.running() as redis:
+        cluster_config = ClusterConfig(
+            redis.url, replica_id="cut", local_share=0.5, lease_seconds=3.0
+        )  # Redis calls time out after a second
+        fairq = await fairq_factory(
+            replace(make_config([sim_backend(sim)]), cluster=cluster_config)
+        )
+        node = fairq.core.cluster
+        assert node is not None and node.connected
+        reservations = node.metrics.reservations
+        assert redis.proc is not None
+        # Stopped, not closed: the connections stay up, so nothing notices before the
+        # reservation times out.
+        os.kill(redis.proc.pid, signal.SIGSTOP)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{fairq.port}") as channel:
+                outcome = await run_call(generate(channel, gen_request()))
+        finally:
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        assert outcome.code is grpc.StatusCode.OK, outcome
+        assert _reservations(reservations, "unreachable") == 1
+        assert _reservations(reservations, "local") == 1  # the same request, admitted again
+        assert _reservations(reservations, "granted") == 0

@@ -6,7 +6,11 @@ Redis in a task of its own and only then opens the backend request. If Redis ref
 (another replica took the slot since the last read), the request goes back among its user's
 queued requests (:class:`~fairq_server.scheduling.events.Refused`) with the fresh counts
 (:class:`~fairq_server.scheduling.events.PeerView`), which close the local gate until a
-slot frees. The cost is one Redis round trip before the backend request leaves.
+slot frees. A reservation that fails because Redis is unreachable is not forwarded either:
+it was admitted against the shared view, and goes back to be admitted again on the local
+share (with every replica's in-flight reservations forwarded at once, the backend's queue
+would grow by up to the threshold per replica). The cost is one Redis round trip before the
+backend request leaves.
 """
 
 from __future__ import annotations
@@ -99,17 +103,18 @@ class ClusterLauncher(StreamLauncher):
         node = self._node
         held = False
         try:
-            granted = None
             if node.reserving:
                 started = time.perf_counter()
                 granted = await node.reserve(backend_id, member, others, threshold, cap)
                 node.metrics.reserve_seconds.observe(time.perf_counter() - started)
-                if granted is False:
+                if not granted:
+                    # Refused, or Redis just lost (None): the request was admitted against
+                    # the shared view, so it queues again and the gate decides afresh (on
+                    # the local share, if Redis is gone).
                     self._post(ev.Refused(ticket, attempt))
                     return
-            else:
+            else:  # Redis unreachable: forwarded on the local share
                 node.metrics.reservations.labels(backend_id, "local").inc()
-            if granted is None:  # Redis unreachable: forwarded on the local share
                 node.hold_local(backend_id, member)
             held = True
             if ticket.attempt != attempt:

@@ -126,7 +126,8 @@ class Refused:
     """The cluster's shared gate refused attempt ``attempt`` before it reached the backend.
 
     The request goes back among its user's queued requests, its dispatch charge refunded
-    (not as a retry, which would pass everyone in its tier): another replica took the slot.
+    (not as a retry, which would pass everyone in its tier): another replica took the slot,
+    or Redis could not be asked (the gate decides again, on the local share).
     """
 
     ticket: Ticket
