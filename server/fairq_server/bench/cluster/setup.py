@@ -14,9 +14,11 @@ import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import aiohttp
 import grpc
+import redis.asyncio as aioredis
 
 from fairq_server.bench.processes import confined, sim_process, split_cpus
 from fairq_server.bench.scenarios.procs import fairq_module_process
@@ -181,7 +183,36 @@ async def running_cluster(
             targets.append(target)
             channels.append(channel)
             senders.append(fairq_sender(channel, "sim"))
+        if redis_url is not None:
+            await formed(redis_url, replicas)
         yield Cluster(backend_url, redis, procs, targets, channels, senders)
+
+
+async def formed(redis_url: str, replicas: int, timeout: float = 30.0) -> None:
+    """Wait until every replica has counted all ``replicas`` (its own view of the cluster).
+
+    A replica counts the others at its heartbeats, so one started first counts the later
+    ones only at its next beat; a fault before then would find it alone, with a local share
+    of the whole backend. A beat stores the replica's lease expiry and reads the count in one
+    pipeline: once every member's expiry is above the latest expiry seen when all were
+    first present, each has beaten, and counted them all, since.
+    """
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        async with asyncio.timeout(timeout):
+            key, since = "fairq:replicas", None
+            while True:
+                sec, usec = await client.time()
+                now = sec * 1000 + usec // 1000
+                rows = await client.zrangebyscore(key, f"({now}", "+inf", withscores=True)
+                expiries = [float(row[1]) for row in cast(list[tuple[bytes, float]], rows)]
+                if since is None and len(expiries) >= replicas:
+                    since = max(expiries)
+                elif since is not None and expiries and min(expiries) > since:
+                    return
+                await asyncio.sleep(0.02)
+    finally:
+        await client.aclose()
 
 
 def by_replica(senders: Sequence[SendFn], pick: dict[str, int]) -> SendFn:
