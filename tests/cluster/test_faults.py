@@ -36,9 +36,10 @@ async def test_redis_stopped_and_restarted_empty() -> None:
     assert r.survivor_errors == 0 and r.target_errors == 0, r
     assert not math.isnan(r.recovered_seconds), r  # every replica back on the shared gate
     # On the local share (half the threshold each, at least 1) the two replicas stay near it
-    # too; while the first reservations time out, what the shared gate had admitted still
-    # goes: measured up to threshold + 2 when Redis stops as the flood starts.
-    assert r.peak_waiting <= THRESHOLD + 2, r
+    # too: a reservation Redis did not answer is admitted again on that share, and the other
+    # replica's last counts stand until a scrape sees its requests (measured: the threshold
+    # in 10 of 10 runs; + 1 for a scrape landing late on a loaded machine).
+    assert r.peak_waiting <= THRESHOLD + 1, r
     assert r.started_after > 0, r  # the gate was seen at work after the restart
     assert r.peak_after <= THRESHOLD, r
 
