@@ -115,3 +115,18 @@ def test_a_refused_request_coming_back_keeps_its_users_standing() -> None:
         policy.charge("a", Cost(prompt_tokens=-10))  # refused: refunded
         policy.activate("a", 1.0, resume=resume)
         assert policy.counter("a") == expected
+
+
+def test_a_users_record_outlives_an_empty_replica_in_a_cluster() -> None:
+    """Charges of requests still in flight count when the user comes back (not lifted)."""
+    for journal, expected in ((Journal(), 70.0), (None, 10.0)):
+        policy = VtcFairness()
+        policy.journal = journal
+        policy.activate("a", 1.0)
+        assert policy.select() == "a"
+        policy.charge("a", Cost(prompt_tokens=10))
+        policy.deactivate("a")  # its requests are all on the backend: nobody backlogged here
+        policy.charge("a", Cost(completion_tokens=30))  # tokens streamed meanwhile
+        policy.activate("a", 1.0)  # its next request
+        # One process: nobody else to be fair against, the history goes (memory at zero).
+        assert policy.counter("a") == expected, journal

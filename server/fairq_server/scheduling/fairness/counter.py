@@ -170,10 +170,14 @@ class CounterFairness:
         self._active -= 1
         if not self._lift:
             return  # the record, and its low counter, stay: that is the baseline's point
-        if self._active == 0:
+        if self._active == 0 and self.journal is None:
             # Nobody is backlogged: counters only matter relative to backlogged users, so the
             # history can go. Everyone who comes back is lifted to the highest counter seen,
             # which takes credit away from no one and keeps memory at zero between bursts.
+            # Not in a cluster: users are backlogged on the other replicas, and a user whose
+            # requests are all in flight here is still being charged. Dropped, it would come
+            # back at the old counter (the charges since only journaled), be served at once
+            # as if behind, until the next sync; kept, it is parked like any idle user.
             self._virtual_time = max(self._virtual_time, *(u.counter for u in self._users.values()))
             self._users.clear()
             self._idle.clear()
