@@ -167,10 +167,21 @@ def fairness_markdown(result: FairnessResult) -> str:
                 run.label,
                 " / ".join(f"{shares[u]:.2f}" for u in USERS),
                 ", ".join(f"{j:.3f}" for j in windows) or "-",
-                f"{gap[-1][1]:.0f}" if gap else "-",
+                " / ".join(
+                    f"{v:.0f}"
+                    for v in (
+                        sum(g for _, g in gap) / len(gap),
+                        max(g for _, g in gap),
+                        gap[-1][1],
+                    )
+                )
+                if gap
+                else "-",
             )
         )
+    # The gap moves by whole requests as they complete: its mean and largest value over the
+    # run say more than its value at one instant.
     header = ("run", "token share heavy / light-1 / light-2 / light-3 (fair: 0.25 each)",
               f"Jain per {result.window:g} s window",
-              "service gap at the end (tokens)")  # fmt: skip
+              "service gap, mean / largest / at the end (tokens, every second)")  # fmt: skip
     return markdown_table(header, rows)
