@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 import grpc
 from prometheus_client import (
@@ -19,6 +20,9 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+
+if TYPE_CHECKING:
+    from fairq_server.backends.request import MetricsSample
 
 __all__ = ["Telemetry", "build_info"]
 
@@ -140,6 +144,19 @@ class Telemetry:
             "fairq_backend_scrape_failures_total", "Failed scrapes of a backend's /metrics.",
             ["backend"], registry=r,
         )  # fmt: skip
+
+    def scraped(
+        self, backend_id: str, sample: MetricsSample | None, tpot: float | None,
+        *, healthy: bool, failed: bool,
+    ) -> None:  # fmt: skip
+        """Record a scrape's outcome: health, a failure, or the backend's fresh figures."""
+        self.backend_healthy.labels(backend_id).set(1 if healthy else 0)
+        if failed:
+            self.scrape_failures.labels(backend_id).inc()
+        elif sample is not None:
+            self.backend_waiting.labels(backend_id).set(sample.waiting)
+            self.backend_running.labels(backend_id).set(sample.running)
+            self.backend_tpot.labels(backend_id).set(tpot or 0.0)
 
     def forget_backend(self, backend_id: str) -> None:
         """Remove every series labelled with ``backend_id`` (it was deregistered).

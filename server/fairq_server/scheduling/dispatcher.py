@@ -28,14 +28,13 @@ from fairq_server.backends.poller import ScrapeResult
 from fairq_server.config import SchedulerConfig, TierConfig
 from fairq_server.errors import (
     InternalError,
-    ModelNotFoundError,
     NoBackendError,
-    QueueFullError,
     QueueTimeoutError,
     SchedulerError,
     ShuttingDownError,
 )
 from fairq_server.scheduling import events as ev
+from fairq_server.scheduling.admission import admission_error
 from fairq_server.scheduling.attempts import AttemptBook, Launcher
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
@@ -312,29 +311,19 @@ class Dispatcher:
         if ticket.state is not TicketState.NEW:
             return
         model = ticket.request.model
-        backends = self._backends.of(model)
-        if self._closed:
-            return self.attempts.abandon(ticket, ShuttingDownError("fairq is shutting down"))
-        if not backends:
-            # Which models exist is told only to callers allowed to know (the servicer).
-            error: SchedulerError = ModelNotFoundError(f"model '{model}' is not served here")
+        state = self._models.get(model)
+        error = admission_error(
+            model,
+            ticket.user,
+            self._backends.of(model),
+            None if state is None else state.queue,
+            self.config,
+            closed=self._closed,
+        )
+        if error is not None:
             return self.attempts.abandon(ticket, error)
-        if not any(b.serving for b in backends):
-            error = NoBackendError(f"no healthy backend serves model '{model}'")
-            return self.attempts.abandon(ticket, error)
-        state = self._models[model]
-        cfg = self.config
-        if len(state.queue) >= cfg.max_queued_total:
-            error = QueueFullError(
-                f"queue for model '{model}' is full ({len(state.queue)} requests)"
-            )
-            return self.attempts.abandon(ticket, error)
-        if state.queue.user_len(ticket.user) >= cfg.max_queued_per_user:
-            error = QueueFullError(
-                f"user '{ticket.user}' already has {cfg.max_queued_per_user} queued requests"
-            )
-            return self.attempts.abandon(ticket, error)
-        position = state.push(ticket, self._clock(), ttl=cfg.queue_ttl_seconds is not None)
+        assert state is not None
+        position = state.push(ticket, self._clock(), ttl=self.config.queue_ttl_seconds is not None)
         ticket.outbox.put(Queued(position))
 
     def _cancel(self, ticket: Ticket) -> None:
@@ -359,24 +348,18 @@ class Dispatcher:
         ttl = self.config.queue_ttl_seconds is not None
         if retry:
             model.push(ticket, self._clock(), ttl=ttl, front=True)
-            return
-        model.queue.push(ticket, resume=True)
-        if ttl:
-            model.arrivals.appendleft(ticket)  # among the oldest by arrival
+        else:
+            model.resume(ticket, ttl=ttl)
 
     def _scrape_landed(self, backend_id: str, result: ScrapeResult) -> None:
         state = self._backends.get(backend_id)
         if state is None:
             return
         state.scrape_landed(result, self.config.unhealthy_after_failures)
-        t = self._telemetry
-        t.backend_healthy.labels(backend_id).set(1 if state.healthy else 0)
-        if isinstance(result, Exception):
-            t.scrape_failures.labels(backend_id).inc()
-        elif state.sample is not None:
-            t.backend_waiting.labels(backend_id).set(state.sample.waiting)
-            t.backend_running.labels(backend_id).set(state.sample.running)
-            t.backend_tpot.labels(backend_id).set(state.tpot_seconds or 0.0)
+        self._telemetry.scraped(
+            backend_id, state.sample, state.tpot_seconds,
+            healthy=bool(state.healthy), failed=isinstance(result, Exception),
+        )  # fmt: skip
 
     def _add_backend(self, state: BackendState) -> None:
         self._backends.add(state)

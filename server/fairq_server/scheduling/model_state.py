@@ -43,6 +43,16 @@ class ModelState:
                 self.arrivals.append(ticket)
         return position
 
+    def resume(self, ticket: Ticket, *, ttl: bool) -> None:
+        """Queue again a request the cluster's shared gate refused.
+
+        It goes among its user's requests (not ahead of its tier, as a retry would), and its
+        user keeps its fairness standing (no lift).
+        """
+        self.queue.push(ticket, resume=True)
+        if ttl:
+            self.arrivals.appendleft(ticket)  # among the oldest by arrival
+
     def expire(self, deadline: float | None) -> list[Ticket]:
         """Dequeue and return the tickets that arrived before ``deadline`` (None: no TTL)."""
         arrivals = self.arrivals
