@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import grpc
 
+from fairq_server.api.server import FairqServer
 from fairq_server.cluster.redis_process import RedisProcess
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.sim import SimServer
@@ -24,20 +25,25 @@ def _reservations(metric: object, outcome: str) -> float:
     return metric.labels("sim-a", outcome)._value.get()  # type: ignore[attr-defined, no-any-return]
 
 
+async def _replica(
+    fairq_factory: FairqFactory, sim: SimServer, redis: RedisProcess, lease_seconds: float
+) -> FairqServer:
+    """One replica on the shared gate, half the backend for its local share."""
+    cluster = ClusterConfig(redis.url, replica_id="r", local_share=0.5, lease_seconds=lease_seconds)
+    fairq = await fairq_factory(replace(make_config([sim_backend(sim)]), cluster=cluster))
+    assert fairq.core.cluster is not None and fairq.core.cluster.connected
+    return fairq
+
+
 async def test_a_rejoining_replica_reserves_through_redis_on_its_local_share(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
     with RedisProcess.running() as redis:
         # A long lease: the heartbeats of this test are the ones it calls itself.
-        cluster_config = ClusterConfig(
-            redis.url, replica_id="back", local_share=0.5, lease_seconds=60.0
-        )
-        fairq = await fairq_factory(
-            replace(make_config([sim_backend(sim)]), cluster=cluster_config)
-        )
+        fairq = await _replica(fairq_factory, sim, redis, lease_seconds=60.0)
         node = fairq.core.cluster
         state = fairq.core.backend("sim-a")
-        assert node is not None and state is not None and node.connected
+        assert node is not None and state is not None
         reservations = node.metrics.reservations
         async with grpc.aio.insecure_channel(f"127.0.0.1:{fairq.port}") as channel:
             redis.stop()
@@ -68,14 +74,10 @@ async def test_a_reservation_redis_does_not_answer_is_admitted_again_on_the_loca
 ) -> None:
     """Not forwarded as it was: it had been admitted against the shared view of the backend."""
     with RedisProcess.running() as redis:
-        cluster_config = ClusterConfig(
-            redis.url, replica_id="cut", local_share=0.5, lease_seconds=3.0
-        )  # Redis calls time out after a second
-        fairq = await fairq_factory(
-            replace(make_config([sim_backend(sim)]), cluster=cluster_config)
-        )
+        # Redis calls time out after a third of the lease, a second.
+        fairq = await _replica(fairq_factory, sim, redis, lease_seconds=3.0)
         node = fairq.core.cluster
-        assert node is not None and node.connected
+        assert node is not None
         reservations = node.metrics.reservations
         assert redis.proc is not None
         # Stopped, not closed: the connections stay up, so nothing notices before the
