@@ -20,6 +20,7 @@ from fairq_server.backends.stream_reader import start_reading
 from fairq_server.errors import (
     BackendFailedError,
     InternalError,
+    NoBackendError,
     SchedulerError,
     SlowClientError,
 )
@@ -183,7 +184,7 @@ class AttemptBook:
         # Not as a retry: a retry goes before everyone in its tier and past the cluster's
         # fairness floor. The dispatch charge is refunded; it is charged again when popped.
         self._charge(ticket, Cost(requests=-1, prompt_tokens=-ticket.prompt_tokens))
-        self._d.requeue(ticket, retry=False)
+        self._requeue(ticket, retry=False)
 
     def _first_token(self, ticket: Ticket, at: float) -> None:
         assert ticket.backend is not None
@@ -239,10 +240,28 @@ class AttemptBook:
             self._d.telemetry.retries.labels(backend.id).inc()
             ticket.retries += 1
             ticket.excluded |= {backend.id}
-            self._d.requeue(ticket)
+            self._requeue(ticket)
             return
         ticket.state = TicketState.DONE
         ticket.outbox.fail(_caller_error(ticket, error))
+
+    def _requeue(self, ticket: Ticket, *, retry: bool = True) -> None:
+        """Queue a ticket whose attempt failed before its first token, ahead of its tier.
+
+        With ``retry=False`` (the cluster's shared gate refused it) it goes back among its
+        user's requests instead, in its place by the ordering policy, and waits for its
+        user's turn like any other.
+        """
+        model = self._d.model_state(ticket.request.model)
+        if model is None:  # its last backend left, and the model with it
+            error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
+            self.abandon(ticket, error)
+            return
+        ttl = self._d.config.queue_ttl_seconds is not None
+        if retry:
+            model.push(ticket, self._d.now(), ttl=ttl, front=True)
+        else:
+            model.resume(ticket, ttl=ttl)
 
     def abort(self, ticket: Ticket) -> None:
         """Abort a running attempt at the backend (the caller is gone)."""

@@ -197,6 +197,10 @@ class Dispatcher:
         """Return every model's state (the picker's view)."""
         return list(self._models.values())
 
+    def now(self) -> float:
+        """Return the loop's clock (monotonic seconds)."""
+        return self._clock()
+
     def live_requests(self) -> int:
         """Count the requests queued or running, over all models."""
         return sum(len(m.queue) for m in self._models.values()) + self.attempts.running
@@ -332,24 +336,6 @@ class Dispatcher:
         elif ticket.state is TicketState.RUNNING:
             self.attempts.abort(ticket)
         ticket.state = TicketState.DONE
-
-    def requeue(self, ticket: Ticket, *, retry: bool = True) -> None:
-        """Queue a ticket whose attempt failed before its first token, ahead of its tier.
-
-        With ``retry=False`` (the cluster's shared gate refused it) it goes back among its
-        user's requests instead, in its place by the ordering policy, and waits for its
-        user's turn like any other.
-        """
-        model = self._models.get(ticket.request.model)
-        if model is None:  # its last backend left, and the model with it
-            error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
-            self.attempts.abandon(ticket, error)
-            return
-        ttl = self.config.queue_ttl_seconds is not None
-        if retry:
-            model.push(ticket, self._clock(), ttl=ttl, front=True)
-        else:
-            model.resume(ticket, ttl=ttl)
 
     def _scrape_landed(self, backend_id: str, result: ScrapeResult) -> None:
         state = self._backends.get(backend_id)
