@@ -15,7 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairq_server.cluster.settings import ClusterConfig
 
-__all__ = ["REDIS_ERRORS", "ScriptCall", "connect", "run_scripts"]
+__all__ = ["REDIS_ERRORS", "ScriptCall", "connect", "run_scripts", "server_ms"]
 
 #: What a lost, stopped or partitioned Redis raises.
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -72,3 +72,9 @@ async def run_scripts(client: aioredis.Redis, calls: Sequence[ScriptCall]) -> li
             for script in {id(c[0]): c[0] for c in calls}.values():
                 script.sha = await client.script_load(script.script)
     raise AssertionError("unreachable")
+
+
+async def server_ms(client: aioredis.Redis) -> int:
+    """Return Redis's own clock in milliseconds: the clock every lease is scored by."""
+    seconds, micros = await client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

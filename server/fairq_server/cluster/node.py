@@ -28,7 +28,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from fairq_server.cluster.connection import REDIS_ERRORS, connect
+from fairq_server.cluster.connection import REDIS_ERRORS, connect, server_ms
 from fairq_server.cluster.fair_sync import COALESCE_SECONDS, FairSync
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
@@ -291,8 +291,7 @@ class ClusterNode:
         """
         key, ms = self._replicas_key, round(self.config.lease_seconds * 1000)
         try:
-            now_s, now_us = await self.client.time()
-            now = now_s * 1000 + now_us // 1000
+            now = await server_ms(self.client)
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.zadd(key, {self.replica_id: now + ms})
                 pipe.zremrangebyscore(key, "-inf", now)

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from fairq_server.bench.cluster.setup import QueueWatcher, by_replica, running_cluster
 from fairq_server.bench.report import markdown_table
 from fairq_server.bench.workload import RequestResult, RequestSpec, replay
+from fairq_server.cluster.connection import server_ms
 from fairq_server.cluster.redis_process import RedisProcess
 
 __all__ = ["FaultResult", "faults_markdown", "live_slots", "run_faults", "scenario"]
@@ -52,8 +53,7 @@ async def live_slots(redis_url: str, replica: str, backend: str = "sim") -> int:
     """Count ``replica``'s unexpired reservations on ``backend`` in Redis."""
     client = aioredis.Redis.from_url(redis_url)
     try:
-        sec, usec = await client.time()
-        now = sec * 1000 + usec // 1000
+        now = await server_ms(client)
         members = await client.zrangebyscore(f"fairq:gate:{backend}:flight", f"({now}", "+inf")
         names = [m.decode() if isinstance(m, bytes) else str(m) for m in members]
         return sum(1 for m in names if m.startswith(f"{replica}|"))
@@ -64,8 +64,7 @@ async def live_slots(redis_url: str, replica: str, backend: str = "sim") -> int:
 async def _replicas_alive(redis_url: str) -> int:
     client = aioredis.Redis.from_url(redis_url)
     try:
-        sec, usec = await client.time()
-        return int(await client.zcount("fairq:replicas", f"({sec * 1000 + usec // 1000}", "+inf"))
+        return int(await client.zcount("fairq:replicas", f"({await server_ms(client)}", "+inf"))
     finally:
         await client.aclose()
 

@@ -24,6 +24,7 @@ from fairq_server.bench.processes import confined, sim_process, split_cpus
 from fairq_server.bench.scenarios.procs import fairq_module_process
 from fairq_server.bench.targets import fairq_sender
 from fairq_server.bench.workload import RequestSpec, SendFn
+from fairq_server.cluster.connection import server_ms
 from fairq_server.cluster.redis_process import RedisProcess
 
 __all__ = ["Cluster", "QueueWatcher", "by_replica", "replica_config", "running_cluster"]
@@ -202,8 +203,7 @@ async def formed(redis_url: str, replicas: int, timeout: float = 30.0) -> None:
         async with asyncio.timeout(timeout):
             key, since = "fairq:replicas", None
             while True:
-                sec, usec = await client.time()
-                now = sec * 1000 + usec // 1000
+                now = await server_ms(client)
                 rows = await client.zrangebyscore(key, f"({now}", "+inf", withscores=True)
                 expiries = [float(row[1]) for row in cast(list[tuple[bytes, float]], rows)]
                 if since is None and len(expiries) >= replicas:
