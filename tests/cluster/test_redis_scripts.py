@@ -4,6 +4,10 @@ the fairness heads, and scripts that Redis lost in a restart."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
 
 from fairq_server.cluster.connection import connect, run_scripts
 from fairq_server.cluster.fairness import SharedCounters
@@ -14,30 +18,38 @@ from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.fairness.counter import Journal
 
 
-async def test_a_release_announces_the_counts_it_leaves(redis_url: str) -> None:
+@contextlib.asynccontextmanager
+async def _gate(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, SharedGate]]:
+    """Replica ``a``'s client and shared gate (key prefix ``t``), the client closed after."""
     client = connect(ClusterConfig(redis_url, replica_id="a"))
+    try:
+        yield client, SharedGate(client, "t", lease_seconds=5.0)
+    finally:
+        await client.aclose()
+
+
+async def test_a_release_announces_the_counts_it_leaves(redis_url: str) -> None:
     listener = connect(ClusterConfig(redis_url, replica_id="b"))
-    gate = SharedGate(client, "t", lease_seconds=5.0)
     pubsub = listener.pubsub(ignore_subscribe_messages=True)
     try:
-        await pubsub.psubscribe(gate.channel())
-        for member in ("a|1", "a|2"):
-            granted, _ = await gate.reserve("sim", member, 0.0, threshold=3, cap=0)
-            assert granted
-        assert await gate.first_token("sim", "a|1") == GlobalCounts(awaiting=1, in_flight=2)
-        assert await gate.release("sim", "a|2") == GlobalCounts(awaiting=0, in_flight=1)
-        heard = []
-        async with asyncio.timeout(5):
-            while len(heard) < 2:
-                message = await pubsub.get_message(timeout=1.0)
-                if message is not None:
-                    channel, data = message["channel"].decode(), message["data"].decode()
-                    heard.append(parse_announcement(channel, data, "t"))
-        assert heard == [("sim", GlobalCounts(1, 2)), ("sim", GlobalCounts(0, 1))]
-        assert await gate.counts(["sim"]) == {"sim": GlobalCounts(0, 1)}
+        async with _gate(redis_url) as (_, gate):
+            await pubsub.psubscribe(gate.channel())
+            for member in ("a|1", "a|2"):
+                granted, _ = await gate.reserve("sim", member, 0.0, threshold=3, cap=0)
+                assert granted
+            assert await gate.first_token("sim", "a|1") == GlobalCounts(awaiting=1, in_flight=2)
+            assert await gate.release("sim", "a|2") == GlobalCounts(awaiting=0, in_flight=1)
+            heard = []
+            async with asyncio.timeout(5):
+                while len(heard) < 2:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        channel, data = message["channel"].decode(), message["data"].decode()
+                        heard.append(parse_announcement(channel, data, "t"))
+            assert heard == [("sim", GlobalCounts(1, 2)), ("sim", GlobalCounts(0, 1))]
+            assert await gate.counts(["sim"]) == {"sim": GlobalCounts(0, 1)}
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
-        await client.aclose()
         await listener.aclose()
 
 
@@ -77,9 +89,7 @@ async def test_each_replica_reads_the_other_replicas_heads_not_its_own(redis_url
 async def test_scripts_are_loaded_again_after_redis_restarts_empty(
     redis_server: RedisProcess,
 ) -> None:
-    client = connect(ClusterConfig(redis_server.url, replica_id="a"))
-    gate = SharedGate(client, "t", lease_seconds=5.0)
-    try:
+    async with _gate(redis_server.url) as (client, gate):
         assert await gate.counts(["x", "y"]) == {"x": GlobalCounts(0, 0), "y": GlobalCounts(0, 0)}
         redis_server.stop()
         redis_server.start()  # empty: no scripts cached
@@ -89,17 +99,13 @@ async def test_scripts_are_loaded_again_after_redis_restarts_empty(
         assert flushed == [True]
         await client.script_flush()
         assert await run_scripts(client, [(gate._count, ["k1", "k2"], [])]) == [[0, 0]]
-    finally:
-        await client.aclose()
 
 
 async def test_renewing_sets_every_member_held_again_after_an_empty_restart(
     redis_server: RedisProcess,
 ) -> None:
     """The requests a replica still has on the backend are counted again, in the right set."""
-    client = connect(ClusterConfig(redis_server.url, replica_id="a"))
-    gate = SharedGate(client, "t", lease_seconds=5.0)
-    try:
+    async with _gate(redis_server.url) as (_, gate):
         for member in ("a|1", "a|2"):
             assert (await gate.reserve("sim", member, 0.0, threshold=3, cap=0))[0]
         await gate.first_token("sim", "a|1")
@@ -110,5 +116,3 @@ async def test_renewing_sets_every_member_held_again_after_an_empty_restart(
         assert await gate.counts(["sim"]) == {"sim": GlobalCounts(awaiting=2, in_flight=3)}
         await gate.renew({"sim": {"a|1": False, "a|2": False, "a|3": False}})  # tokens came
         assert (await gate.counts(["sim"]))["sim"].awaiting == 0
-    finally:
-        await client.aclose()
