@@ -73,7 +73,8 @@ class ClusterNode:
             self.client, config.key_prefix, config.replica_id, config.lease_seconds
         )
         self.connected = False
-        self._answered = False  # Redis answered a heartbeat since it was lost
+        # When Redis first answered a heartbeat since it was lost (loop time; None: not yet).
+        self._answered_at: float | None = None
         self.replicas = 1
         self._post: Callable[[ev.Event], None] = lambda event: None
         self._backend_ids: Callable[[], list[str]] = list
@@ -154,7 +155,7 @@ class ClusterNode:
         another replica may be back on the shared gate before this one, reading the counts
         there as the whole of the cluster's requests.
         """
-        return self.connected or self._answered
+        return self.connected or self._answered_at is not None
 
     @property
     def local_share(self) -> float:
@@ -255,7 +256,7 @@ class ClusterNode:
 
     def _lost(self, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
-        self._answered = False
+        self._answered_at = None
         if not self.connected:
             return
         log.warning(
@@ -286,8 +287,9 @@ class ClusterNode:
         """Beat once (the background task does every third of a lease).
 
         Presence, leases of the slots held, the number of replicas alive; after Redis was
-        lost, the first beat that reaches it starts the rejoining (:attr:`reserving`) and the
-        second goes back to the shared gate.
+        lost, the first beat that reaches it starts the rejoining (:attr:`reserving`), and a
+        later one, once every replica seen before has beaten too, goes back to the shared
+        gate.
         """
         key, ms = self._replicas_key, round(self.config.lease_seconds * 1000)
         try:
@@ -303,16 +305,24 @@ class ClusterNode:
         except REDIS_ERRORS as exc:
             self._lost(exc)
             return
-        self.replicas = max(1, int(alive))
+        alive = max(1, int(alive))
+        # A Redis restarted empty counts only the replicas that have beaten since: while off
+        # the shared gate the count stays that of before the loss (a smaller one would widen
+        # the local share, up to the whole backend).
+        self.replicas = alive if self.connected else max(self.replicas, alive)
         self.metrics.replicas.set(self.replicas)
         if not self.connected:
-            # Back on the shared gate only at the second beat that reaches Redis: a Redis
-            # restarted empty counts the others' requests again only once their heartbeats
-            # have put them back (each beats once in between, and reserves through Redis
-            # from then on), and until then the counts there would let this replica fill the
-            # backend's whole threshold on top of them.
-            if not self._answered:
-                self._answered = True
+            # Back on the shared gate only once every replica seen before has beaten since
+            # (its requests are counted in Redis again, and it reserves through Redis from
+            # then on), and not before the second beat that reaches Redis; at the latest a
+            # lease after the first (a replica that died meanwhile never beats again). Until
+            # then the counts in Redis would let this replica fill the backend's whole
+            # threshold on top of the others' uncounted requests.
+            now_loop = asyncio.get_running_loop().time()
+            if self._answered_at is None:
+                self._answered_at = now_loop
+                return
+            if alive < self.replicas and now_loop - self._answered_at < self.config.lease_seconds:
                 return
             log.warning("Redis reachable again: back on the shared gate")
             self._set_connected(True)
@@ -348,7 +358,7 @@ class ClusterNode:
                             continue
                         due = loop.time() + self.config.refresh_seconds
                     else:
-                        if not self._answered:  # rejoining: views come with reservations
+                        if self._answered_at is None:  # rejoining: views come with reservations
                             self._local_views()
                         self._wake.clear()
                         with contextlib.suppress(TimeoutError):
