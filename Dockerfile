@@ -21,13 +21,20 @@ WORKDIR /src
 # Dependencies first: this layer is rebuilt only when the lockfile changes.
 COPY pyproject.toml uv.lock README.md ./
 COPY clients/python/pyproject.toml clients/python/README.md clients/python/
+# The workspace's other members (simulator, benchmarks): their metadata only, so uv can read
+# the workspace; neither is installed into the service's image.
+COPY sim/pyproject.toml sim/README.md sim/
+COPY bench/pyproject.toml bench/README.md bench/
 RUN uv sync --frozen --no-default-groups --no-install-workspace --no-editable
 COPY clients/python/fairq clients/python/fairq
 COPY server server
 RUN uv sync --frozen --no-default-groups --no-editable
 
+# The simulator is a distribution of its own (fairq-sim): its image holds it and nothing else.
 FROM build AS build-sim
-RUN uv sync --frozen --no-default-groups --no-editable --extra sim
+ENV UV_PROJECT_ENVIRONMENT=/opt/fairq-sim
+COPY sim sim
+RUN uv sync --frozen --no-default-groups --no-editable --package fairq-sim
 
 # --- base: what both images share -----------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base
@@ -41,12 +48,13 @@ ENTRYPOINT ["fairq"]
 
 # --- sim: the simulated vLLM (compose.yaml's backend) ------------------------------------------
 FROM base AS sim
-COPY --from=build-sim /opt/fairq /opt/fairq
+COPY --from=build-sim /opt/fairq-sim /opt/fairq
+ENTRYPOINT ["fairq-sim"]
 USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)"]
-CMD ["sim", "--mode", "vllm", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["--mode", "vllm", "--host", "0.0.0.0", "--port", "8000"]
 
 # --- runtime: fairq itself (the default target) ---------------------------------------------
 FROM base AS runtime

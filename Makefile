@@ -90,7 +90,7 @@ demo: sync
 	$(PY) fairq demo
 
 demo-cluster: sync redis
-	$(PY) python -m fairq_server.bench.cluster demo
+	$(PY) python -m fairq_bench.cluster demo
 
 bench: sync
 	$(PY) fairq bench flood --backend sim

@@ -11,7 +11,7 @@ import pytest
 from fairq_server.api.server import FairqServer
 from fairq_server.auth import hash_key
 from fairq_server.config import BackendConfig, Config, KeyConfig, SchedulerConfig
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 
 KEYS = {
     "alice-key": KeyConfig("alice", hash_key("alice-key"), tiers=("standard", "batch")),

@@ -9,7 +9,8 @@ import importlib
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from importlib.metadata import entry_points
 
 from fairq_server import logs
 from fairq_server.api.server import FairqServer
@@ -105,31 +106,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in _TOOLS:
         module = importlib.import_module(_TOOLS[args.command])
         return int(module.main(rest))
-    extra = "sim" if args.command == "sim" else "bench"
-    try:
-        module = importlib.import_module(_EXTRAS[args.command])
-    except ModuleNotFoundError as exc:
+    command = _plugin_command(args.command)
+    if command is None:
+        package = _PLUGIN_PACKAGES[args.command]
         print(
-            f"fairq {args.command} needs the '{extra}' extra ({exc.name} is missing): "
-            f"pip install 'fairq[{extra}]' (a checkout's `make sync` installs it)",
+            f"fairq {args.command} comes with the {package} package, which is not installed: "
+            f"pip install {package} (a checkout's `make sync` installs it)",
             file=sys.stderr,
         )
         return 2
-    return int(module.main(rest))
+    return int(command(rest))
 
 
-# Imported on use: the operator tools need only the server's own dependencies, the simulator
-# and benchmarks their extras.
+def _plugin_command(name: str) -> Callable[[list[str]], int] | None:
+    """Find the ``main`` another distribution registers for ``fairq NAME``, if installed."""
+    for entry in entry_points(group="fairq.commands", name=name):
+        loaded: Callable[[list[str]], int] = entry.load()
+        return loaded
+    return None
+
+
+# Imported on use: the operator tools need only the server's own dependencies.
 _TOOLS = {
     "health": "fairq_server.tools.health",
     "keys": "fairq_server.tools.keys",
     "top": "fairq_server.tools.top",
 }
-_EXTRAS = {
-    "sim": "fairq_server.sim.cli",
-    "demo": "fairq_server.bench.demo",
-    "bench": "fairq_server.bench.cli",
-}
+# Commands other distributions bring (entry points in group ``fairq.commands``): the service
+# never imports the simulator or the benchmarks.
+_PLUGIN_PACKAGES = {"sim": "fairq-sim", "demo": "fairq-bench", "bench": "fairq-bench"}
 
 
 if __name__ == "__main__":

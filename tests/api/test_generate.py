@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
 

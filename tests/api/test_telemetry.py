@@ -16,7 +16,7 @@ from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.api.server import FairqServer
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import BackendConfig
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
 from ..scripted_http import hang_up, reply, serve

@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from fairq_server.bench.flood import FloodComparison, compare_flood, flood_workload
-from fairq_server.bench.processes import confined, sim_process, split_cpus
-from fairq_server.bench.workload import RequestSpec
+from fairq_bench.flood import FloodComparison, compare_flood, flood_workload
+from fairq_bench.processes import confined, sim_process, split_cpus
+from fairq_bench.workload import RequestSpec
 
 __all__ = ["SIZES", "FloodOutcome", "assert_fairq_protects_the_light_user", "workload"]
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 
 from .contract import CHECKS, Check, VllmTarget, check_id
 

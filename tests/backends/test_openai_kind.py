@@ -17,7 +17,7 @@ from fairq_server.backends.openai import OpenAIBackend, metric_map
 from fairq_server.config import BackendConfig, ConfigError
 from fairq_server.config_file import parse_config
 from fairq_server.errors import InvalidRequestError
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config
 

@@ -24,7 +24,7 @@ from fairq_server.backends.request import (
 )
 from fairq_server.backends.tgi import TgiBackend
 from fairq_server.errors import BackendError, status_for
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 
 from ..scripted_http import RecordingProxy
 from .contract import metric_value

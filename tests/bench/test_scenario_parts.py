@@ -7,18 +7,18 @@ import random
 
 import pytest
 
-from fairq_server.bench.scenarios import SCENARIOS, TITLES
-from fairq_server.bench.scenarios.common import FairqSetup, SimSetup, Tier
-from fairq_server.bench.scenarios.nolift import NO_LIFT_OPTIONS
-from fairq_server.bench.scenarios.service import Ledger, jain, water_fill
-from fairq_server.bench.scenarios.tracing import Trace
-from fairq_server.bench.scenarios.workloads import CHAT, arrivals, prompt_text
-from fairq_server.bench.workload import RequestSpec
+from fairq_bench.scenarios import SCENARIOS, TITLES
+from fairq_bench.scenarios.common import FairqSetup, SimSetup, Tier
+from fairq_bench.scenarios.nolift import NO_LIFT_OPTIONS
+from fairq_bench.scenarios.service import Ledger, jain, water_fill
+from fairq_bench.scenarios.tracing import Trace
+from fairq_bench.scenarios.workloads import CHAT, arrivals, prompt_text
+from fairq_bench.workload import RequestSpec
 from fairq_server.config_file import parse_config
 from fairq_server.scheduling.fairness import VtcFairness
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.registry import make_fairness
-from fairq_server.sim.tokens import count_tokens
+from fairq_sim.tokens import count_tokens
 
 
 def test_jain_bounds() -> None:

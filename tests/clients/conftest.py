@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
 

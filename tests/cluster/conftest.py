@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fairq_server.cluster.redis_process import INSTALL_HINT, RedisProcess, redis_server_path
+from fairq_bench.redis_process import INSTALL_HINT, RedisProcess, redis_server_path
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

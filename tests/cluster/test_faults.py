@@ -1,6 +1,6 @@
 """Cluster faults at reduced size, against a real redis-server and real fairq processes.
 
-Each scenario is the benchmark's (:mod:`fairq_server.bench.cluster.faults`): nothing lost on
+Each scenario is the benchmark's (:mod:`fairq_bench.cluster.faults`): nothing lost on
 the surviving replicas, and the backend queue never far above the tier threshold.
 """
 
@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from fairq_server.bench.cluster.faults import THRESHOLD, scenario
-from fairq_server.cluster.redis_process import redis_server_path
+from fairq_bench.cluster.faults import THRESHOLD, scenario
+from fairq_bench.redis_process import redis_server_path
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from fairq_bench.redis_process import RedisProcess
 from fairq_server.cluster.connection import connect
-from fairq_server.cluster.redis_process import RedisProcess
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.config import ConfigError
 from fairq_server.config_file import parse_config
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import gen_request, generate, run_call, until
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
+from fairq_bench.redis_process import RedisProcess
 from fairq_server.api.server import FairqServer
-from fairq_server.cluster.redis_process import RedisProcess
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.config import Config
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config
 from tests.reliability.helpers import until
 

@@ -13,11 +13,11 @@ from dataclasses import replace
 
 import grpc
 
+from fairq_bench.redis_process import RedisProcess
 from fairq_server.api.server import FairqServer
-from fairq_server.cluster.redis_process import RedisProcess
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.config import Config, TierConfig
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import gen_request, generate, until
 

@@ -14,11 +14,11 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from fairq_bench.redis_process import RedisProcess
 from fairq_server.api.server import FairqServer
-from fairq_server.cluster.redis_process import RedisProcess
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.config import Config, TierConfig
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import Outcome, gen_request, generate, run_call, until
 

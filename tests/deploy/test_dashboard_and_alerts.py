@@ -20,7 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend
 

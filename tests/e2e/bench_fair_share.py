@@ -34,8 +34,8 @@ from pathlib import Path
 
 import grpc
 
-from fairq_server.bench.processes import fairq_process, sim_process, toml_config
-from fairq_server.bench.scenarios.plots import Panel, Series, plot_panels
+from fairq_bench.processes import fairq_process, sim_process, toml_config
+from fairq_bench.scenarios.plots import Panel, Series, plot_panels
 
 from .conftest import ENGINE_CPUS, OTHER_CPUS
 from .flood import FloodConfig, FloodResult, run_flood

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import grpc
 
-from fairq_server.bench.processes import fairq_process, toml_config
+from fairq_bench.processes import fairq_process, toml_config
 
 from .flood import FloodConfig, FloodResult, SendFn, run_flood
 from .openai_http import (

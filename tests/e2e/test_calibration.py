@@ -34,8 +34,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fairq_server.bench.processes import sim_process
-from fairq_server.sim.profiles import Measurements, Profile, calibrate, get_profile
+from fairq_bench.processes import sim_process
+from fairq_sim.profiles import Measurements, Profile, calibrate, get_profile
 
 from .flood import FloodConfig, FloodResult, SendFn, measure_alone, run_flood, run_request
 from .openai_http import (

@@ -23,7 +23,7 @@ import grpc
 import httpx
 
 import fairq
-from fairq_server.bench.processes import fairq_process, toml_config
+from fairq_bench.processes import fairq_process, toml_config
 
 from .openai_http import flood_client, is_idle, metric_value, scrape_metrics, wait_for_metrics
 from .test_fairq_vllm import _out_of_the_engines_way

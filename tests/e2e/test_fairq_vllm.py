@@ -15,7 +15,7 @@ import grpc
 import httpx
 
 import fairq
-from fairq_server.bench.processes import fairq_process, toml_config
+from fairq_bench.processes import fairq_process, toml_config
 
 from .conftest import OTHER_CPUS
 from .flood import FloodConfig, SendFn, run_flood

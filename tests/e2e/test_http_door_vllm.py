@@ -19,8 +19,8 @@ from typing import Any
 import openai
 import pytest
 
-from fairq_server.bench.processes import fairq_process, toml_config
-from fairq_server.bench.targets import free_port
+from fairq_bench.processes import fairq_process, toml_config
+from fairq_bench.targets import free_port
 
 from .conftest import OTHER_CPUS
 from .flood import FloodConfig, run_flood

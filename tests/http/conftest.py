@@ -9,7 +9,7 @@ import pytest
 
 from fairq_server.api.server import FairqServer
 from fairq_server.config import HttpConfig
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend
 

@@ -15,7 +15,7 @@ import pytest
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.config import BackendConfig, HttpConfig
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend
 from .conftest import Door, start_door

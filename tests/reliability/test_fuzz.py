@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2
 from fairq_server.api.server import FairqServer
 from fairq_server.config import Config, Limits
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 
 from ..conftest import KEYS, make_config, sim_backend
 from .helpers import Outcome, generate, run_call, send_raw

@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from fairq_bench.hostile_backend import HostileBackend
 from fairq_server.api.server import FairqServer
 from fairq_server.backends.base import Backend
 from fairq_server.backends.request import BackendRequest, MetricsSample, StreamEvent
-from fairq_server.bench.hostile_backend import HostileBackend
 from fairq_server.config import BackendConfig
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
 from .helpers import fairq_metric, gen_request, generate, run_call, until

@@ -20,10 +20,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
+from fairq_bench.hostile_backend import HostileBackend
 from fairq_server.api.server import FairqServer
-from fairq_server.bench.hostile_backend import HostileBackend
 from fairq_server.config import Limits
-from fairq_server.sim import SimServer
+from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend
 from .helpers import gen_request, generate, run_call, until

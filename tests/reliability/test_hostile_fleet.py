@@ -13,11 +13,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
+from fairq_bench.hostile_backend import HostileBackend
+from fairq_bench.load import ChildProcess, start_sim
 from fairq_server.api.server import FairqServer
-from fairq_server.bench.hostile_backend import HostileBackend
-from fairq_server.bench.load import ChildProcess, start_sim
 from fairq_server.config import AdminConfig, BackendConfig
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
 from .helpers import Outcome, gen_request, generate, run_call, until

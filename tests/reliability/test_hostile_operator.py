@@ -9,9 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fairq_server.bench.hostile_backend import HostileBackend
-from fairq_server.bench.load import ChildProcess, start_fairq
-from fairq_server.sim import SimServer
+from fairq_bench.hostile_backend import HostileBackend
+from fairq_bench.load import ChildProcess, start_fairq
+from fairq_sim import SimServer
 
 from .helpers import gen_request, generate, run_call, until_async
 

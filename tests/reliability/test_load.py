@@ -1,6 +1,6 @@
 """Load and soak at reduced size, and two limits found while building them.
 
-The full-size run is ``python -m fairq_server.bench.load`` (see docs/benchmarks/load.md); here
+The full-size run is ``python -m fairq_bench.load`` (see docs/benchmarks/load.md); here
 the same code runs at a tenth of the size: 200 streams, 2,000 queued requests, 100 users, and
 a ~30 s soak with a backend killed, a backend failing half its requests and one failing its
 metrics.
@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from fairq.v1.scheduler_pb2 import GenerateResponse
-from fairq_server.bench.load import QUICK, capacity, soak
-from fairq_server.sim import SimServer
+from fairq_bench.load import QUICK, capacity, soak
+from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend
 from .helpers import GenerateCall, gen_request, generate, run_call

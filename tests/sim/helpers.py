@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from fairq_server.sim import (
+from fairq_sim import (
     Engine,
     EngineConfig,
     EngineObserver,

@@ -10,9 +10,9 @@ import sys
 import httpx
 import pytest
 
-import fairq_server.sim as sim_pkg
-from fairq_server.sim import SimConfig, SimServer, ThreadedSimServer, create_app
-from fairq_server.sim.cli import build_parser, config_from_args, main
+import fairq_sim as sim_pkg
+from fairq_sim import SimConfig, SimServer, ThreadedSimServer, create_app
+from fairq_sim.cli import build_parser, config_from_args, main
 
 EXPECTED_EXPORTS = {
     "PROFILES",
@@ -88,7 +88,7 @@ def test_cli_rejects_invalid_combination(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_cli_serves_until_sigterm() -> None:
-    code = "import sys; from fairq_server.sim.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from fairq_sim.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "--port", "0", "--mode", "tgi", "--model", "cli-model"],
         stdout=subprocess.PIPE,

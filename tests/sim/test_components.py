@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.sim import SimRequest
-from fairq_server.sim.kv_cache import KvCache
-from fairq_server.sim.tokens import (
+from fairq_sim import SimRequest
+from fairq_sim.kv_cache import KvCache
+from fairq_sim.tokens import (
     BOS_TOKEN_ID,
     count_tokens,
     eos_position,
     render_chat,
     tokenize,
 )
-from fairq_server.sim.waiting_queue import FcfsQueue, PriorityQueue, create_waiting_queue
+from fairq_sim.waiting_queue import FcfsQueue, PriorityQueue, create_waiting_queue
 
 
 def req(

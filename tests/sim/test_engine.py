@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from fairq_server.sim import FinishReason, RequestStatus
-from fairq_server.sim.tokens import EOS_TOKEN_ID, sample_token, token_text
+from fairq_sim import FinishReason, RequestStatus
+from fairq_sim.tokens import EOS_TOKEN_ID, sample_token, token_text
 
 from .helpers import TEST_PROFILE, Recorder, make_engine, request, run_until_idle, step
 

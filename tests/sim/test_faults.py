@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 
 from .helpers import wait_until
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq_server.sim import SimConfig, SimServer
-from fairq_server.sim.tgi_metrics import rust_float
+from fairq_sim import SimConfig, SimServer
+from fairq_sim.tgi_metrics import rust_float
 
 from .helpers import wait_until
 

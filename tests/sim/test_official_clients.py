@@ -11,7 +11,7 @@ from huggingface_hub import InferenceClient
 from huggingface_hub.errors import OverloadedError, ValidationError
 from text_generation.types import FinishReason
 
-from fairq_server.sim import SimConfig, SimServer, ThreadedSimServer
+from fairq_sim import SimConfig, SimServer, ThreadedSimServer
 
 from .helpers import wait_until
 

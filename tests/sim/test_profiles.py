@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from fairq_server.sim import PROFILES, SimConfig, calibrate, get_profile
-from fairq_server.sim.profiles import TINY_CPU_MEASUREMENTS, Measurements
+from fairq_sim import PROFILES, SimConfig, calibrate, get_profile
+from fairq_sim.profiles import TINY_CPU_MEASUREMENTS, Measurements
 
 from .helpers import make_engine, request, run_until_idle, step
 

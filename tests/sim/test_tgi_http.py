@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fairq_server.sim import SimConfig, SimServer, tgi_admission
+from fairq_sim import SimConfig, SimServer, tgi_admission
 
 from .helpers import wait_until
 

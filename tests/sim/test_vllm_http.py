@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fairq_server.sim import SimConfig, SimServer
+from fairq_sim import SimConfig, SimServer
 
 from .helpers import wait_until
 

@@ -12,8 +12,8 @@ import pytest
 import fairq
 from fairq_server.auth import Authenticator
 from fairq_server.config_file import parse_config
-from fairq_server.sim import SimServer
 from fairq_server.tools import keys, top
+from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
 

@@ -1,0 +1,52 @@
+"""Benchmark scenarios beyond the flood: one module each, registered in :data:`SCENARIOS`.
+
+Each scenario is ``async (args, backend_url, out_dir) -> bool``: it runs its comparison,
+writes ``<out_dir>/<name>.md`` and plots, and returns True when the result points the right
+way (fairq better than FIFO where it must be). Scenarios that need the simulator start their
+own, sized for the experiment, and ignore ``backend_url``; ``overhead`` also runs against a
+real backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+# Modules, not their functions: a function bound under its module's name would shadow it.
+from fairq_bench.scenarios import (
+    backpressure,
+    http_overhead,
+    onoff,
+    overhead,
+    overload,
+    prefix,
+    priority,
+    short_long,
+)
+
+__all__ = ["SCENARIOS", "TITLES"]
+
+Scenario = Callable[[argparse.Namespace, str, Path], Awaitable[bool]]
+
+SCENARIOS: dict[str, Scenario] = {
+    "overload": overload.overload,
+    "short-long": short_long.short_long,
+    "priority": priority.priority,
+    "backpressure": backpressure.backpressure,
+    "prefix": prefix.prefix,
+    "on-off": onoff.on_off,
+    "overhead": overhead.overhead,
+    "http-overhead": http_overhead.http_overhead,
+}
+
+TITLES: dict[str, str] = {
+    "overload": "2. Backlogged overload (FIFO vs round-robin vs vtc)",
+    "short-long": "3. Short vs long requests (round-robin vs vtc, weights)",
+    "priority": "4. Priority isolation (interactive vs batch flood, aging)",
+    "backpressure": "5. Backpressure sweep (waiting threshold x TPOT limit)",
+    "prefix": "6. Prefix locality vs fairness (quantum Q)",
+    "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
+    "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
+    "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
+}
