@@ -134,11 +134,6 @@ class KvCache:
                 self._free[block] = None
         request.block_ids.clear()
 
-    def reset_prefix_cache(self) -> None:
-        """Forget all cached content (blocks in use stay allocated)."""
-        self._cached.clear()
-        self._block_hash = [None] * self.num_blocks
-
     def _extend_hashes(self, request: SimRequest, num_blocks: int) -> None:
         hashes = request.block_hashes
         size = self.block_size

@@ -86,11 +86,6 @@ class SimRequest:
         """Prompt plus output tokens: the sequence the KV cache must hold."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def is_finished(self) -> bool:
-        """Whether the request has left the engine."""
-        return self.status is RequestStatus.FINISHED
-
     def token_ids(self, start: int, end: int) -> list[int]:
         """Return tokens ``[start, end)`` of prompt followed by output."""
         n = len(self.prompt_token_ids)

@@ -90,9 +90,6 @@ class EngineRunner:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        self.late_seconds = 0.0
-        """Total time steps ended later than modelled: when it grows steadily, the process
-        (HTTP layer, clients on the same cores) cannot keep up with the modelled engine."""
 
     def start(self) -> None:
         """Start the step loop on the running event loop."""
@@ -149,7 +146,6 @@ class EngineRunner:
                     await asyncio.sleep(delay)
                 else:
                     await asyncio.sleep(0)  # let handlers run even when steps are free
-                self.late_seconds += max(0.0, time.monotonic() - deadline - _CATCH_UP_SLACK)
                 for output in self.engine.finish_step(plan):
                     stream = self._streams.get(output.request.request_id)
                     if stream is not None:

@@ -143,10 +143,6 @@ class TgiMetrics(EngineObserver):
             histogram = series[labels] = _Histogram(self._buckets.get(name, _DURATION_BUCKETS))
         histogram.observe(value)
 
-    def counter_value(self, name: str, labels: Labels = ()) -> int | None:
-        """Return a counter's value, or None if the series does not exist yet."""
-        return self._counters.get(name, {}).get(labels)
-
     def render(self) -> bytes:
         """Return the exposition text: counters, then gauges, then histograms."""
         self._refresh_gauges()

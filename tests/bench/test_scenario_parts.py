@@ -9,7 +9,6 @@ import pytest
 
 from fairq_bench.scenarios import SCENARIOS, TITLES
 from fairq_bench.scenarios.common import FairqSetup, SimSetup, Tier
-from fairq_bench.scenarios.nolift import NO_LIFT_OPTIONS
 from fairq_bench.scenarios.service import Ledger, jain, water_fill
 from fairq_bench.scenarios.tracing import Trace
 from fairq_bench.scenarios.workloads import CHAT, arrivals, prompt_text
@@ -100,7 +99,7 @@ def test_capacity_estimate_matches_the_step_model() -> None:
 
 
 def test_no_lift_baseline_banks_idle_time_where_vtc_does_not() -> None:
-    for policy, expected in ((make_fairness("vtc", NO_LIFT_OPTIONS), 0), (VtcFairness(), 1)):
+    for policy, expected in ((make_fairness("vtc", {"lift": False}), 0), (VtcFairness(), 1)):
         policy.activate("a", 1.0)
         policy.activate("b", 1.0)
         policy.charge("b", Cost(prompt_tokens=100, completion_tokens=0))

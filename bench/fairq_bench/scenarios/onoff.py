@@ -2,9 +2,9 @@
 
 User A is backlogged throughout. User B is backlogged, goes idle, and comes back backlogged.
 With vtc's lift, B returns at the smallest active counter and shares the backend equally
-with A at once. The baseline ``vtc-no-lift`` (vtc with the option ``lift = false``, see
-:mod:`.nolift`) keeps
-B's old, low counter: B then takes the whole backend until it has "caught up" with the
+with A at once. The baseline ``vtc-no-lift`` (``[scheduler] fairness = "vtc"`` with the
+option ``lift = false``, plain configuration never meant outside a benchmark) keeps B's old,
+low counter: B then takes the whole backend until it has "caught up" with the
 service A received while B was away, and A starves.
 """
 
