@@ -56,6 +56,7 @@ class Behaviour:
 
     script: list[scheduler_pb2.GenerateResponse] = field(default_factory=standard_script)
     abort: tuple[grpc.StatusCode, str] | None = None
+    trailers: tuple[tuple[str, str], ...] = ()
     hold_open: bool = False
 
 
@@ -105,6 +106,7 @@ class AioFakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
             for response in self.behaviour.script:
                 await context.write(response)
             if self.behaviour.abort is not None:
+                context.set_trailing_metadata(self.behaviour.trailers)
                 await context.abort(*self.behaviour.abort)
             if self.behaviour.hold_open:
                 await asyncio.Event().wait()  # until the client goes away
@@ -180,6 +182,7 @@ class SyncFakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         yield from self.behaviour.script
         if self.behaviour.abort is not None:
             server_ended = True
+            context.set_trailing_metadata(self.behaviour.trailers)
             context.abort(*self.behaviour.abort)
         if self.behaviour.hold_open:
             terminated.wait(timeout=30)  # until the client goes away
