@@ -464,6 +464,18 @@ describe('bin/generate.js', () => {
     });
   });
 
+  it('passes --extra through', async () => {
+    const args = [CLI, '--target', target, '--model', 'm', '--prompt', 'hi'];
+    await run(process.execPath, [...args, '--extra', '{"top_k": 5}']);
+    assert.equal(fake.requests[0].extra.fields.top_k.numberValue, 5);
+    const failure = await run(process.execPath, [...args, '--extra', '[1]']).then(
+      () => assert.fail('the CLI should have failed'),
+      (err) => err,
+    );
+    assert.equal(failure.code, 2);
+    assert.match(failure.stderr, /--extra must be a JSON object/);
+  });
+
   it('exits 2 on a usage error', async () => {
     const failure = await run(process.execPath, [CLI, '--prompt', 'hi']).then(
       () => assert.fail('the CLI should have failed'),
