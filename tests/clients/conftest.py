@@ -1,9 +1,11 @@
 """Fakes and fixtures for the client tests.
 
-The fairq server is not needed: the clients are tested against small fake
-Scheduler/Admin servicers served over real gRPC on 127.0.0.1:0, an asyncio one
-(``aio_fake``) for ``fairq.AsyncClient`` and the Node client, and a threaded one
-(``sync_fake``) for ``fairq.Client``.
+Most client tests run against small fake Scheduler/Admin servicers served over
+real gRPC on 127.0.0.1:0, an asyncio one (``aio_fake``) for ``fairq.AsyncClient``
+and the Node client, and a threaded one (``sync_fake``) for ``fairq.Client``: they
+can script what a real server rarely does (a status with a retry delay, an unknown
+event kind). End-to-end tests use ``fairq_target``, a real fairq in process in
+front of the simulator.
 """
 
 from __future__ import annotations
@@ -234,8 +236,7 @@ def sync_fake() -> Iterator[SyncFake]:
         executor.shutdown(wait=False)
 
 
-# Placeholders for the end-to-end tests against the real fairq server
-# (test_node_client.py); they will be replaced by fixtures that start one.
+# The end-to-end fixtures: a real fairq server in front of the simulated backend.
 
 
 @pytest.fixture

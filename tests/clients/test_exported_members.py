@@ -63,9 +63,12 @@ def test_public_api_is_pinned() -> None:
     [
         "fairq._async_client",
         "fairq._backends",
+        "fairq._base_client",
+        "fairq._calls",
         "fairq._errors",
         "fairq._events",
         "fairq._json",
+        "fairq._messages",
         "fairq._requests",
         "fairq._snapshot",
         "fairq._sync_client",

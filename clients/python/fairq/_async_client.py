@@ -34,8 +34,9 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
             async for event in client.generate("m", "Hello", max_tokens=16):
                 ...
 
-    The arguments are those of ``BaseClient.__init__``: ``target``, and
-    ``api_key``, ``user``, ``credentials`` or a ready ``channel`` by keyword.
+    Its constructor, shared with :class:`fairq.Client` and documented on
+    ``__init__``, takes ``target`` and, by keyword, ``api_key``, ``user``, and
+    ``credentials`` or a ready ``grpc.aio.Channel`` as ``channel``.
     """
 
     @staticmethod

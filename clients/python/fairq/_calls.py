@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 from fairq._backends import (
     Backend,
@@ -30,6 +30,10 @@ __all__: list[str] = []
 
 _T = TypeVar("_T")
 
+AdminRpc: TypeAlias = Literal[
+    "RegisterBackend", "DeregisterBackend", "ListBackends", "GetQueueSnapshot"
+]
+
 
 @dataclass(frozen=True, slots=True)
 class StreamCall:
@@ -43,7 +47,7 @@ class StreamCall:
 class UnaryCall(Generic[_T]):
     """An ``Admin`` call to make: the method's name, its request, and the answer's conversion."""
 
-    rpc: str
+    rpc: AdminRpc
     request: Any
     convert: Callable[[Any], _T]
     timeout: float | None

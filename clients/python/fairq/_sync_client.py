@@ -37,8 +37,8 @@ class Client(BaseClient[grpc.Channel]):
         with fairq.Client("127.0.0.1:50051", user="alice") as client:
             print(client.complete("m", "Hello", max_tokens=16).text)
 
-    It takes the arguments of ``BaseClient.__init__``, as
-    :class:`fairq.AsyncClient` does, and has the same methods, blocking.
+    It takes the constructor arguments of :class:`fairq.AsyncClient` (a
+    ``grpc.Channel`` as ``channel``) and has the same methods, blocking.
     """
 
     @staticmethod
