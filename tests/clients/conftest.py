@@ -1,9 +1,11 @@
 """Fakes and fixtures for the client tests.
 
-The fairq server is not needed: the clients are tested against small fake
-Scheduler/Admin servicers served over real gRPC on 127.0.0.1:0, an asyncio one
-(``aio_fake``) for ``fairq.AsyncClient`` and the Node client, and a threaded one
-(``sync_fake``) for ``fairq.Client``.
+Most client tests run against small fake Scheduler/Admin servicers served over
+real gRPC on 127.0.0.1:0, an asyncio one (``aio_fake``) for ``fairq.AsyncClient``
+and the Node client, and a threaded one (``sync_fake``) for ``fairq.Client``: they
+can script what a real server rarely does (a status with a retry delay, an unknown
+event kind). End-to-end tests use ``fairq_target``, a real fairq in process in
+front of the simulator.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Behaviour:
 
     script: list[scheduler_pb2.GenerateResponse] = field(default_factory=standard_script)
     abort: tuple[grpc.StatusCode, str] | None = None
+    trailers: tuple[tuple[str, str], ...] = ()
     hold_open: bool = False
 
 
@@ -105,6 +108,7 @@ class AioFakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
             for response in self.behaviour.script:
                 await context.write(response)
             if self.behaviour.abort is not None:
+                context.set_trailing_metadata(self.behaviour.trailers)
                 await context.abort(*self.behaviour.abort)
             if self.behaviour.hold_open:
                 await asyncio.Event().wait()  # until the client goes away
@@ -180,6 +184,7 @@ class SyncFakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         yield from self.behaviour.script
         if self.behaviour.abort is not None:
             server_ended = True
+            context.set_trailing_metadata(self.behaviour.trailers)
             context.abort(*self.behaviour.abort)
         if self.behaviour.hold_open:
             terminated.wait(timeout=30)  # until the client goes away
@@ -231,8 +236,7 @@ def sync_fake() -> Iterator[SyncFake]:
         executor.shutdown(wait=False)
 
 
-# Placeholders for the end-to-end tests against the real fairq server
-# (test_node_client.py); they will be replaced by fixtures that start one.
+# The end-to-end fixtures: a real fairq server in front of the simulated backend.
 
 
 @pytest.fixture

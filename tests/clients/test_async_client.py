@@ -225,6 +225,26 @@ async def test_complete_raises_the_stream_error(aio_fake: AioFake) -> None:
             await client.complete("m", "hi")
 
 
+async def test_retryable_error_carries_the_servers_retry_delay(aio_fake: AioFake) -> None:
+    aio_fake.scheduler.behaviour.script = []
+    aio_fake.scheduler.behaviour.abort = (grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
+    aio_fake.scheduler.behaviour.trailers = (("grpc-retry-pushback-ms", "2500"),)
+    async with fairq.AsyncClient(aio_fake.target) as client:
+        with pytest.raises(fairq.RetryableError) as caught:
+            await client.complete("m", "hi")
+    assert type(caught.value) is fairq.ResourceExhaustedError
+    assert caught.value.retry_after == 2.5
+
+
+async def test_retryable_error_without_a_delay(aio_fake: AioFake) -> None:
+    aio_fake.scheduler.behaviour.script = []
+    aio_fake.scheduler.behaviour.abort = (grpc.StatusCode.UNAVAILABLE, "no healthy backend")
+    async with fairq.AsyncClient(aio_fake.target) as client:
+        with pytest.raises(fairq.UnavailableError) as caught:
+            await client.complete("m", "hi")
+    assert caught.value.retry_after is None
+
+
 async def test_complete_rejects_a_stream_without_finished(aio_fake: AioFake) -> None:
     aio_fake.scheduler.behaviour.script = aio_fake.scheduler.behaviour.script[:-1]
     async with fairq.AsyncClient(aio_fake.target) as client:

@@ -6,8 +6,9 @@ import grpc
 import pytest
 
 import fairq
-from fairq._backends import backend_status_from_proto, build_backend
-from fairq._errors import error_for_status, translate_rpc_error
+from fairq import _calls
+from fairq._backends import backend_status_from_proto
+from fairq._errors import error_for_status, retry_after_from, translate_rpc_error
 from fairq._events import CompletionBuilder, event_from_proto
 from fairq.v1 import admin_pb2, scheduler_pb2
 
@@ -82,17 +83,108 @@ def test_bare_rpc_error_translates_to_unknown() -> None:
     assert (error.code, error.message) == (grpc.StatusCode.UNKNOWN, "boom")
 
 
-def test_build_backend_rejects_unknown_kind() -> None:
-    with pytest.raises(ValueError, match="unknown backend kind 'sglang'; valid: vllm, tgi"):
-        build_backend("b", "sglang", "http://x", ["m"], priority_scheduling=False, max_in_flight=0)  # type: ignore[arg-type]
+def test_register_backend_rejects_unknown_kind_listing_the_proto_kinds() -> None:
+    with pytest.raises(ValueError, match="unknown backend kind 'sglang'; valid: vllm, tgi, openai"):
+        _calls.register_backend("b", "sglang", "http://x", ["m"])
 
 
-def test_build_backend_rejects_a_plain_string_of_models() -> None:
+def test_register_backend_rejects_a_plain_string_of_models() -> None:
     with pytest.raises(TypeError, match="models must be a sequence"):
-        build_backend("b", "vllm", "http://x", "m", priority_scheduling=False, max_in_flight=0)
+        _calls.register_backend("b", "vllm", "http://x", "m")
+
+
+def test_register_backend_sends_the_openai_kind_and_its_settings() -> None:
+    call = _calls.register_backend(
+        "sglang-a", "openai", "http://x", ["m"], metrics_preset="sglang", max_in_flight=4
+    )
+    backend = call.request.backend
+    assert backend.kind == admin_pb2.BACKEND_KIND_OPENAI
+    assert (backend.metrics_preset, backend.max_in_flight, list(backend.models)) == (
+        "sglang",
+        4,
+        ["m"],
+    )
 
 
 def test_unknown_backend_kind_from_the_server() -> None:
     backend = admin_pb2.Backend(id="b", kind=99)  # type: ignore[arg-type]
     status = admin_pb2.BackendStatus(backend=backend)
     assert backend_status_from_proto(status).backend.kind == "unspecified"
+
+
+def test_backend_status_round_trips_every_field() -> None:
+    backend = admin_pb2.Backend(
+        id="o",
+        kind=admin_pb2.BACKEND_KIND_OPENAI,
+        base_url="http://x",
+        models=["m", "n"],
+        max_in_flight=3,
+        metrics_preset="llamacpp",
+        tpot_metric="a/b",
+        api_key_env="FAIRQ_KEY",
+    )
+    status = backend_status_from_proto(
+        admin_pb2.BackendStatus(backend=backend, healthy=False, reason="scrape failed")
+    )
+    assert status.backend == fairq.Backend(
+        id="o",
+        kind="openai",
+        base_url="http://x",
+        models=("m", "n"),
+        priority_scheduling=False,
+        max_in_flight=3,
+        metrics_preset="llamacpp",
+        tpot_metric="a/b",
+        api_key_env="FAIRQ_KEY",
+    )
+    assert (status.healthy, status.reason) == (False, "scrape failed")
+
+
+@pytest.mark.parametrize(
+    ("code", "retryable"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, True),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, False),
+        (grpc.StatusCode.INVALID_ARGUMENT, False),
+        (grpc.StatusCode.CANCELLED, False),
+        (grpc.StatusCode.INTERNAL, False),
+    ],
+)
+def test_retryable_group(code: grpc.StatusCode, retryable: bool) -> None:
+    assert isinstance(error_for_status(code, ""), fairq.RetryableError) is retryable
+
+
+def test_existing_error_names_keep_their_place() -> None:
+    # Callers catching the old names keep working; the group is added above two of them.
+    assert issubclass(fairq.UnavailableError, fairq.FairqError)
+    assert issubclass(fairq.ResourceExhaustedError, fairq.RetryableError)
+    assert not issubclass(fairq.DeadlineExceededError, fairq.RetryableError)
+
+
+@pytest.mark.parametrize(
+    ("trailers", "seconds"),
+    [
+        ((("grpc-retry-pushback-ms", "1500"),), 1.5),
+        ((("other", "1"), ("grpc-retry-pushback-ms", b"0")), 0.0),
+        ((("grpc-retry-pushback-ms", "-1"),), None),
+        ((("grpc-retry-pushback-ms", "soon"),), None),
+        ((), None),
+        (None, None),
+    ],
+)
+def test_retry_after_from_the_pushback_trailer(
+    trailers: tuple[tuple[str, str | bytes], ...] | None, seconds: float | None
+) -> None:
+    assert retry_after_from(trailers) == seconds
+
+
+def test_chunk_extra_converts_whole_numbers_to_int() -> None:
+    chunk = pb.Chunk(text="")
+    chunk.extra.update({"choices": [{"index": 0, "tool_calls": [{"index": 0}], "p": 0.5}]})
+    event = event_from_proto(pb.GenerateResponse(chunk=chunk))
+    assert event == fairq.Chunk(
+        text="", extra={"choices": [{"index": 0, "tool_calls": [{"index": 0}], "p": 0.5}]}
+    )
+    assert isinstance(event, fairq.Chunk)
+    assert hash(event) == hash(fairq.Chunk(text=""))  # extra stays out of the hash

@@ -36,11 +36,16 @@ needs_node = pytest.mark.skipif(
 
 async def run_cli(*args: str) -> tuple[int, list[dict[str, Any]], str]:
     """Run the CLI; return its exit code, its stdout as JSON lines, and stderr."""
+    return await run_node(str(CLI), *args)
+
+
+async def run_node(*args: str) -> tuple[int, list[dict[str, Any]], str]:
+    """Run node in the package's folder; return its exit code, stdout as JSON lines, stderr."""
     assert NODE is not None
     process = await asyncio.create_subprocess_exec(
         NODE,
-        str(CLI),
         *args,
+        cwd=NODE_DIR,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -118,3 +123,40 @@ async def test_node_cli_against_fairq(fairq_target: str, sim_model: str) -> None
     assert kinds[-1] == "finished"
     assert kinds.index("started") < kinds.index("chunk")
     assert events[-1]["completion_tokens"] > 0
+
+
+# The Node client itself (not the CLI, which sends prompts only) in a chat with a
+# forced tool: the simulated vLLM answers with a call of it only if `tools` and
+# `tool_choice` reached it through fairq.
+NODE_TOOL_CALL = """
+import { createClient } from './src/client.js';
+const [target, model] = process.argv.slice(1);
+const client = createClient(target, { user: 'carol' });
+const tools = [{ type: 'function', function: { name: 'emit', parameters: { type: 'object' } } }];
+const extra = { tools, tool_choice: { type: 'function', function: { name: 'emit' } } };
+const messages = [{ role: 'user', content: 'hello' }];
+try {
+  for await (const event of client.generate({ model, messages, max_tokens: 4, extra })) {
+    console.log(JSON.stringify(event));
+  }
+} finally {
+  client.close();
+}
+"""
+
+
+@needs_node
+async def test_node_client_passes_extra_through_fairq(fairq_target: str, sim_model: str) -> None:
+    code, events, stderr = await run_node(
+        "--input-type=module", "-e", NODE_TOOL_CALL, fairq_target, sim_model
+    )
+    assert code == 0, stderr
+    deltas = [
+        choice["delta"]
+        for e in events
+        if e["type"] == "chunk" and "extra" in e
+        for choice in e["extra"]["choices"]
+    ]
+    calls = [call for delta in deltas for call in delta.get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "emit"
+    assert events[-1]["type"] == "finished"

@@ -6,23 +6,12 @@ from typing import Any
 
 import pytest
 
-from fairq._requests import build_generate_request, build_metadata
+from fairq import _calls
+from fairq._requests import build_metadata
 
 
 def build(prompt: str | None = "hi", **overrides: Any) -> Any:
-    kwargs: dict[str, Any] = {
-        "messages": None,
-        "max_tokens": None,
-        "temperature": None,
-        "top_p": None,
-        "stop": (),
-        "seed": None,
-        "ignore_eos": False,
-        "tier": "",
-        "request_id": "",
-    }
-    kwargs.update(overrides)
-    return build_generate_request("m", prompt, **kwargs)
+    return _calls.generate("m", prompt, **overrides).request
 
 
 def test_prompt_request_leaves_unset_sampling_fields_unset() -> None:
@@ -88,3 +77,36 @@ def test_metadata() -> None:
         ("x-fairq-user", "alice"),
     )
     assert build_metadata(None, "alice") == (("x-fairq-user", "alice"),)
+
+
+def test_extra_is_sent_as_a_struct() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    request = build(extra={"tools": tools, "top_k": 5, "logprobs": True, "x": None})
+    assert request.HasField("extra")
+    sent = request.extra
+    assert sent["tools"][0]["function"]["name"] == "f"
+    assert (sent["top_k"], sent["logprobs"], sent["x"]) == (5, True, None)
+
+
+def test_no_extra_leaves_the_field_unset() -> None:
+    assert not build().HasField("extra")
+    # An empty mapping is sent as given (the server treats it as none).
+    assert build(extra={}).HasField("extra")
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "match"),
+    [
+        ("tools", TypeError, "extra must be a mapping"),
+        ({1: "a"}, TypeError, "extra has a key 1 that is not a str"),
+        ({"a": {"b": [1, object()]}}, TypeError, r"extra\['a'\]\['b'\]\[1\] is a object"),
+        ({"a": b"x"}, TypeError, r"extra\['a'\] is a bytes"),
+        ({"seed_like": 2**60}, ValueError, r"extra\['seed_like'\] = \d+ is beyond 2\*\*53"),
+        ({"t": float("nan")}, ValueError, "not a finite number"),
+    ],
+)
+def test_bad_extra_is_refused_before_any_call(
+    extra: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        build(extra=extra)

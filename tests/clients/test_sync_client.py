@@ -79,6 +79,16 @@ def test_rpc_errors_are_wrapped(
     assert isinstance(caught.value.__cause__, grpc.RpcError)
 
 
+def test_retryable_error_carries_the_servers_retry_delay(sync_fake: SyncFake) -> None:
+    sync_fake.scheduler.behaviour.script = []
+    sync_fake.scheduler.behaviour.abort = (grpc.StatusCode.UNAVAILABLE, "server stopping")
+    sync_fake.scheduler.behaviour.trailers = (("grpc-retry-pushback-ms", "250"),)
+    with fairq.Client(sync_fake.target) as client, pytest.raises(fairq.UnavailableError) as caught:
+        client.complete("m", "hi")
+    assert isinstance(caught.value, fairq.RetryableError)
+    assert caught.value.retry_after == 0.25
+
+
 def test_break_cancels_the_server_stream(sync_fake: SyncFake) -> None:
     sync_fake.scheduler.behaviour.hold_open = True
     with fairq.Client(sync_fake.target) as client:

@@ -14,7 +14,8 @@ const USAGE = `usage: generate.js --model NAME --prompt TEXT [options]
   --api-key KEY        API key (default: $FAIRQ_API_KEY)
   --user NAME          user, for servers without API keys
   --max-tokens N  --temperature T  --top-p P  --seed N  --stop S (repeatable)
-  --ignore-eos  --tier NAME  --request-id ID  --timeout SECONDS`;
+  --ignore-eos  --tier NAME  --request-id ID  --timeout SECONDS
+  --extra JSON         backend parameters passed through, a JSON object`;
 
 function usageError(message) {
   process.stderr.write(`generate.js: ${message}\n${USAGE}\n`);
@@ -48,6 +49,7 @@ try {
       tier: { type: 'string', default: '' },
       'request-id': { type: 'string', default: '' },
       timeout: { type: 'string' },
+      extra: { type: 'string' },
       help: { type: 'boolean', short: 'h', default: false },
     },
   }));
@@ -73,6 +75,16 @@ const request = {
   tier: args.tier,
   request_id: args['request-id'],
 };
+if (args.extra !== undefined) {
+  try {
+    request.extra = JSON.parse(args.extra);
+  } catch (err) {
+    usageError(`--extra must be a JSON object: ${err.message}`);
+  }
+  if (request.extra === null || typeof request.extra !== 'object' || Array.isArray(request.extra)) {
+    usageError('--extra must be a JSON object');
+  }
+}
 const timeoutSeconds = parseNumber('timeout', args.timeout);
 
 const client = createClient(args.target, {

@@ -15,10 +15,16 @@
 // Events are plain objects tagged by `type`:
 //   { type: 'queued', position }
 //   { type: 'started', backend_id, queue_seconds, tier, request_id }
-//   { type: 'chunk', text }
+//   { type: 'chunk', text }             (and `extra`, a plain object, when the
+//                                         backend sent more than text: tool calls, logprobs)
 //   { type: 'finished', finish_reason, prompt_tokens, completion_tokens,
 //     queue_seconds, ttft_seconds, total_seconds }
-// A gRPC failure is thrown as a FairqError carrying the status code and details.
+// A gRPC failure is thrown as a FairqError carrying the status code and details;
+// `retryable` is true for UNAVAILABLE and RESOURCE_EXHAUSTED (see the Python
+// client's fairq._errors for why), with the server's `retryAfterMs` if it sent one.
+//
+// Backend kinds are read from the proto's BackendKind enum (BACKEND_KINDS), and
+// pass-through parameters (GenerateRequest.extra) are given as a plain object.
 
 import { fileURLToPath } from 'node:url';
 
@@ -43,6 +49,21 @@ const packageDefinition = protoLoader.loadSync(
 );
 const fairqV1 = grpc.loadPackageDefinition(packageDefinition).fairq.v1;
 
+const KIND_PREFIX = 'BACKEND_KIND_';
+// Our kind name ('openai') -> the enum's value name, from the loaded proto.
+const KIND_VALUES = Object.fromEntries(
+  packageDefinition['fairq.v1.BackendKind'].type.value
+    .filter(({ number }) => number !== 0)
+    .map(({ name }) => [name.slice(KIND_PREFIX.length).toLowerCase(), name]),
+);
+const KIND_NAMES = Object.fromEntries(Object.entries(KIND_VALUES).map(([k, v]) => [v, k]));
+
+/** The backend kinds fairq drives, as named in the proto's BackendKind enum: 'vllm', 'tgi', ... */
+export const BACKEND_KINDS = Object.freeze(Object.keys(KIND_VALUES));
+
+// Every fairq.v1.Backend field, from the loaded proto.
+const BACKEND_FIELDS = packageDefinition['fairq.v1.Backend'].type.field.map((f) => f.name);
+
 const STATUS_NAMES = Object.fromEntries(
   Object.entries(grpc.status).map(([name, code]) => [code, name]),
 );
@@ -62,14 +83,82 @@ export class FairqError extends Error {
     /** The status code's name, e.g. 'INVALID_ARGUMENT'. */
     this.codeName = codeName;
     this.details = details;
+    /** The same request may succeed if sent again later. */
+    this.retryable = RETRYABLE.has(code);
+    /** Milliseconds the server asked to wait before retrying (grpc-retry-pushback-ms), or null. */
+    this.retryAfterMs = null;
   }
 }
 
+const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.RESOURCE_EXHAUSTED]);
+
 function toFairqError(err) {
   if (err && typeof err.code === 'number') {
-    return new FairqError(err.code, err.details ?? '', { cause: err });
+    const error = new FairqError(err.code, err.details ?? '', { cause: err });
+    const [pushback] = err.metadata?.get('grpc-retry-pushback-ms') ?? [];
+    if (error.retryable && /^[0-9]+$/.test(String(pushback))) {
+      error.retryAfterMs = Number(pushback);
+    }
+    return error;
   }
   return err;
+}
+
+// A JSON object as a google.protobuf.Struct message. protobufjs bundles struct.proto
+// with camelCase field names (numberValue, ...), whatever keepCase says.
+function toStruct(object, path) {
+  if (object === null || typeof object !== 'object' || Array.isArray(object)) {
+    throw new TypeError(`${path} must be a plain object`);
+  }
+  const fields = {};
+  for (const [key, value] of Object.entries(object)) {
+    fields[key] = toValue(value, `${path}.${key}`);
+  }
+  return { fields };
+}
+
+function toValue(value, path) {
+  if (value === null) return { nullValue: 'NULL_VALUE' };
+  switch (typeof value) {
+    case 'number':
+      if (!Number.isFinite(value)) throw new TypeError(`${path} is not a finite number`);
+      return { numberValue: value };
+    case 'string':
+      return { stringValue: value };
+    case 'boolean':
+      return { boolValue: value };
+    case 'object':
+      if (Array.isArray(value)) {
+        return { listValue: { values: value.map((v, i) => toValue(v, `${path}[${i}]`)) } };
+      }
+      return { structValue: toStruct(value, path) };
+    default:
+      throw new TypeError(`${path} is a ${typeof value}, which is not a JSON value`);
+  }
+}
+
+// A decoded google.protobuf.Struct as a plain object.
+function fromStruct(struct) {
+  return Object.fromEntries(
+    Object.entries(struct.fields ?? {}).map(([key, value]) => [key, fromValue(value)]),
+  );
+}
+
+function fromValue(value) {
+  switch (value.kind) {
+    case 'numberValue':
+      return value.numberValue;
+    case 'stringValue':
+      return value.stringValue;
+    case 'boolValue':
+      return value.boolValue;
+    case 'structValue':
+      return fromStruct(value.structValue);
+    case 'listValue':
+      return (value.listValue.values ?? []).map(fromValue);
+    default:
+      return null;
+  }
 }
 
 const REQUEST_FIELDS = new Set([
@@ -84,6 +173,7 @@ const REQUEST_FIELDS = new Set([
   'ignore_eos',
   'tier',
   'request_id',
+  'extra',
 ]);
 const OPTIONAL_SAMPLING = ['max_tokens', 'temperature', 'top_p', 'seed'];
 
@@ -118,6 +208,9 @@ function toGenerateRequest(request) {
     tier: request.tier ?? '',
     request_id: request.request_id ?? '',
   };
+  if (request.extra !== undefined && request.extra !== null) {
+    message.extra = toStruct(request.extra, 'extra');
+  }
   if (prompt !== undefined) {
     message.prompt = prompt;
   } else {
@@ -142,8 +235,10 @@ function eventFromResponse(response) {
       const { backend_id, queue_seconds, tier, request_id } = response.started;
       return { type: 'started', backend_id, queue_seconds, tier, request_id };
     }
-    case 'chunk':
-      return { type: 'chunk', text: response.chunk.text };
+    case 'chunk': {
+      const { text, extra } = response.chunk;
+      return extra ? { type: 'chunk', text, extra: fromStruct(extra) } : { type: 'chunk', text };
+    }
     case 'finished': {
       const { finish_reason, usage, timings } = response.finished;
       return {
@@ -162,18 +257,21 @@ function eventFromResponse(response) {
   }
 }
 
-const KIND_NAMES = { BACKEND_KIND_VLLM: 'vllm', BACKEND_KIND_TGI: 'tgi' };
-const KIND_VALUES = { vllm: 'BACKEND_KIND_VLLM', tgi: 'BACKEND_KIND_TGI' };
-
-// Builds a fairq.v1.Backend from {id, kind, base_url, models, priority_scheduling, max_in_flight}.
-function toBackend({ id, kind, base_url, models, priority_scheduling = false, max_in_flight = 0 }) {
-  if (!(kind in KIND_VALUES)) {
-    throw new TypeError(`unknown backend kind '${kind}'; valid: ${Object.keys(KIND_VALUES).join(', ')}`);
+// Builds a fairq.v1.Backend from {id, kind, base_url, models, ...}: any Backend field
+// of the proto, named as there.
+function toBackend(backend) {
+  for (const key of Object.keys(backend)) {
+    if (!BACKEND_FIELDS.includes(key)) {
+      throw new TypeError(`unknown backend field '${key}'; fields: ${BACKEND_FIELDS.join(', ')}`);
+    }
   }
-  if (!Array.isArray(models)) {
+  if (!(backend.kind in KIND_VALUES)) {
+    throw new TypeError(`unknown backend kind '${backend.kind}'; valid: ${BACKEND_KINDS.join(', ')}`);
+  }
+  if (!Array.isArray(backend.models)) {
     throw new TypeError('models must be an array of model names');
   }
-  return { id, kind: KIND_VALUES[kind], base_url, models, priority_scheduling, max_in_flight };
+  return { ...backend, kind: KIND_VALUES[backend.kind] };
 }
 
 function snapshotFromProto(response) {
@@ -200,21 +298,16 @@ function snapshotFromProto(response) {
 
 function backendStatusFromProto(status) {
   const b = status.backend ?? {};
+  const backend = Object.fromEntries(BACKEND_FIELDS.map((name) => [name, b[name]]));
   return {
-    backend: {
-      id: b.id ?? '',
-      kind: KIND_NAMES[b.kind] ?? 'unspecified',
-      base_url: b.base_url ?? '',
-      models: b.models ?? [],
-      priority_scheduling: b.priority_scheduling ?? false,
-      max_in_flight: b.max_in_flight ?? 0,
-    },
+    backend: { ...backend, kind: KIND_NAMES[b.kind] ?? 'unspecified', models: b.models ?? [] },
     healthy: status.healthy,
     in_flight: status.in_flight,
     waiting: status.waiting,
     running: status.running,
     tpot_seconds: status.tpot_seconds,
     draining: status.draining,
+    reason: status.reason,
   };
 }
 
@@ -285,8 +378,9 @@ export function createClient(target, { apiKey, user, credentials } = {}) {
      * when iteration starts. Leaving the loop early cancels the call.
      *
      * @param {object} request {model, prompt | messages, max_tokens, temperature,
-     *   top_p, stop, seed, ignore_eos, tier, request_id}; messages are
-     *   {role, content} objects or [role, content] pairs.
+     *   top_p, stop, seed, ignore_eos, tier, request_id, extra}; messages are
+     *   {role, content} objects or [role, content] pairs; extra is a plain
+     *   object of backend parameters passed through (tools, response_format, ...).
      * @param {{signal?: AbortSignal, timeoutMs?: number}} [options]
      * @returns {AsyncGenerator<object>} events, see the top of this file.
      */
@@ -308,8 +402,9 @@ export function createClient(target, { apiKey, user, credentials } = {}) {
     /**
      * Register a backend, or replace the one with the same id (admin only).
      *
-     * @param {{id: string, kind: 'vllm' | 'tgi', base_url: string, models: string[],
-     *   priority_scheduling?: boolean, max_in_flight?: number}} backend
+     * @param {object} backend fairq.v1.Backend fields as named in the proto: {id,
+     *   kind (one of BACKEND_KINDS), base_url, models, priority_scheduling,
+     *   max_in_flight, metrics_preset, ...}.
      * @param {{timeoutMs?: number}} [options]
      * @returns {Promise<object>} the backend's BackendStatus right after registration.
      */

@@ -10,10 +10,28 @@ import { promisify } from 'node:util';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 
-import { createClient, FairqError } from '../src/client.js';
+import { BACKEND_KINDS, createClient, FairqError } from '../src/client.js';
 
 const PROTO_ROOT = fileURLToPath(new URL('../../../protos', import.meta.url));
 const CLI = fileURLToPath(new URL('../bin/generate.js', import.meta.url));
+
+// A decoded fairq.v1.Backend: every field, unset ones at their zero value.
+const BACKEND_DEFAULTS = {
+  id: '',
+  kind: 'unspecified',
+  base_url: '',
+  models: [],
+  priority_scheduling: false,
+  max_in_flight: 0,
+  metrics_preset: '',
+  waiting_metric: '',
+  running_metric: '',
+  kv_usage_metric: '',
+  tpot_metric: '',
+  priority_order: '',
+  api_key_env: '',
+  fair_share_priority: false,
+};
 
 const fairqV1 = grpc.loadPackageDefinition(
   protoLoader.loadSync(['fairq/v1/scheduler.proto', 'fairq/v1/admin.proto'], {
@@ -246,6 +264,55 @@ describe('generate', () => {
     await fake.cancelled;
   });
 
+  it('passes extra through as a Struct and returns chunk extras as objects', async () => {
+    const tools = [{ type: 'function', function: { name: 'emit', parameters: {} } }];
+    const extra = { tools, top_k: 5, logprobs: true, note: null };
+    fake.script = [
+      ...SCRIPT.slice(0, 3),
+      {
+        chunk: {
+          text: '',
+          extra: {
+            fields: {
+              choices: {
+                listValue: {
+                  values: [{ structValue: { fields: { index: { numberValue: 0 } } } }],
+                },
+              },
+            },
+          },
+        },
+      },
+      SCRIPT.at(-1),
+    ];
+    const events = await collect(client.generate({ model: 'm', prompt: 'hi', extra }));
+    assert.deepEqual(events[3], { type: 'chunk', text: '', extra: { choices: [{ index: 0 }] } });
+    const sent = fake.requests[0].extra.fields;
+    assert.equal(sent.top_k.numberValue, 5);
+    assert.equal(sent.logprobs.boolValue, true);
+    assert.equal(sent.note.nullValue, 0); // NULL_VALUE (the fake decodes enums as numbers)
+    const tool = sent.tools.listValue.values[0].structValue.fields;
+    assert.equal(tool.function.structValue.fields.name.stringValue, 'emit');
+  });
+
+  it('marks retryable errors with the server retry delay', async () => {
+    fake.script = [];
+    const trailers = new grpc.Metadata();
+    trailers.set('grpc-retry-pushback-ms', '1500');
+    fake.error = { code: grpc.status.RESOURCE_EXHAUSTED, details: 'queue full', metadata: trailers };
+    await assert.rejects(collect(client.generate({ model: 'm', prompt: 'hi' })), (err) => {
+      assert.equal(err.retryable, true);
+      assert.equal(err.retryAfterMs, 1500);
+      return true;
+    });
+    fake.error = { code: grpc.status.DEADLINE_EXCEEDED, details: 'queued too long' };
+    await assert.rejects(collect(client.generate({ model: 'm', prompt: 'hi' })), (err) => {
+      assert.equal(err.retryable, false);
+      assert.equal(err.retryAfterMs, null);
+      return true;
+    });
+  });
+
   it('rejects malformed requests before any call', () => {
     assert.throws(() => client.generate({ model: 'm' }), /exactly one of prompt or messages/);
     assert.throws(
@@ -256,6 +323,11 @@ describe('generate', () => {
       () => client.generate({ model: 'm', prompt: 'hi', stop: '\n' }),
       /stop must be an array/,
     );
+    assert.throws(
+      () => client.generate({ model: 'm', prompt: 'hi', extra: { f: () => 1 } }),
+      /extra.f is a function/,
+    );
+    assert.throws(() => client.generate({ model: 'm', prompt: 'hi', extra: [1] }), /plain object/);
     assert.equal(fake.requests.length, 0);
   });
 });
@@ -264,12 +336,11 @@ describe('listBackends', () => {
   it('returns backend statuses with proto field names', async () => {
     const [status] = await client.listBackends();
     assert.deepEqual(status.backend, {
+      ...BACKEND_DEFAULTS,
       id: 'tgi-a',
       kind: 'tgi',
       base_url: 'http://x',
       models: ['m'],
-      priority_scheduling: false,
-      max_in_flight: 0,
     });
     assert.equal(status.healthy, true);
     assert.equal(status.in_flight, 2);
@@ -302,19 +373,41 @@ describe('backend management and the queue snapshot', () => {
     assert.equal(fake.requests[0].backend.kind, 1); // BACKEND_KIND_VLLM on the wire
     assert.equal(fake.requests[0].backend.max_in_flight, 8);
     assert.deepEqual(status.backend, {
+      ...BACKEND_DEFAULTS,
       id: 'vllm-b',
       kind: 'vllm',
       base_url: 'http://127.0.0.1:8001',
       models: ['m'],
-      priority_scheduling: false,
       max_in_flight: 8,
     });
     assert.equal(status.healthy, true);
   });
 
+  it('registers the openai kind with its metric settings', async () => {
+    const status = await client.registerBackend({
+      id: 'sglang-a',
+      kind: 'openai',
+      base_url: 'http://127.0.0.1:30000',
+      models: ['m'],
+      metrics_preset: 'sglang',
+    });
+    assert.equal(fake.requests[0].backend.kind, 3); // BACKEND_KIND_OPENAI on the wire
+    assert.equal(fake.requests[0].backend.metrics_preset, 'sglang');
+    assert.equal(status.backend.kind, 'openai');
+    assert.equal(status.backend.metrics_preset, 'sglang');
+  });
+
+  it('names the kinds as the proto does', () => {
+    assert.deepEqual(BACKEND_KINDS, ['vllm', 'tgi', 'openai']);
+  });
+
   it('rejects a malformed backend before any call', async () => {
     await assert.rejects(client.registerBackend({ id: 'x', kind: 'sglang', models: [] }), TypeError);
     await assert.rejects(client.registerBackend({ id: 'x', kind: 'tgi', models: 'm' }), TypeError);
+    await assert.rejects(
+      client.registerBackend({ id: 'x', kind: 'tgi', models: [], maxInFlight: 2 }),
+      /unknown backend field 'maxInFlight'/,
+    );
     assert.equal(fake.requests.length, 0);
   });
 
@@ -369,6 +462,18 @@ describe('bin/generate.js', () => {
     assert.deepEqual(JSON.parse(failure.stdout.trim()), {
       error: { code: 'NOT_FOUND', details: "unknown model 'm'" },
     });
+  });
+
+  it('passes --extra through', async () => {
+    const args = [CLI, '--target', target, '--model', 'm', '--prompt', 'hi'];
+    await run(process.execPath, [...args, '--extra', '{"top_k": 5}']);
+    assert.equal(fake.requests[0].extra.fields.top_k.numberValue, 5);
+    const failure = await run(process.execPath, [...args, '--extra', '[1]']).then(
+      () => assert.fail('the CLI should have failed'),
+      (err) => err,
+    );
+    assert.equal(failure.code, 2);
+    assert.match(failure.stderr, /--extra must be a JSON object/);
   });
 
   it('exits 2 on a usage error', async () => {

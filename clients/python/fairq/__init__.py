@@ -9,13 +9,14 @@ Typical use::
             if isinstance(event, fairq.Chunk):
                 print(event.text, end="")
 
-:class:`Client` is the blocking twin. Every gRPC failure is raised as a
-:class:`FairqError` (subclassed by status code; the tree is drawn in
-``fairq._errors``).
+:class:`Client` is the blocking twin; both are built on one base
+(``fairq._base_client``). Every gRPC failure is raised as a
+:class:`FairqError`, subclassed by status code, the transient ones under
+:class:`RetryableError` (the tree is drawn in ``fairq._errors``).
 """
 
 from fairq._async_client import AsyncClient
-from fairq._backends import Backend, BackendKind, BackendStatus
+from fairq._backends import BACKEND_KINDS, Backend, BackendKind, BackendStatus
 from fairq._errors import (
     DeadlineExceededError,
     FairqError,
@@ -24,15 +25,18 @@ from fairq._errors import (
     PermissionDeniedError,
     RequestCancelledError,
     ResourceExhaustedError,
+    RetryableError,
     UnauthenticatedError,
     UnavailableError,
 )
 from fairq._events import Chunk, Completion, Event, Finished, Queued, Started
+from fairq._json import JsonValue
 from fairq._requests import ChatMessages
 from fairq._snapshot import BackendLoad, ModelQueue, Snapshot, UserLoad
 from fairq._sync_client import Client
 
 __all__ = [
+    "BACKEND_KINDS",
     "AsyncClient",
     "Backend",
     "BackendKind",
@@ -47,12 +51,14 @@ __all__ = [
     "FairqError",
     "Finished",
     "InvalidArgumentError",
+    "JsonValue",
     "ModelQueue",
     "NotFoundError",
     "PermissionDeniedError",
     "Queued",
     "RequestCancelledError",
     "ResourceExhaustedError",
+    "RetryableError",
     "Snapshot",
     "Started",
     "UnauthenticatedError",

@@ -1,25 +1,38 @@
-"""Backend descriptions for the ``Admin`` service, as plain dataclasses."""
+"""Backend descriptions for the ``Admin`` service, as plain dataclasses.
+
+The backend kinds are those of the proto's ``BackendKind`` enum, read from the
+generated module: a kind added to ``admin.proto`` reaches this client when the
+stubs are regenerated, with no list here to keep in step.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
+from fairq._messages import from_message
 from fairq.v1 import admin_pb2
 
-__all__ = ["Backend", "BackendKind", "BackendStatus"]
+__all__ = ["BACKEND_KINDS", "Backend", "BackendKind", "BackendStatus"]
 
-BackendKind: TypeAlias = Literal["vllm", "tgi"]
-"""The inference servers fairq can drive."""
+BackendKind: TypeAlias = str
+"""A backend kind's name: its ``BackendKind`` enum name without the prefix, in
+lower case (``BACKEND_KIND_OPENAI`` is ``"openai"``); :data:`BACKEND_KINDS` lists them."""
 
-_KIND_TO_PROTO: dict[str, admin_pb2.BackendKind] = {
-    "vllm": admin_pb2.BACKEND_KIND_VLLM,
-    "tgi": admin_pb2.BACKEND_KIND_TGI,
+_PREFIX = "BACKEND_KIND_"
+# Our name -> the enum's value name (the message takes names), and the enum's number -> our name.
+_KIND_TO_PROTO: dict[str, str] = {
+    name.removeprefix(_PREFIX).lower(): name
+    for name, number in admin_pb2.BackendKind.items()
+    if number != admin_pb2.BACKEND_KIND_UNSPECIFIED
 }
-_KIND_FROM_PROTO: dict[admin_pb2.BackendKind, str] = {
-    value: name for name, value in _KIND_TO_PROTO.items()
+_KIND_FROM_PROTO: dict[int, str] = {
+    admin_pb2.BackendKind.Value(name): kind for kind, name in _KIND_TO_PROTO.items()
 }
+
+BACKEND_KINDS: tuple[BackendKind, ...] = tuple(_KIND_TO_PROTO)
+"""The inference servers fairq can drive (``"vllm"``, ``"tgi"``, ``"openai"``, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,21 +41,40 @@ class Backend:
 
     Attributes:
         id: Unique id, e.g. ``"vllm-a"``.
-        kind: ``"vllm"`` or ``"tgi"``; ``"unspecified"`` for a kind this client
-            does not know (a newer server may add kinds).
+        kind: One of :data:`BACKEND_KINDS`; ``"unspecified"`` for a kind this
+            client does not know (a newer server may add kinds).
         base_url: Base URL, e.g. ``"http://127.0.0.1:8000"``.
         models: Models the backend serves.
         priority_scheduling: Whether the backend schedules by vLLM's ``priority``.
         max_in_flight: Cap on requests fairq keeps in flight on it (0 = none).
+        fair_share_priority: The priority sent also encodes whether the user
+            holds less than a fair share of the backend.
+        metrics_preset: ``"openai"`` kind: the metric names' preset, ``"none"``
+            for a backend without ``/metrics``, empty for the default.
+        waiting_metric: ``"openai"`` kind: the waiting-requests gauge.
+        running_metric: ``"openai"`` kind: the running-requests gauge.
+        kv_usage_metric: ``"openai"`` kind: the 0-1 KV cache usage gauge.
+        tpot_metric: ``"openai"`` kind: the time-per-output-token histogram.
+        priority_order: ``"lower-first"`` or ``"higher-first"``; empty for the
+            kind's default.
+        api_key_env: fairq's environment variable holding the backend's API key.
 
     """
 
     id: str
-    kind: str
+    kind: BackendKind
     base_url: str
     models: tuple[str, ...]
     priority_scheduling: bool
     max_in_flight: int
+    fair_share_priority: bool = False
+    metrics_preset: str = ""
+    waiting_metric: str = ""
+    running_metric: str = ""
+    kv_usage_metric: str = ""
+    tpot_metric: str = ""
+    priority_order: str = ""
+    api_key_env: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +89,8 @@ class BackendStatus:
         running: Last scraped number of running requests.
         tpot_seconds: Time per output token over the last window (0 if unknown).
         draining: True while draining after ``deregister_backend(drain=True)``.
+        reason: Why the backend is unhealthy (its last failed check); empty
+            when healthy.
 
     """
 
@@ -67,55 +101,27 @@ class BackendStatus:
     running: float
     tpot_seconds: float
     draining: bool
+    reason: str = ""
 
 
-def build_backend(
-    id: str,
-    kind: BackendKind,
-    base_url: str,
-    models: Sequence[str],
-    *,
-    priority_scheduling: bool,
-    max_in_flight: int,
-) -> admin_pb2.Backend:
+def backend_to_proto(backend: Backend) -> admin_pb2.Backend:
     """Build a ``fairq.v1.Backend`` message.
 
     Raises:
-        ValueError: ``kind`` is not a known backend kind.
-        TypeError: ``models`` is a plain string.
+        ValueError: ``backend.kind`` is not one of :data:`BACKEND_KINDS`.
 
     """
-    if kind not in _KIND_TO_PROTO:
-        raise ValueError(f"unknown backend kind {kind!r}; valid: {', '.join(_KIND_TO_PROTO)}")
-    # A str is a Sequence[str]: it would register one model per character.
-    if isinstance(models, str):
-        raise TypeError("models must be a sequence of model names, not a str")
-    return admin_pb2.Backend(
-        id=id,
-        kind=_KIND_TO_PROTO[kind],
-        base_url=base_url,
-        models=list(models),
-        priority_scheduling=priority_scheduling,
-        max_in_flight=max_in_flight,
-    )
+    kind = _KIND_TO_PROTO.get(backend.kind)
+    if kind is None:
+        valid = ", ".join(BACKEND_KINDS)
+        raise ValueError(f"unknown backend kind {backend.kind!r}; valid: {valid}")
+    fields = {f.name: getattr(backend, f.name) for f in dataclasses.fields(backend)}
+    return admin_pb2.Backend(**{**fields, "kind": kind, "models": list(backend.models)})
 
 
 def backend_status_from_proto(status: admin_pb2.BackendStatus) -> BackendStatus:
     """Convert a ``fairq.v1.BackendStatus`` message."""
     b = status.backend
-    return BackendStatus(
-        backend=Backend(
-            id=b.id,
-            kind=_KIND_FROM_PROTO.get(b.kind, "unspecified"),
-            base_url=b.base_url,
-            models=tuple(b.models),
-            priority_scheduling=b.priority_scheduling,
-            max_in_flight=b.max_in_flight,
-        ),
-        healthy=status.healthy,
-        in_flight=status.in_flight,
-        waiting=status.waiting,
-        running=status.running,
-        tpot_seconds=status.tpot_seconds,
-        draining=status.draining,
-    )
+    kind = _KIND_FROM_PROTO.get(b.kind, "unspecified")
+    backend = from_message(Backend, b, kind=kind, models=tuple(b.models))
+    return from_message(BackendStatus, status, backend=backend)

@@ -8,12 +8,16 @@ status instead of :class:`Finished`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypeAlias
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 import grpc
 
 from fairq._errors import FairqError
+from fairq._json import json_from_struct
+from fairq._messages import from_message
 from fairq.v1 import scheduler_pb2
 
 __all__ = ["Chunk", "Completion", "Event", "Finished", "Queued", "Started"]
@@ -51,14 +55,20 @@ class Started:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """A piece of generated text.
+    """A piece of generated output.
 
     Attributes:
         text: The text, to be appended to what came before.
+        extra: What the backend sent beside text, only when it did (else
+            ``None``): for OpenAI-compatible backends ``{"choices": [...]}``
+            with each choice's delta fields other than ``content`` and
+            ``role`` (e.g. ``tool_calls``), its ``logprobs`` and ``index``.
 
     """
 
     text: str
+    # Left out of the hash: a dict is unhashable, and chunks stay hashable.
+    extra: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +111,8 @@ class Completion:
         queue_seconds: As in :class:`Finished`.
         ttft_seconds: As in :class:`Finished`.
         total_seconds: As in :class:`Finished`.
+        extras: The :attr:`Chunk.extra` of every chunk that had one, in
+            arrival order (e.g. the pieces of a tool call).
 
     """
 
@@ -114,6 +126,11 @@ class Completion:
     queue_seconds: float
     ttft_seconds: float
     total_seconds: float
+    extras: tuple[Mapping[str, Any], ...] = ()
+
+
+# Finished's fields that come from the message's Timings.
+_TIMINGS = ("queue_seconds", "ttft_seconds", "total_seconds")
 
 
 def event_from_proto(response: scheduler_pb2.GenerateResponse) -> Event | None:
@@ -129,26 +146,26 @@ def event_from_proto(response: scheduler_pb2.GenerateResponse) -> Event | None:
     if kind == "queued":
         return Queued(position=response.queued.position)
     if kind == "started":
-        s = response.started
-        return Started(
-            backend_id=s.backend_id,
-            queue_seconds=s.queue_seconds,
-            tier=s.tier,
-            request_id=s.request_id,
-        )
+        return from_message(Started, response.started)
     if kind == "chunk":
-        return Chunk(text=response.chunk.text)
+        chunk = response.chunk
+        extra = json_from_struct(chunk.extra) if chunk.HasField("extra") else None
+        return Chunk(text=chunk.text, extra=extra)
     if kind == "finished":
         f = response.finished
         return Finished(
-            finish_reason=f.finish_reason,
-            prompt_tokens=f.usage.prompt_tokens,
-            completion_tokens=f.usage.completion_tokens,
-            queue_seconds=f.timings.queue_seconds,
-            ttft_seconds=f.timings.ttft_seconds,
-            total_seconds=f.timings.total_seconds,
+            f.finish_reason,
+            f.usage.prompt_tokens,
+            f.usage.completion_tokens,
+            **{name: getattr(f.timings, name) for name in _TIMINGS},
         )
     return None
+
+
+def events_from_proto(response: scheduler_pb2.GenerateResponse) -> tuple[Event, ...]:
+    """Return the event of a ``GenerateResponse``, or none for a kind this client does not know."""
+    event = event_from_proto(response)
+    return () if event is None else (event,)
 
 
 class CompletionBuilder:
@@ -156,6 +173,7 @@ class CompletionBuilder:
 
     def __init__(self) -> None:
         self._parts: list[str] = []
+        self._extras: list[Mapping[str, Any]] = []
         self._started: Started | None = None
         self._finished: Finished | None = None
 
@@ -163,6 +181,8 @@ class CompletionBuilder:
         """Take the next event of the stream."""
         if isinstance(event, Chunk):
             self._parts.append(event.text)
+            if event.extra is not None:
+                self._extras.append(event.extra)
         elif isinstance(event, Started):
             self._started = event
         elif isinstance(event, Finished):
@@ -185,13 +205,9 @@ class CompletionBuilder:
         started = self._started or Started(backend_id="", queue_seconds=0.0, tier="", request_id="")
         return Completion(
             text="".join(self._parts),
-            finish_reason=finished.finish_reason,
             backend_id=started.backend_id,
             tier=started.tier,
             request_id=started.request_id,
-            prompt_tokens=finished.prompt_tokens,
-            completion_tokens=finished.completion_tokens,
-            queue_seconds=finished.queue_seconds,
-            ttft_seconds=finished.ttft_seconds,
-            total_seconds=finished.total_seconds,
+            extras=tuple(self._extras),
+            **dataclasses.asdict(finished),
         )

@@ -1,6 +1,6 @@
-"""Building fairq requests and call metadata from the clients' keyword arguments.
+"""Pieces of fairq requests: call metadata, chat messages, sampling parameters.
 
-Shared by the async and the sync client so that both send identical messages.
+``fairq._calls`` assembles them into the calls both clients send.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
-from fairq.v1 import admin_pb2, scheduler_pb2
+from fairq.v1 import scheduler_pb2
 
 __all__ = ["ChatMessages"]
 
@@ -37,53 +37,40 @@ def build_metadata(api_key: str | None, user: str | None) -> Metadata:
     return tuple(metadata)
 
 
-def build_generate_request(
-    model: str,
-    prompt: str | None,
-    *,
-    messages: ChatMessages | None,
-    max_tokens: int | None,
-    temperature: float | None,
-    top_p: float | None,
-    stop: Sequence[str],
-    seed: int | None,
-    ignore_eos: bool,
-    tier: str,
-    request_id: str,
-) -> scheduler_pb2.GenerateRequest:
-    """Build a ``GenerateRequest``; see ``AsyncClient.generate`` for the arguments.
-
-    Only what the message cannot express is checked here (exactly one input,
-    well-formed messages); limits are the server's to enforce, so that every
-    client gets the same errors.
+def build_sampling(
+    stop: Sequence[str], ignore_eos: bool, optional: Mapping[str, float | int | None]
+) -> scheduler_pb2.SamplingParams:
+    """Build the sampling parameters; ``optional`` fields that are ``None`` stay unset.
 
     Raises:
-        ValueError: Neither or both of ``prompt`` and ``messages`` were given,
-            or a message mapping lacks ``role`` or ``content``.
-        TypeError: ``stop`` or ``messages`` is a plain string.
+        TypeError: ``stop`` is a plain string.
 
     """
-    if (prompt is None) == (messages is None):
-        raise ValueError("pass exactly one of prompt or messages")
     # A str is a Sequence[str] to the type checker, so this mistake would
     # otherwise silently send one stop string per character.
     if isinstance(stop, str):
         raise TypeError("stop must be a sequence of strings, not a str")
-
     sampling = scheduler_pb2.SamplingParams(stop=list(stop), ignore_eos=ignore_eos)
     # Unset optional fields mean "the backend's default"; only set what was given.
-    if max_tokens is not None:
-        sampling.max_tokens = max_tokens
-    if temperature is not None:
-        sampling.temperature = temperature
-    if top_p is not None:
-        sampling.top_p = top_p
-    if seed is not None:
-        sampling.seed = seed
+    for name, value in optional.items():
+        if value is not None:
+            setattr(sampling, name, value)
+    return sampling
 
-    request = scheduler_pb2.GenerateRequest(
-        model=model, sampling=sampling, tier=tier, request_id=request_id
-    )
+
+def set_input(
+    request: scheduler_pb2.GenerateRequest, prompt: str | None, messages: ChatMessages | None
+) -> None:
+    """Set the request's input: the prompt, or the chat messages.
+
+    Raises:
+        ValueError: Neither or both were given, or a message mapping lacks
+            ``role`` or ``content``.
+        TypeError: ``messages`` is a plain string.
+
+    """
+    if (prompt is None) == (messages is None):
+        raise ValueError("pass exactly one of prompt or messages")
     if prompt is not None:
         request.prompt = prompt
     elif messages is not None:
@@ -91,19 +78,6 @@ def build_generate_request(
         # reports the empty conversation instead of a missing input.
         request.messages.SetInParent()
         request.messages.messages.extend(_chat_messages(messages))
-    return request
-
-
-def build_snapshot_request(top_users: int) -> admin_pb2.GetQueueSnapshotRequest:
-    """Build a queue-snapshot request.
-
-    Raises:
-        ValueError: ``top_users`` is negative.
-
-    """
-    if top_users < 0:
-        raise ValueError("top_users must be 0 or more")
-    return admin_pb2.GetQueueSnapshotRequest(top_users=top_users)
 
 
 def _chat_messages(messages: ChatMessages) -> list[scheduler_pb2.ChatMessage]:

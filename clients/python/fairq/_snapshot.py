@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fairq._backends import BackendStatus, backend_status_from_proto
+from fairq._messages import from_message
 from fairq.v1 import admin_pb2
 
 __all__ = ["BackendLoad", "ModelQueue", "Snapshot", "UserLoad"]
@@ -83,27 +84,21 @@ class Snapshot:
 
 def snapshot_from_proto(response: admin_pb2.GetQueueSnapshotResponse) -> Snapshot:
     """Convert a ``fairq.v1.GetQueueSnapshotResponse`` message."""
+    models = tuple(
+        from_message(ModelQueue, m, tiers=tuple((t.tier, t.queued) for t in m.tiers))
+        for m in response.models
+    )
+    backends = tuple(
+        BackendLoad(
+            status=backend_status_from_proto(b.status),
+            gates=tuple((g.tier, g.state) for g in b.gates),
+        )
+        for b in response.backends
+    )
     return Snapshot(
         taken_at=response.taken_at_unix_seconds,
-        models=tuple(
-            ModelQueue(
-                model=m.model,
-                queued=m.queued,
-                tiers=tuple((t.tier, t.queued) for t in m.tiers),
-                queued_users=m.queued_users,
-            )
-            for m in response.models
-        ),
-        users=tuple(
-            UserLoad(user=u.user, queued=u.queued, recent_tokens=u.recent_tokens)
-            for u in response.users
-        ),
-        backends=tuple(
-            BackendLoad(
-                status=backend_status_from_proto(b.status),
-                gates=tuple((g.tier, g.state) for g in b.gates),
-            )
-            for b in response.backends
-        ),
+        models=models,
+        users=tuple(from_message(UserLoad, u) for u in response.users),
+        backends=backends,
         known_users=response.known_users,
     )
