@@ -45,6 +45,17 @@ UNAPPLICABLE = {
         "backend id may contain only",
     ),
     "unknown-policy": ("", "unknown fairness policy 'lottery'"),
+    # Wrong types, which the old reader accepted: models "m" became ("m",), tiers "batch"
+    # became five one-letter tiers.
+    "models-a-string": (
+        '[[backends]]\nid = "b"\nkind = "vllm"\nbase_url = "http://127.0.0.1:1"\nmodels = "m"\n'
+        '[[keys]]\nuser = "u"\nsha256 = "' + "0" * 64 + '"\n',
+        "backends[1].models: expected a list of strings, got a string ('m')",
+    ),
+    "key-tiers-a-string": (
+        '[[keys]]\nuser = "u"\nsha256 = "' + "0" * 64 + '"\ntiers = "batch"\n',
+        "keys[0].tiers: expected a list of strings, got a string ('batch')",
+    ),
 }
 
 
