@@ -32,7 +32,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         server = FairqServer(config)
-        await server.start()
+        try:
+            await server.start()
+        except BaseException:
+            # A port in use, a missing TLS file: release what did start before saying so.
+            await server.stop(grace=0)
+            raise
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
