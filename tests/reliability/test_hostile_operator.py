@@ -3,6 +3,7 @@ files that parse but cannot be applied, and text crafted to forge lines in its l
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -100,6 +101,22 @@ async def test_sighup_with_a_file_that_cannot_be_applied_changes_nothing(
     assert after_good == INVALID  # the good file applied
     assert needle in log, log
     assert "Task exception was never retrieved" not in log and "Traceback" not in log, log
+
+
+async def test_shutdown_says_what_it_waits_for_and_how_long_it_took(sim: SimServer) -> None:
+    """SIGTERM with --grace 30 and nothing in flight: the log promises up to 30 s for 0
+    requests (not "draining for 30 s") and reports the real, much shorter, time."""
+    child = await start_fairq(_config(sim, prompt_limit=100), grace=30, log_level="INFO")
+    try:
+        child.signal(signal.SIGTERM)
+        code = await child.wait(20)
+        log = child.stderr_tail(100_000)
+    finally:
+        await child.stop()
+    assert code == 0, log
+    assert "draining: up to 30 s for 0 requests in flight" in log, log
+    [seconds] = re.findall(r"stopped after (\d+\.\d) s", log)
+    assert float(seconds) < 10, log
 
 
 async def test_nothing_a_backend_or_caller_sends_starts_a_line_in_the_log(
