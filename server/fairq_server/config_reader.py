@@ -9,9 +9,10 @@ key: ``backends[0].models: expected a list of strings, got a string ('sim')``.
 
 The declared types drive everything (:func:`typing.get_type_hints`), so a key added to a
 configuration dataclass is read and checked without touching this module. The types a field
-may declare: ``str``, ``int``, ``float``, ``bool``, ``X | None`` (TOML has no null: None is only
-ever a default), ``tuple[X, ...]``, ``Mapping[str, Any]`` (a plugin's options table, checked by
-the plugin) and another configuration dataclass (a table, or an array of tables in a tuple).
+may declare: ``str``, ``int``, ``float``, ``bool``, ``X | None`` (TOML has no null: None is
+only ever a default), ``tuple[X, ...]``, ``Mapping[str, Any]`` or ``dict[str, Any]`` (a
+plugin's options table, checked by the plugin) and another configuration dataclass (a table,
+or an array of tables in a tuple).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _matches(tp: Any, value: object) -> bool:
         if dataclasses.is_dataclass(item):  # read (and named) one by one by the caller
             return all(isinstance(v, dict) for v in value)
         return all(_matches(item, v) for v in value)
-    if origin is Mapping or tp is Mapping:
+    if origin in (Mapping, dict) or tp in (Mapping, dict):
         return isinstance(value, dict)
     raise TypeError(f"a configuration field of type {tp!r} cannot be read from TOML")
 

@@ -19,6 +19,8 @@ from ..conftest import KEYS, FairqFactory, make_config, sim_backend
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+HTTP_API = ROOT / "docs" / "http-api.md"
+DOC_SNIPPETS = re.findall(r"```python\n(.*?)```", HTTP_API.read_text(), re.DOTALL)
 
 
 def test_the_readme_has_its_python_snippets() -> None:
@@ -31,6 +33,12 @@ def test_the_readme_has_its_python_snippets() -> None:
 def test_each_snippet_compiles_as_a_file(index: int) -> None:
     """A snippet pasted into a file must at least compile (no `async with` at top level)."""
     compile(SNIPPETS[index], f"README.md python block {index}", "exec")
+
+
+@pytest.mark.parametrize("index", range(len(DOC_SNIPPETS)))
+def test_the_http_api_page_snippets_compile_and_use_the_readme_model(index: int) -> None:
+    compile(DOC_SNIPPETS[index], f"docs/http-api.md python block {index}", "exec")
+    assert re.findall(r'model="([^"]+)"', DOC_SNIPPETS[index]) == ["sim"]
 
 
 async def test_each_snippet_runs_against_fairq_and_the_simulator(

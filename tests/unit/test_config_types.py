@@ -48,7 +48,7 @@ def _wrong(tp: Any) -> tuple[object, str]:
         if dataclasses.is_dataclass(item):
             return {"a": 1}, "expected an array of tables"  # [x] written for [[x]]
         return "sim", "expected a list of strings"  # a string iterates into characters
-    if typing.get_origin(tp) is Mapping or dataclasses.is_dataclass(tp):
+    if typing.get_origin(tp) in (Mapping, dict) or dataclasses.is_dataclass(tp):
         return "x", "expected a table"
     raise AssertionError(f"no wrong value for {tp!r}: extend this test")
 
