@@ -18,6 +18,7 @@ or an array of tables in a tuple).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -70,7 +71,7 @@ def read_table(cls: type[T], path: str, raw: object, check: Check | None = None)
     )
     if missing:
         raise ConfigError(f"{path or 'top level'}: missing required keys {missing}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values = {
         name: _read(hints[name], f"{path}.{name}" if path else name, value, check)
         for name, value in raw.items()
@@ -82,6 +83,12 @@ def read_table(cls: type[T], path: str, raw: object, check: Check | None = None)
     if check is not None:
         check(built, path)
     return built
+
+
+@functools.cache
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    # Evaluating the annotations is most of a parse's time; the classes do not change.
+    return typing.get_type_hints(cls)
 
 
 def _read(tp: Any, path: str, value: object, check: Check | None) -> Any:
