@@ -18,7 +18,6 @@ or an array of tables in a tuple).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -85,10 +84,15 @@ def read_table(cls: type[T], path: str, raw: object, check: Check | None = None)
     return built
 
 
-@functools.cache
+# Evaluating the annotations was most of a parse's time; the classes do not change.
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
 def _hints(cls: type[Any]) -> dict[str, Any]:
-    # Evaluating the annotations is most of a parse's time; the classes do not change.
-    return typing.get_type_hints(cls)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
 def _read(tp: Any, path: str, value: object, check: Check | None) -> Any:
