@@ -72,17 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     new.add_argument("--user", required=True, help="the user the key identifies")
     new.add_argument(
         "--max-tier",
+        metavar="TIER",
         help="the highest tier the key may use, and its default; every lower tier may be "
         "requested too (default: the first tier)",
     )
     new.add_argument(
         "--tiers",
         default="",
+        metavar="A,B",
         help="older spelling, comma-separated: the highest tier listed is the ceiling and "
         "every lower tier may be used, listed or not (prefer --max-tier)",
     )
     new.add_argument(
-        "--config", help="fairq's configuration file: check tier names against its [[tiers]]"
+        "--config",
+        metavar="FILE",
+        help="fairq's configuration file: check tier names against its [[tiers]]",
     )
     new.add_argument("--admin", action="store_true", help="may call the Admin service")
     new.add_argument("--weight", type=float, help="share of service under vtc fairness")
