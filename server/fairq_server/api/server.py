@@ -22,6 +22,7 @@ from fairq_server.collector import Collector
 from fairq_server.config import Config, ConfigError, TlsConfig
 from fairq_server.core import FairqCore
 from fairq_server.http import HttpDoor
+from fairq_server.listening import add_grpc_port, listening
 from fairq_server.telemetry import Telemetry
 
 __all__ = ["FairqServer", "server_credentials", "server_options"]
@@ -162,26 +163,23 @@ class FairqServer:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, registrar)
         enable_reflection((*_SERVICES, health.SERVICE_NAME), self._server)
-        if self.config.tls is None:
-            self.port = self._server.add_insecure_port(self.config.listen)
-        else:
-            self.port = self._server.add_secure_port(
-                self.config.listen, server_credentials(self.config.tls)
-            )
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.listen}")
+        tls = self.config.tls
+        credentials = None if tls is None else server_credentials(tls)
+        self.port = add_grpc_port(self._server, "listen", self.config.listen, credentials)
         await self._server.start()
         for name in ("", *_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.http.listen:
             self._http = HttpDoor(self.core, self.auth, self.config.http.listen)
-            await self._http.start()
+            with listening("http.listen", self.config.http.listen):
+                await self._http.start()
             self.http_port = self._http.port
         if self.config.metrics_listen:
             host, _, port = self.config.metrics_listen.rpartition(":")
-            httpd, _thread = start_http_server(
-                int(port), addr=host or "127.0.0.1", registry=self.core.telemetry.registry
-            )
+            with listening("metrics_listen", self.config.metrics_listen):
+                httpd, _thread = start_http_server(
+                    int(port), addr=host or "127.0.0.1", registry=self.core.telemetry.registry
+                )
             self._metrics_http = httpd
             self.metrics_port = httpd.server_port
         # Last: what exists now lives as long as the server and is frozen out of collections.
