@@ -14,9 +14,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fairq_server.backends.spec import check_backend
+from fairq_server.backends.spec import check_backend_config
 from fairq_server.config import (
-    PRIORITY_ORDERS,
     AdminConfig,
     BackendConfig,
     ClusterConfig,
@@ -146,16 +145,9 @@ def parse_config(raw: dict[str, Any]) -> Config:
         )
         for i, b in enumerate(backends):
             try:
-                check_backend(b.id, b.kind, b.base_url, b.models)
+                check_backend_config(b)
             except ValueError as exc:
                 raise ConfigError(f"backends[{i}]: {exc}") from None
-            if b.priority_order and b.priority_order not in PRIORITY_ORDERS:
-                raise ConfigError(f"backends[{i}]: priority_order must be one of {PRIORITY_ORDERS}")
-            if b.fair_share_priority and not b.priority_scheduling:
-                raise ConfigError(
-                    f"backends[{i}]: fair_share_priority needs priority_scheduling = true "
-                    "(the backend must order its queue by priority)"
-                )
         kwargs["backends"] = backends
     if "keys" in raw:
         keys = tuple(_build(KeyConfig, f"keys[{i}]", k) for i, k in enumerate(raw.pop("keys")))
