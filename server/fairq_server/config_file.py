@@ -15,8 +15,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fairq_server.backends.spec import check_backend
-from fairq_server.config import PRIORITY_ORDERS, Config, ConfigError, SchedulerConfig
+from fairq_server.backends.spec import check_backend_config
+from fairq_server.config import Config, ConfigError, SchedulerConfig
 from fairq_server.config_reader import read_table
 
 __all__ = ["load_config", "parse_config"]
@@ -79,16 +79,9 @@ def parse_config(raw: dict[str, Any]) -> Config:
         _check_address(name, address)
     for i, b in enumerate(config.backends):
         try:
-            check_backend(b.id, b.kind, b.base_url, b.models)
+            check_backend_config(b)
         except ValueError as exc:
             raise ConfigError(f"backends[{i}]: {exc}") from None
-        if b.priority_order and b.priority_order not in PRIORITY_ORDERS:
-            raise ConfigError(f"backends[{i}]: priority_order must be one of {PRIORITY_ORDERS}")
-        if b.fair_share_priority and not b.priority_scheduling:
-            raise ConfigError(
-                f"backends[{i}]: fair_share_priority needs priority_scheduling = true "
-                "(the backend must order its queue by priority)"
-            )
     for i, key in enumerate(config.keys):
         if not key.user or len(key.user) > 128:
             raise ConfigError(f"keys[{i}].user must be 1-128 characters")

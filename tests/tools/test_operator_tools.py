@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import fairq
-from fairq_server.api.validation import resolve_tier
+from fairq_server.requests.tier import resolve_tier
 from fairq_server.auth import Authenticator
 from fairq_server.config_file import parse_config
 from fairq_server.errors import PermissionDeniedError
