@@ -23,12 +23,14 @@ from fairq_server.config import (
     Config,
     ConfigError,
     HttpConfig,
+    JwtConfig,
     KeyConfig,
     Limits,
     SchedulerConfig,
     TierConfig,
     TlsConfig,
 )
+from fairq_server.identity.settings import MAX_NAME_CHARS, check_jwt, check_name
 
 __all__ = ["load_config", "parse_config"]
 
@@ -166,17 +168,33 @@ def parse_config(raw: dict[str, Any]) -> Config:
                 raise ConfigError(
                     f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)"
                 )
+            _check_team(key.team, f"keys[{i}].team")
         kwargs["keys"] = keys
+    if "jwt" in raw:
+        kwargs["jwt"] = _build(JwtConfig, "jwt", raw.pop("jwt"))
     if raw:
         raise ConfigError(f"unknown top-level keys {sorted(raw)}")
     config = Config(**kwargs)
     _check_policies(config.scheduler)
+    if config.jwt is not None:
+        try:
+            check_jwt(config.jwt, [t.name for t in config.tiers])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if len(config.backends) > config.admin.max_backends:
         raise ConfigError(
             f"backends: {len(config.backends)} configured; admin.max_backends is "
             f"{config.admin.max_backends}"
         )
     return config
+
+
+def _check_team(team: str, what: str) -> None:
+    if team:  # empty: no team, the user is its own team
+        try:
+            check_name(team, what, MAX_NAME_CHARS)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _check_policies(scheduler: SchedulerConfig) -> None:

@@ -28,7 +28,7 @@ async def fairq_cli(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-def test_keys_new_prints_a_key_its_entry_admits(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_keys_new_prints_a_key_its_entry_admits(capsys: pytest.CaptureFixture[str]) -> None:
     assert keys.main(["new", "--user", 'o"hara', "--tiers", "batch", "--admin", "--json"]) == 0
     made = json.loads(capsys.readouterr().out)
     assert made["key"].startswith("fq_") and len(made["key"]) > 40
@@ -36,7 +36,7 @@ def test_keys_new_prints_a_key_its_entry_admits(capsys: pytest.CaptureFixture[st
     [entry] = config.keys
     assert (entry.user, entry.tiers, entry.admin) == ('o"hara', ("batch",), True)
     auth = Authenticator(config.keys, ("interactive", "standard", "batch"))
-    principal = auth.authenticate([("authorization", f"Bearer {made['key']}")])
+    principal = await auth.authenticate([("authorization", f"Bearer {made['key']}")])
     assert principal.user == 'o"hara' and principal.admin
     assert principal.tiers == frozenset({"batch"})
 
@@ -64,7 +64,7 @@ async def test_keys_new_from_the_command_line_shows_the_key_and_the_entry() -> N
     [entry] = parse_config(tomllib.loads(toml)).keys
     assert entry.group == "team-a"
     auth = Authenticator([entry], ("interactive",))
-    assert auth.authenticate([("authorization", f"Bearer {key}")]).user == "alice"
+    assert (await auth.authenticate([("authorization", f"Bearer {key}")])).user == "alice"
 
 
 async def test_health_exits_0_while_serving_and_1_when_gone(
