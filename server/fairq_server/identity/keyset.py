@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jwt import PyJWK
-from jwt.exceptions import PyJWKError
+from jwt.exceptions import PyJWTError
 
 from fairq_server.names import escape
 
@@ -79,7 +79,7 @@ class KeySet:
             raise KeyMismatchError("the JWT's algorithm does not fit the type of its key")
         try:
             prepared = PyJWK(dict(jwk), algorithm=alg)
-        except PyJWKError as exc:  # checked in parse_jwks; a backstop
+        except (PyJWTError, TypeError, ValueError) as exc:  # checked in parse_jwks
             raise KeyMismatchError(f"the JWT's key is unusable: {exc}") from None
         self._prepared[(kid, alg)] = prepared
         return prepared
@@ -136,6 +136,6 @@ def _unusable(jwk: object) -> str | None:
         return "a private key (a JWKS publishes public keys only)"
     try:
         PyJWK(dict(jwk))
-    except (PyJWKError, TypeError, ValueError) as exc:
+    except (PyJWTError, TypeError, ValueError) as exc:
         return f"malformed: {exc}"
     return None
