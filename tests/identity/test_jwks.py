@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,28 @@ def test_jwks_file_that_cannot_work_is_refused_at_load(tmp_path: Path) -> None:
     big.write_text(json.dumps({**jwks(OLD), "pad": "x" * 2000}))
     with pytest.raises(JwksError, match=r"larger than jwt\.jwks_max_bytes"):
         FileJwks(str(big), 1000).load()
+
+
+async def test_a_remembered_token_is_refused_once_its_key_is_gone_or_it_expires(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(jwks(OLD, NEW)))
+    clock = Clock()
+    config = JwtConfig(issuer=ISSUER, audience=AUDIENCE, jwks_file=str(path), leeway_seconds=0)
+    source = FileJwks(str(path), config.jwks_max_bytes, clock=clock)
+    source.load()
+    verifier = JwtVerifier(config, source, TIERS)
+    old = OLD.sign(claims())
+    for _ in range(2):  # verified, then remembered
+        assert (await verifier.verify(old)).user == "alice"
+    path.write_text(json.dumps(jwks(NEW)))  # the provider withdraws the old key
+    clock.now += 1
+    assert "unknown" in await refusal(verifier, old)
+    # A remembered token is good until its exp, not beyond.
+    exp = int(time.time()) + 1
+    new = NEW.sign(claims(exp=exp))
+    for _ in range(2):
+        assert (await verifier.verify(new)).user == "alice"
+    await asyncio.sleep(exp - time.time() + 0.05)  # the real clock must pass exp
+    assert "JWT expired" in await refusal(verifier, new)

@@ -6,13 +6,22 @@ and HS* signed with a public key are refused before any key is looked at); its k
 the identity provider's JWKS (fetched again once when it is not, see :mod:`.jwks`); the
 signature verifies with that key, bound to that algorithm; ``iss``, ``aud``, ``exp`` and
 ``nbf`` hold (``exp`` is required); and the user claim is present. Verification is PyJWT's.
+
+A client sends the same token with every request until it expires, and verifying one costs
+hundreds of microseconds (the signature, and PyJWT's checks of each base64 part), so a
+verified token's identity is remembered, by the token's SHA-256, until its ``exp``: a repeat
+costs a hash and a lookup. A remembered token is still refused once expired, or once its key
+id has left the JWKS.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +42,8 @@ log = logging.getLogger(__name__)
 # still reach this path to be refused as such. fairq's own API keys hold no dots.
 _JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 _MISSING = object()
+#: Verified tokens remembered (least recently used dropped first).
+CACHED_TOKENS = 4096
 
 # PyJWT's errors, most specific first, and what the caller is told.
 _REASONS: tuple[tuple[type[Exception], str], ...] = (
@@ -72,8 +83,17 @@ class TokenIdentity:
 class JwtVerifier:
     """Verifies bearer JWTs against one identity provider's keys."""
 
-    def __init__(self, config: JwtConfig, source: JwksSource, tier_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        config: JwtConfig,
+        source: JwksSource,
+        tier_names: Sequence[str],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
+        self._clock = clock
+        # SHA-256 of a token -> (its identity, its key id, its exp).
+        self._verified: OrderedDict[bytes, tuple[TokenIdentity, str, float]] = OrderedDict()
         self.source = source
         self._tier_names = frozenset(tier_names)
         self._default_tiers = frozenset(config.default_tiers or tier_names)
@@ -89,6 +109,19 @@ class JwtVerifier:
             UnauthenticatedError: the token is refused; the message says why.
 
         """
+        digest = hashlib.sha256(token.encode()).digest()
+        hit = self._verified.get(digest)
+        if hit is not None:
+            identity, signed_by, exp = hit
+            if self._clock() < exp + self.config.leeway_seconds:
+                try:
+                    known = signed_by in await self.source.keys_for(signed_by)
+                except JwksError:
+                    known = False
+                if known:
+                    self._verified.move_to_end(digest)
+                    return identity
+            del self._verified[digest]  # expired or its key is gone: verify in full
         try:
             header = jwt.get_unverified_header(token)
         except jwt_errors.PyJWTError:
@@ -128,7 +161,11 @@ class JwtVerifier:
         except jwt_errors.PyJWTError as exc:
             reason = next((r for t, r in _REASONS if isinstance(exc, t)), "malformed JWT")
             raise UnauthenticatedError(reason) from None
-        return self._identity(claims)
+        identity = self._identity(claims)
+        self._verified[digest] = (identity, kid, float(claims["exp"]))
+        if len(self._verified) > CACHED_TOKENS:
+            self._verified.popitem(last=False)
+        return identity
 
     def _identity(self, claims: Mapping[str, Any]) -> TokenIdentity:
         config = self.config
