@@ -85,7 +85,7 @@ class Authenticator:
         """Build the key table and the JWT verifier.
 
         Raises:
-            ConfigError: ``jwt.jwks_file`` cannot be read or holds no usable key.
+            ConfigError: ``jwt.jwks_file`` or ``jwt.jwks_ca_file`` cannot be used.
 
         """
         self._tier_names = tuple(tier_names)
@@ -130,7 +130,8 @@ class Authenticator:
         An unchanged JWKS URL keeps the keys already fetched.
 
         Raises:
-            ConfigError: ``jwt.jwks_file`` cannot be read or holds no usable key.
+            ConfigError: ``jwt.jwks_file`` cannot be read or holds no usable key, or
+                ``jwt.jwks_ca_file`` cannot be read.
 
         """
         if config is None:
@@ -139,7 +140,7 @@ class Authenticator:
         try:
             source = source_for(config, previous)
         except JwksError as exc:
-            raise ConfigError(f"jwt.jwks_file: {exc}") from None
+            raise ConfigError(str(exc)) from None
         return JwtVerifier(config, source, self._tier_names)
 
     async def install_jwt(self, verifier: JwtVerifier | None) -> None:

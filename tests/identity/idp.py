@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import hmac
+import ipaddress
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jwt
 from aiohttp import web
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
 
 ISSUER = "https://sso.example.test/realms/ml"
 AUDIENCE = "fairq"
@@ -89,10 +95,11 @@ class JwksServer:
     chunked: bool = False
     fetches: int = 0
     port: int = 0
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/certs"
+        return f"{self.scheme}://127.0.0.1:{self.port}/certs"
 
     async def _certs(self, request: web.Request) -> web.StreamResponse:
         self.fetches += 1
@@ -110,16 +117,65 @@ class JwksServer:
 
 
 @asynccontextmanager
-async def serve_jwks(document: Any) -> AsyncIterator[tuple[JwksServer, web.AppRunner]]:
-    server = JwksServer(document)
+async def serve_jwks(
+    document: Any, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[tuple[JwksServer, web.AppRunner]]:
+    server = JwksServer(document, scheme="https" if tls else "http")
     app = web.Application()
     app.router.add_get("/certs", server._certs)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
     server.port = runner.addresses[0][1]
     try:
         yield server, runner
     finally:
         await runner.cleanup()
+
+
+def tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it: (ca, cert, key) PEM files."""
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("test IdP CA"))
+        .issuer_name(name("test IdP CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name("127.0.0.1"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = (directory / "ca.pem", directory / "server.pem", directory / "server.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from fairq_server.identity.jwt import JwtVerifier
 from fairq_server.identity.keyset import JwksError, parse_jwks
 from fairq_server.identity.settings import JwtConfig
 
-from .idp import AUDIENCE, ISSUER, TIERS, SigningKey, claims, jwks, serve_jwks
+from .idp import AUDIENCE, ISSUER, TIERS, SigningKey, claims, jwks, serve_jwks, tls_files
 
 OLD = SigningKey.rsa("2026-old")
 NEW = SigningKey.ec("2026-new")
@@ -193,3 +194,20 @@ async def test_a_remembered_token_is_refused_once_its_key_is_gone_or_it_expires(
         assert (await verifier.verify(new)).user == "alice"
     await asyncio.sleep(exp - time.time() + 0.05)  # the real clock must pass exp
     assert "JWT expired" in await refusal(verifier, new)
+
+
+async def test_https_jwks_verified_with_a_private_ca(tmp_path: Path) -> None:
+    ca, cert, key = tls_files(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    async with serve_jwks(jwks(OLD), tls=tls) as (idp, _):
+        trusted = url_verifier(idp.url, Clock(), jwks_ca_file=str(ca))
+        await trusted.source.start()
+        assert (await trusted.verify(OLD.sign(claims()))).user == "alice"
+        await trusted.source.close()
+        system_cas = url_verifier(idp.url, Clock())  # the private CA is not trusted
+        await system_cas.source.start()
+        assert "certificate verify failed" in await refusal(system_cas, OLD.sign(claims()))
+        await system_cas.source.close()
+    with pytest.raises(JwksError, match=r"jwt\.jwks_ca_file: cannot use"):
+        url_verifier(idp.url, Clock(), jwks_ca_file=str(tmp_path / "missing.pem"))

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import ssl
 import time
 from collections.abc import Callable
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -63,14 +65,18 @@ def source_for(config: JwtConfig, previous: JwksSource | None = None) -> JwksSou
     """Return the source ``config`` names, reusing ``previous`` (and its cache) if equal.
 
     Raises:
-        JwksError: a JWKS file cannot be read or holds no usable key.
+        JwksError: naming the setting: the JWKS file cannot be read or holds no usable key,
+            or the CA file cannot be read.
 
     """
     if config.jwks_url:
         source: JwksSource = UrlJwks(config)
     else:
         file = FileJwks(config.jwks_file, config.jwks_max_bytes)
-        file.load()
+        try:
+            file.load()
+        except JwksError as exc:
+            raise JwksError(f"jwt.jwks_file: {exc}") from None
         source = file
     if previous is not None and previous.settings == source.settings:
         return previous
@@ -91,7 +97,21 @@ class UrlJwks:
             config.jwks_cache_seconds,
             config.jwks_min_refresh_seconds,
         )
-        self._ca_file = config.jwks_ca_file
+        self._ssl: ssl.SSLContext | bool = True
+        if config.jwks_ca_file:
+            try:
+                self._ssl = ssl.create_default_context(cafile=config.jwks_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise JwksError(
+                    f"jwt.jwks_ca_file: cannot use {config.jwks_ca_file}: {exc}"
+                ) from None
+        parts = urlsplit(self.url)
+        if parts.scheme == "http" and not _loopback(parts.hostname or ""):
+            log.warning(
+                "jwt.jwks_url %s is plain http: whoever can alter that traffic can mint "
+                "identities; use https",
+                self.url,
+            )
         self._timeout = config.jwks_timeout_seconds
         self._max_bytes = config.jwks_max_bytes
         self._cache_seconds = config.jwks_cache_seconds
@@ -181,11 +201,8 @@ class UrlJwks:
 
         """
         if self._session is None:
-            context: ssl.SSLContext | bool = True
-            if self._ca_file:
-                context = ssl.create_default_context(cafile=self._ca_file)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=context, limit=2),
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=2),
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
             )
         try:
@@ -207,6 +224,15 @@ class UrlJwks:
 
     def _too_large(self) -> str:
         return f"JWKS at {self.url} is larger than jwt.jwks_max_bytes ({self._max_bytes} bytes)"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class FileJwks:
