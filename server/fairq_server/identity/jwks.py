@@ -123,6 +123,7 @@ class UrlJwks:
         self._error = "not fetched yet"
         self._fetch: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
         #: Fetches made (successful or not), for tests and logs.
         self.fetches = 0
 
@@ -152,6 +153,7 @@ class UrlJwks:
 
     async def close(self) -> None:
         """Cancel a fetch under way and close the HTTP session."""
+        self._closed = True
         self._error = "the JWKS source was closed (configuration reloaded or server stopping)"
         if self._fetch is not None:
             self._fetch.cancel()
@@ -162,6 +164,8 @@ class UrlJwks:
             self._session = None
 
     def _may_fetch(self) -> bool:
+        if self._closed:  # a request still holding a verifier a reload replaced
+            return False
         at = self._attempted_at
         return at is None or self._clock() - at >= self._min_refresh
 
