@@ -52,7 +52,7 @@ class FairqServer:
     def __init__(self, config: Config, telemetry: Telemetry | None = None) -> None:
         self.config = config
         self.core = FairqCore(config, telemetry, on_health=self._scheduling_health)
-        self.auth = Authenticator(config.keys, self.core.tier_names)
+        self.auth = Authenticator(config.keys, self.core.tier_names, config.jwt)
         self.request_log = RequestLog(config.access_log)
         self.port = 0
         self.metrics_port = 0
@@ -80,6 +80,7 @@ class FairqServer:
     async def start(self) -> None:
         """Register configured backends, bind the ports and start serving."""
         await self.core.start()
+        await self.auth.start()
         await self._grpc.start()
         self.port = self._grpc.port
         if self.config.http.listen:
@@ -120,9 +121,11 @@ class FairqServer:
             keys = self.auth.prepare(config.keys)
         except ValueError as exc:  # parse_config checks digests; this is the backstop
             raise ConfigError(f"keys: {exc}") from None
+        jwt = self.auth.prepare_jwt(config.jwt)
         # Everything that can refuse the file has run; from here on it is applied whole.
         await self.core.reconfigure(config)
         self.auth.install(keys)
+        await self.auth.install_jwt(jwt)
         self.request_log.set_enabled(config.access_log)
         self.config = config
         _warn_open_mode(config)
@@ -138,6 +141,7 @@ class FairqServer:
             self.core.close_queues(), self._grpc.stop(grace), self._stop_http(grace)
         )
         await self.core.close()
+        await self.auth.close()
         await self._collector.stop()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()  # type: ignore[attr-defined]
@@ -159,7 +163,7 @@ class FairqServer:
 
 def _warn_open_mode(config: Config) -> None:
     """Say loudly that without keys every caller is trusted, and an admin."""
-    if config.keys:
+    if config.keys or config.jwt is not None:
         return
     log.warning(
         "OPEN MODE: no [[keys]] are configured, so fairq trusts every caller: the "

@@ -45,6 +45,7 @@ from typing import Any
 
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.errors import ConfigError
+from fairq_server.identity.settings import JwtConfig
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -55,6 +56,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "HttpConfig",
+    "JwtConfig",
     "KeyConfig",
     "Limits",
     "SchedulerConfig",
@@ -156,7 +158,7 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class KeyConfig:
-    """An API key, stored only as its SHA-256 digest (hex)."""
+    """An API key, stored only as its SHA-256 digest (hex); ``team`` empty: no team."""
 
     user: str
     sha256: str
@@ -164,6 +166,7 @@ class KeyConfig:
     admin: bool = False
     weight: float = 1.0
     group: str = "default"
+    team: str = ""
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,7 @@ class Config:
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
+    jwt: JwtConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.tiers:

@@ -18,6 +18,7 @@ from typing import Any
 from fairq_server.backends.spec import check_backend_config
 from fairq_server.config import Config, ConfigError, SchedulerConfig
 from fairq_server.config_reader import read_table
+from fairq_server.identity.settings import MAX_NAME_CHARS, check_jwt, check_name
 
 __all__ = ["load_config", "parse_config"]
 
@@ -87,7 +88,13 @@ def parse_config(raw: dict[str, Any]) -> Config:
             raise ConfigError(f"keys[{i}].user must be 1-128 characters")
         if _SHA256_HEX.fullmatch(key.sha256) is None:
             raise ConfigError(f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)")
+        _check_team(key.team, f"keys[{i}].team")
     _check_policies(config.scheduler)
+    if config.jwt is not None:
+        try:
+            check_jwt(config.jwt, [t.name for t in config.tiers])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if len(config.backends) > config.admin.max_backends:
         raise ConfigError(
             f"backends: {len(config.backends)} configured; admin.max_backends is "
@@ -107,6 +114,14 @@ def _check_address(key: str, address: str) -> None:
         raise ConfigError(
             f'{key}: expected "host:port" with a port 0-65535 (0 picks a free one), not {address!r}'
         )
+
+
+def _check_team(team: str, what: str) -> None:
+    if team:  # empty: no team, the user is its own team
+        try:
+            check_name(team, what, MAX_NAME_CHARS)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _check_policies(scheduler: SchedulerConfig) -> None:

@@ -40,7 +40,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     async def _authorize(self, context: Context[object, object]) -> None:
         try:
-            principal = self._auth.authenticate(context.invocation_metadata() or ())
+            principal = await self._auth.authenticate(context.invocation_metadata() or ())
             self._auth.require_admin(principal)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))

@@ -53,7 +53,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         trace = RequestTrace(request_id=request.request_id[:256], model=request.model[:256],
                              arrival=arrival)  # fmt: skip
         try:
-            principal = self._auth.authenticate(context.invocation_metadata() or ())
+            principal = await self._auth.authenticate(context.invocation_metadata() or ())
             backend_request = to_backend_request(request, self._core.config.limits)
             ticket = open_ticket(
                 self._core, principal, backend_request, request.tier, arrival=arrival

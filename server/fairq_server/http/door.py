@@ -69,7 +69,7 @@ class OpenAIHandlers:
     async def models(self, request: web.Request) -> web.StreamResponse:
         """``GET /v1/models``: the models served here, if the caller may use any tier."""
         try:
-            principal = self._authenticate(request, None)
+            principal = await self._authenticate(request, None)
         except SchedulerError as exc:
             return error_response(error_for(exc), self._core.config.http.retry_after_seconds)
         usable = bool(principal.tiers & set(self._core.tier_names))
@@ -87,10 +87,10 @@ class OpenAIHandlers:
         config = self._core.config
         retry_after = config.http.retry_after_seconds
         try:
-            principal = self._authenticate(request, None) if not self._auth.open_mode else None
+            principal = None if self._auth.open_mode else await self._authenticate(request, None)
             parsed = parse_request(await _read_json(request, config), kind, config.limits)
             if principal is None:
-                principal = self._authenticate(request, parsed.user)
+                principal = await self._authenticate(request, parsed.user)
             backend_request = replace(
                 parsed.request,
                 relay_chunks=True,
@@ -119,11 +119,11 @@ class OpenAIHandlers:
             # The client went away while fairq wrote to it: the ticket is cancelled already.
             return web.Response(status=499)
 
-    def _authenticate(self, request: web.Request, body_user: str | None) -> Principal:
+    async def _authenticate(self, request: web.Request, body_user: str | None) -> Principal:
         headers = [(k.lower(), v) for k, v in request.headers.items()]
         if self._auth.open_mode and body_user and "x-fairq-user" not in request.headers:
             headers.append(("x-fairq-user", body_user))
-        return self._auth.authenticate(headers)
+        return await self._auth.authenticate(headers)
 
     async def _collect(
         self, parsed: ParsedRequest, events: AsyncIterator[list[OutboxEvent]], retry_after: int
