@@ -273,6 +273,10 @@ class HttpConfig:
             and closed.
         max_connections_per_peer: connections open from one peer address at most (behind a
             proxy every caller shares its address: raise it there).
+        max_answer_chars: a non-streamed answer is built from the backend's stream; beyond
+            this many characters of it the request is aborted and answered 400
+            (``answer_too_large``). A streamed answer is bounded by
+            ``limits.max_unread_chars`` instead (text the caller has not read).
 
     """
 
@@ -284,6 +288,7 @@ class HttpConfig:
     idle_timeout_seconds: float = 30.0
     max_connections: int = 1024
     max_connections_per_peer: int = 256
+    max_answer_chars: int = 16_777_216
 
 
 @dataclass(frozen=True)

@@ -128,19 +128,30 @@ class OpenAIHandlers:
     async def _collect(
         self, parsed: ParsedRequest, events: AsyncIterator[list[OutboxEvent]], retry_after: int
     ) -> web.StreamResponse:
-        frames: list[str] = []
+        chat = parsed.kind == "chat"
+        merger = ChunkMerger(chat)
+        limit = self._core.config.http.max_answer_chars
+        size = 0
         try:
+            # Leaving this block for any reason closes the events, which cancels the ticket
+            # and aborts the backend request.
             async with contextlib.aclosing(events):  # type: ignore[type-var]
                 async for batch in events:
                     for event in batch:
                         if isinstance(event, Text):
-                            frames.append(event.text)
+                            size += len(event.text)
+                            if size > limit:
+                                raise _answer_too_large(limit)
+                            # Merged as it comes: a batch's parse is short, one at the end
+                            # of a long answer would stall the loop.
+                            merger.add(_parse_frames(event.text))
                         elif isinstance(event, Started):
-                            frames.clear()  # a retry on another backend starts afresh
+                            # A retry on another backend starts afresh.
+                            merger, size = ChunkMerger(chat), 0
         except SchedulerError as exc:
             return _error_answer(exc, retry_after)
-        merger = ChunkMerger(parsed.kind == "chat")
-        merger.add(_parse_frames("".join(frames)))
+        except HttpError as exc:
+            return error_response(exc, retry_after)
         body = json.dumps(merger.result(), separators=(",", ":"))
         return web.Response(text=body, content_type="application/json")
 
@@ -205,6 +216,15 @@ def _parse_frames(text: str) -> list[dict[str, Any]]:
         if frame.startswith("data: "):
             chunks.append(json.loads(frame[6:]))
     return chunks
+
+
+def _answer_too_large(limit: int) -> HttpError:
+    return HttpError(
+        400,
+        f"the answer is larger than {limit} characters (http.max_answer_chars); ask for it "
+        'streamed ("stream": true), or for fewer tokens or logprobs',
+        code="answer_too_large",
+    )
 
 
 def _backend_http_error(exc: SchedulerError) -> BackendHttpError | None:
