@@ -14,7 +14,7 @@ from fairq_server.auth import Principal
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError, PermissionDeniedError
-from fairq_server.names import check_model, check_token
+from fairq_server.names import check_model, check_request_id
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -130,7 +130,7 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
         raise InvalidRequestError("one of prompt or messages is required")
     if req.request_id:
         try:
-            check_token(req.request_id, "request_id")
+            check_request_id(req.request_id)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
     extra = (

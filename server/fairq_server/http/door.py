@@ -111,10 +111,13 @@ class OpenAIHandlers:
             count_rejection(self._core, exc)
             return error_response(error_for(exc), retry_after)
         events = ticket_events(self._core, ticket)
+        request_id = backend_request.request_id
         try:
             if parsed.stream:
-                return await self._stream(request, events, retry_after)
-            return await self._collect(parsed, events, retry_after)
+                return await self._stream(request, events, retry_after, request_id)
+            resp = await self._collect(parsed, events, retry_after)
+            resp.headers["x-request-id"] = request_id
+            return resp
         except ConnectionResetError:
             # The client went away while fairq wrote to it: the ticket is cancelled already.
             return web.Response(status=499)
@@ -160,6 +163,7 @@ class OpenAIHandlers:
         request: web.Request,
         events: AsyncIterator[list[OutboxEvent]],
         retry_after: int,
+        request_id: str,
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         want_comments = request.headers.get("x-fairq-queue-events", "").lower() in _TRUE
@@ -170,7 +174,7 @@ class OpenAIHandlers:
                     for event in batch:
                         if isinstance(event, Queued):
                             if want_comments:
-                                resp = resp or await _prepare(request)
+                                resp = resp or await _prepare(request, request_id)
                                 await resp.write(comment(f"fairq queued position={event.position}"))
                                 interval = self._core.config.http.queue_comment_seconds
                                 keepalive = asyncio.create_task(_keepalive(resp, interval))
@@ -190,16 +194,18 @@ class OpenAIHandlers:
                             # The backend's chunks, already framed as server-sent events. The
                             # response starts with the first of them, so a failure before it
                             # still gets its own HTTP status.
-                            resp = resp or await _prepare(request)
+                            resp = resp or await _prepare(request, request_id)
                             # Writing to clients is bulk work (see loop_share).
                             await loop_share.turn()
                             await resp.write(event.text.encode())
                         elif isinstance(event, Finished):
-                            resp = resp or await _prepare(request)
+                            resp = resp or await _prepare(request, request_id)
                             await resp.write(DONE)
         except SchedulerError as exc:
             if resp is None:
-                return _error_answer(exc, retry_after)
+                answer = _error_answer(exc, retry_after)
+                answer.headers["x-request-id"] = request_id
+                return answer
             await resp.write(error_event(_error_json(exc)))
         finally:
             if keepalive is not None:
@@ -257,8 +263,8 @@ def _output_bound(parsed: ParsedRequest) -> int | None:
     return value if isinstance(value, int) else None
 
 
-async def _prepare(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+async def _prepare(request: web.Request, request_id: str) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, "x-request-id": request_id})
     await resp.prepare(request)
     return resp
 
