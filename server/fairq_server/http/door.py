@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +34,7 @@ from fairq_server.auth import Authenticator, Principal
 from fairq_server.backends.passthrough import BackendHttpError
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
-from fairq_server.errors import BackendFailedError, SchedulerError
+from fairq_server.errors import BackendFailedError, ModelNotFoundError, SchedulerError
 from fairq_server.http.aggregate import ChunkMerger
 from fairq_server.http.errors import HttpError, error_body, error_for, error_response
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
@@ -72,13 +72,28 @@ class OpenAIHandlers:
             principal = self._authenticate(request, None)
         except SchedulerError as exc:
             return error_response(error_for(exc), self._core.config.http.retry_after_seconds)
-        usable = bool(principal.tiers & set(self._core.tier_names))
-        data = [
-            {"id": m, "object": "model", "created": self._created, "owned_by": "fairq"}
-            for m in sorted({m for b in self._core.backends() for m in b.backend.models})
-            if usable
-        ]
+        data = [self._model(m) for m in self._models_for(principal)]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/models/{id}``: one model served here (``client.models.retrieve``)."""
+        try:
+            principal = self._authenticate(request, None)
+        except SchedulerError as exc:
+            return error_response(error_for(exc), self._core.config.http.retry_after_seconds)
+        name = request.match_info["model"]
+        if name not in self._models_for(principal):
+            return error_response(_model_not_found(name, self._models_for(principal)))
+        return web.json_response(self._model(name))
+
+    def _models_for(self, principal: Principal) -> list[str]:
+        """Return the models served here if ``principal`` may use any tier, else none."""
+        if not principal.tiers & set(self._core.tier_names):
+            return []
+        return sorted({m for b in self._core.backends() for m in b.backend.models})
+
+    def _model(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self._created, "owned_by": "fairq"}
 
     # -- the generation path --------------------------------------------------------------
 
@@ -112,10 +127,15 @@ class OpenAIHandlers:
             return error_response(error_for(exc), retry_after)
         events = ticket_events(self._core, ticket)
         request_id = backend_request.request_id
+        caller = principal
+
+        def not_found() -> HttpError:
+            return _model_not_found(parsed.request.model, self._models_for(caller))
+
         try:
             if parsed.stream:
-                return await self._stream(request, events, retry_after, request_id)
-            resp = await self._collect(parsed, events, retry_after)
+                return await self._stream(request, events, retry_after, request_id, not_found)
+            resp = await self._collect(parsed, events, retry_after, not_found)
             resp.headers["x-request-id"] = request_id
             return resp
         except ConnectionResetError:
@@ -129,7 +149,11 @@ class OpenAIHandlers:
         return self._auth.authenticate(headers)
 
     async def _collect(
-        self, parsed: ParsedRequest, events: AsyncIterator[list[OutboxEvent]], retry_after: int
+        self,
+        parsed: ParsedRequest,
+        events: AsyncIterator[list[OutboxEvent]],
+        retry_after: int,
+        not_found: Callable[[], HttpError],
     ) -> web.StreamResponse:
         chat = parsed.kind == "chat"
         merger = ChunkMerger(chat)
@@ -152,7 +176,7 @@ class OpenAIHandlers:
                             # A retry on another backend starts afresh.
                             merger, size = ChunkMerger(chat), 0
         except SchedulerError as exc:
-            return _error_answer(exc, retry_after)
+            return _error_answer(exc, retry_after, not_found)
         except HttpError as exc:
             return error_response(exc, retry_after)
         body = json.dumps(merger.result(), separators=(",", ":"))
@@ -164,6 +188,7 @@ class OpenAIHandlers:
         events: AsyncIterator[list[OutboxEvent]],
         retry_after: int,
         request_id: str,
+        not_found: Callable[[], HttpError],
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         want_comments = request.headers.get("x-fairq-queue-events", "").lower() in _TRUE
@@ -203,7 +228,7 @@ class OpenAIHandlers:
                             await resp.write(DONE)
         except SchedulerError as exc:
             if resp is None:
-                answer = _error_answer(exc, retry_after)
+                answer = _error_answer(exc, retry_after, not_found)
                 answer.headers["x-request-id"] = request_id
                 return answer
             await resp.write(error_event(_error_json(exc)))
@@ -222,6 +247,17 @@ def _parse_frames(text: str) -> list[dict[str, Any]]:
         if frame.startswith("data: "):
             chunks.append(json.loads(frame[6:]))
     return chunks
+
+
+def _model_not_found(name: str, served: list[str]) -> HttpError:
+    shown = ", ".join(served[:50]) + (f" (and {len(served) - 50} more)" if len(served) > 50 else "")
+    return HttpError(
+        404,
+        f"The model '{name[:256]}' does not exist here; models served: {shown or 'none'}",
+        "invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def _answer_too_large(limit: int) -> HttpError:
@@ -247,8 +283,16 @@ def _error_json(exc: SchedulerError) -> bytes:
     return error_body(error.message, error.type, code=error.code)
 
 
-def _error_answer(exc: SchedulerError, retry_after: int) -> web.Response:
-    """Return the answer to a request that failed before its response began."""
+def _error_answer(
+    exc: SchedulerError, retry_after: int, not_found: Callable[[], HttpError]
+) -> web.Response:
+    """Return the answer to a request that failed before its response began.
+
+    An unknown model's answer names the models served (those ``GET /v1/models`` lists to the
+    same caller).
+    """
+    if isinstance(exc, ModelNotFoundError):
+        return error_response(not_found())
     backend = _backend_http_error(exc)
     if backend is not None:
         # The backend refused the request itself: its status and body, unchanged.

@@ -89,6 +89,8 @@ def error_for(exc: BaseException) -> HttpError:
         error_code = "model_not_found"
     elif status == 401:
         error_code = "invalid_api_key"
+        # Authentication speaks of gRPC metadata; here the same values are HTTP headers.
+        message = message.replace(" metadata", " header")
     return HttpError(status, message, type_, code=error_code)
 
 

@@ -35,6 +35,11 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         if exc.status < 400:
             raise
         message = f"{request.method} {request.path[:200]}: {exc.reason}"
+        if exc.status == 404 and not request.path.startswith("/v1/"):
+            message += (
+                "; fairq serves the OpenAI API under /v1 (an OpenAI client's base URL is "
+                "http://HOST:PORT/v1)"
+            )
         return error_response(HttpError(exc.status, message, code=exc.reason.lower()))
     except ConnectionResetError:
         raise
@@ -79,6 +84,7 @@ class HttpDoor:
         app.router.add_post("/v1/chat/completions", handlers.chat)
         app.router.add_post("/v1/completions", handlers.completions)
         app.router.add_get("/v1/models", handlers.models)
+        app.router.add_get("/v1/models/{model:.+}", handlers.model)
         # A client that disconnects cancels its handler: that is how a queued or running
         # request learns that nobody waits for it any more.
         # At stop, running streams have had the server's grace period already.
