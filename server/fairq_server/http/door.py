@@ -35,6 +35,7 @@ from fairq_server.backends.passthrough import BackendHttpError
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
 from fairq_server.errors import BackendFailedError, ModelNotFoundError, SchedulerError
+from fairq_server.http import json_body
 from fairq_server.http.aggregate import ChunkMerger
 from fairq_server.http.errors import HttpError, error_body, error_for, error_response
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
@@ -346,7 +347,8 @@ async def _read_json(request: web.Request, config: Config) -> object:
             408, f"the request body did not arrive within {timeout:g} s", code="body_timeout"
         ) from None
     try:
-        return json.loads(b"".join(chunks))
+        # A large body is parsed in slices, letting other requests run between them.
+        return await json_body.loads(b"".join(chunks))
     except RecursionError:
         raise HttpError(400, "the request body is nested too deeply") from None
     except ValueError as exc:
