@@ -184,6 +184,8 @@ class Limits:
         max_streams_per_connection: HTTP/2 ``MAX_CONCURRENT_STREAMS`` advertised to clients;
             a client's further calls wait in its own gRPC library for a free stream. A queued
             request holds its stream: keep it at or above ``max_queued_per_user``.
+        max_grpc_connections: connections open on the gRPC port at most; gRPC closes one
+            more before its handshake.
         request_receive_seconds: a call whose complete request message has not arrived this
             long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
 
@@ -200,6 +202,7 @@ class Limits:
     max_extra_depth: int = 32
     max_body_bytes: int = 8_388_608
     max_streams_per_connection: int = 10_000
+    max_grpc_connections: int = 4096
     request_receive_seconds: float = 10.0
 
 
@@ -259,6 +262,18 @@ class HttpConfig:
             (``x-fairq-queue-events: true``) gets an SSE comment with its position at once
             and a keep-alive comment at this interval while it stays queued.
         retry_after_seconds: ``Retry-After`` sent with 429 (queue caps) and 503.
+        head_timeout_seconds: a request's line and headers must be complete this long after
+            their first byte (408 and the connection closed otherwise).
+        idle_timeout_seconds: a connection with no request in progress that sends nothing
+            for this long is closed (new and kept-alive connections alike).
+        max_connections: connections open on the door at most; one more is answered 503
+            and closed.
+        max_connections_per_peer: connections open from one peer address at most (behind a
+            proxy every caller shares its address: raise it there).
+        max_answer_chars: a non-streamed answer is built from the backend's stream; beyond
+            this many characters of it the request is aborted and answered 400
+            (``answer_too_large``). A streamed answer is bounded by
+            ``limits.max_unread_chars`` instead (text the caller has not read).
 
     """
 
@@ -266,6 +281,11 @@ class HttpConfig:
     body_timeout_seconds: float = 30.0
     queue_comment_seconds: float = 5.0
     retry_after_seconds: int = 1
+    head_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 30.0
+    max_connections: int = 1024
+    max_connections_per_peer: int = 256
+    max_answer_chars: int = 16_777_216
 
 
 @dataclass(frozen=True)

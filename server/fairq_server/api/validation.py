@@ -12,7 +12,7 @@ from fairq.v1 import scheduler_pb2
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
-from fairq_server.names import check_model, check_token
+from fairq_server.names import check_model, check_request_id
 from fairq_server.requests.passthrough import check_extra
 
 __all__ = ["GRPC_RESERVED", "models_hint", "to_backend_request"]
@@ -90,7 +90,7 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
         raise InvalidRequestError("one of prompt or messages is required")
     if req.request_id:
         try:
-            check_token(req.request_id, "request_id")
+            check_request_id(req.request_id)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
     extra = (

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
+from fairq_server.names import check_request_id
 from fairq_server.requests.passthrough import check_extra
 
 __all__ = ["Kind", "ParsedRequest", "parse_request"]
@@ -32,7 +33,6 @@ _INTERPRETED = frozenset(
         "stop", "seed", "ignore_eos", "request_id", "priority",
     }
 )  # fmt: skip
-_MAX_REQUEST_ID_CHARS = 128
 _MAX_USER_CHARS = 128
 
 
@@ -207,10 +207,13 @@ def parse_request(body: object, kind: Kind, limits: Limits) -> ParsedRequest:
             raise _bad("messages belong to /v1/chat/completions; completions take a prompt")
         prompt = _prompt(body.get("prompt"), limits)
     request_id = body.get("request_id")
-    if request_id is not None and (
-        not isinstance(request_id, str) or len(request_id) > _MAX_REQUEST_ID_CHARS
-    ):
-        raise _bad(f"request_id must be a string of at most {_MAX_REQUEST_ID_CHARS} characters")
+    if request_id is not None:
+        if not isinstance(request_id, str):
+            raise _bad("request_id must be a string")
+        try:
+            check_request_id(request_id)  # the gRPC door's rule
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
     user = body.get("user")
     if user is not None and (not isinstance(user, str) or len(user) > _MAX_USER_CHARS):
         raise _bad(f"user must be a string of at most {_MAX_USER_CHARS} characters")
