@@ -221,7 +221,7 @@ class FairqCore:
         from fairq_server.cluster.fairness import shared_policies
 
         slack = self.cluster.config.fairness_slack
-        return shared_policies(policies, slack, self.cluster.dispatched)
+        return shared_policies(policies, slack, self.cluster.fair.wake)
 
     def live_requests(self) -> int:
         """Count the requests queued or running, over all models."""

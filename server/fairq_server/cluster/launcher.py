@@ -114,7 +114,7 @@ class ClusterLauncher(StreamLauncher):
         backend = ticket.backend
         assert backend is not None
         member = f"{self._node.replica_id}|{next(self._seq)}"
-        self._node.dispatched()
+        self._node.fair.wake()  # a dispatch here: share the counters soon
         return asyncio.create_task(self._run(ticket, ticket.attempt, backend, member))
 
     def _admits(

@@ -396,9 +396,3 @@ class ClusterNode:
         ids = self._backend_ids()
         for backend_id, counts in (await self.gate.counts(ids)).items():
             self._view(backend_id, counts)
-
-    # -- shared fairness ------------------------------------------------------------------
-
-    def dispatched(self) -> None:
-        """Note a dispatch or a newly backlogged user here: share the counters soon."""
-        self.fair.wake()

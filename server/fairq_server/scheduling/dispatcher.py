@@ -372,10 +372,10 @@ class Dispatcher:
         return self.policies.new_queue(len(self.tiers))
 
     def _reconfigure(self, event: ev.Reconfigure) -> None:
+        if event.rebuild:  # first: if it fails, the old settings stand
+            self._models.rebuild(lambda: event.policies.new_queue(len(event.tiers)))
         self._settings = Settings(event.tiers, event.config, event.policies)
         self.attempts.set_window(event.config.stream_coalesce_seconds)
-        if event.rebuild:
-            self._models.rebuild(self._new_queue)
         if event.done is not None and not event.done.done():
             event.done.set_result(None)
 
