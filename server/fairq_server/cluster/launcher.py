@@ -134,7 +134,11 @@ class ClusterLauncher(StreamLauncher):
         ]
         view = shared_view(backend, tier, *peers)
         stale_after = settings.config.stale_after_seconds
-        outcome = settings.policies.gate.check(view, under, self._clock(), stale_after)
+        try:
+            outcome = settings.policies.gate.check(view, under, self._clock(), stale_after)
+        except Exception:  # a faulty plugin: the member must still be withdrawn
+            log.exception("gate check of a reservation on %s failed", backend.id)
+            return False
         return outcome is GateOutcome.ADMIT
 
     async def _run(self, ticket: Ticket, attempt: int, backend: BackendState, member: str) -> None:
