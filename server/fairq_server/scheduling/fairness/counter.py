@@ -59,6 +59,7 @@ class CounterFairness:
     def __init__(self, counters: ServiceCounters | None = None, *, lift: bool = True) -> None:
         self._counters: ServiceCounters = counters if counters is not None else LocalCounters()
         self._counters.watch(self._changed)
+        self._get = self._counters.get  # read on every heap check: one lookup, not two
         self._lift = lift
         self._users: dict[str, _UserState] = {}
         self._heap: list[tuple[float, int, str]] = []
@@ -71,8 +72,8 @@ class CounterFairness:
         self._idle: list[tuple[float, str]] = []
 
     def _value(self, user: str) -> float:
-        value = self._counters.get(user)
-        return value if value is not None else self._virtual_time
+        value = self._get(user)
+        return self._virtual_time if value is None else value
 
     def _changed(self, user: str) -> None:
         state = self._users.get(user)
@@ -93,7 +94,7 @@ class CounterFairness:
             state = self._users.get(user)
             if state is None or not state.active or stamp != state.stamp:
                 heapq.heappop(heap)
-            elif counter < self._value(user):  # charged since it was pushed
+            elif counter < (self._get(user) or 0.0):  # charged since it was pushed
                 heapq.heappop(heap)
                 self._push(user, state)
             else:
