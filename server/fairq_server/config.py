@@ -308,14 +308,18 @@ class SchedulerConfig:
         prefix_block_chars: characters per prefix block.
         prefix_cache_blocks: prefix blocks remembered per backend (LRU).
         prefix_candidates: at most this many users are compared per pick (bounds the work).
-        routing_slack: with several backends, prefix affinity may send a request to a backend
-            with at most this many more requests in flight than the least loaded one.
+        routing_slack: deprecated alias of ``routing_options.slack`` (prefix affinity only).
         stream_coalesce_seconds: text of a fast stream is relayed at most once per this
             window, merged (the first token is never held; 0 relays every event at once).
         fairness_options: options of the fairness policy (vtc: ``lift``, ``output_weight``).
+        ordering_options: options of the ordering policy.
         gate: the saturation check deciding whether a backend may take more work.
+        gate_options: options of the gate.
         routing: how a request's backend is chosen among those whose gate is open
-            (``prefix-affinity`` uses ``routing_slack``; ``least-loaded``).
+            (``prefix-affinity``; ``least-loaded``).
+        routing_options: options of the router (prefix-affinity: ``slack``, how many more
+            requests in flight than the least loaded backend a backend may have and still be
+            chosen for its prefix; 2 by default).
         max_retries: a request that fails on a backend before its first token, for a reason
             that says nothing about the request (unreachable, 5xx, overloaded), is sent to
             another backend at most this many times.
@@ -334,8 +338,11 @@ class SchedulerConfig:
     fairness: str = "round-robin"
     fairness_options: Mapping[str, Any] = field(default_factory=dict)
     ordering: str = "fifo"
+    ordering_options: Mapping[str, Any] = field(default_factory=dict)
     gate: str = "threshold"
+    gate_options: Mapping[str, Any] = field(default_factory=dict)
     routing: str = "prefix-affinity"
+    routing_options: Mapping[str, Any] = field(default_factory=dict)
     max_retries: int = 1
     poll_interval_seconds: float = 0.5
     stale_after_seconds: float = 2.0
@@ -348,7 +355,7 @@ class SchedulerConfig:
     prefix_block_chars: int = 128
     prefix_cache_blocks: int = 20_000
     prefix_candidates: int = 8
-    routing_slack: int = 2
+    routing_slack: int | None = None
     stream_coalesce_seconds: float = 0.02
     max_metrics_bytes: int = 4 * 1024 * 1024
     max_error_body_bytes: int = 16_384
@@ -356,8 +363,9 @@ class SchedulerConfig:
     no_backend_grace_seconds: float = 5.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.fairness_options, Mapping):
-            raise ConfigError("scheduler.fairness_options must be a table")
+        for plugin in ("fairness", "ordering", "gate", "routing"):
+            if not isinstance(getattr(self, f"{plugin}_options"), Mapping):
+                raise ConfigError(f"scheduler.{plugin}_options must be a table")
         n = self.unhealthy_after_failures
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(

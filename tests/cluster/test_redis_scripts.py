@@ -15,7 +15,7 @@ from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.fairness.counter import Journal
+from fairq_server.scheduling.counters import Journal
 
 
 @contextlib.asynccontextmanager

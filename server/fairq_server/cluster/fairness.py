@@ -21,8 +21,7 @@ import redis.asyncio as aioredis
 
 from fairq_server.cluster.connection import ScriptCall, run_scripts
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.fairness.counter import CounterFairness, Journal, PeerHeads
-from fairq_server.scheduling.interfaces import FairnessPolicy
+from fairq_server.scheduling.counters import JournaledCounters, PeerHeads
 from fairq_server.scheduling.policies import Policies
 
 __all__ = ["SharedCounters", "SyncResult", "shared_policies"]
@@ -31,21 +30,13 @@ __all__ = ["SharedCounters", "SyncResult", "shared_policies"]
 def shared_policies(
     policies: Policies, slack: float, on_backlogged: Callable[[], None]
 ) -> Policies:
-    """Return ``policies`` whose counter policies journal their changes for the cluster.
+    """Return ``policies`` whose tiers keep their service counters shared with the cluster.
 
-    ``on_backlogged`` is told when a user becomes backlogged (its head may be the new floor).
+    Whatever the fairness policy, it is built on :class:`JournaledCounters`; ``slack`` is
+    ``cluster.fairness_slack``, and ``on_backlogged`` is told when a user becomes backlogged
+    (its head may be the new floor).
     """
-    make = policies.fairness
-
-    def fairness() -> FairnessPolicy:
-        policy = make()
-        if isinstance(policy, CounterFairness):
-            policy.journal = Journal()
-            policy.slack = slack
-            policy.on_backlogged = on_backlogged
-        return policy
-
-    return dataclasses.replace(policies, fairness=fairness)
+    return dataclasses.replace(policies, counters=lambda: JournaledCounters(slack, on_backlogged))
 
 
 # KEYS: counters hash, heads hash. ARGV: replica, lease ms, heads (JSON, '' none), n floors,

@@ -34,24 +34,12 @@ from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
+from fairq_server.cluster.tasks import cancel_all
 from fairq_server.scheduling import events as ev
 
-__all__ = ["ClusterNode", "cancel_all"]
+__all__ = ["ClusterNode"]
 
 log = logging.getLogger(__name__)
-
-
-async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for them, cancelling again any that lives on.
-
-    On Python 3.11 a cancellation arriving just as an ``asyncio.timeout`` expires can be
-    taken for the timeout and swallowed; the loops here wait under such timeouts.
-    """
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.1)
 
 
 class ClusterNode:
@@ -165,17 +153,26 @@ class ClusterNode:
     # -- reservations (called by the launcher) --------------------------------------------
 
     async def reserve(
-        self, backend_id: str, member: str, others: float, threshold: int, cap: int
+        self, backend_id: str, member: str, admit: Callable[[tuple[int, int]], bool]
     ) -> bool | None:
-        """Reserve a slot: True granted, False refused, None Redis unreachable (go local)."""
+        """Reserve a slot if ``admit``, told the other replicas' (awaiting, in flight), says so.
+
+        Returns True granted, False refused (the member is withdrawn), None Redis unreachable.
+        """
         try:
-            granted, counts = await self.gate.reserve(backend_id, member, others, threshold, cap)
+            counts = await self.gate.claim(backend_id, member)
         except REDIS_ERRORS as exc:
             self.metrics.reservations.labels(backend_id, "unreachable").inc()
             self._lost(exc)
             return None
+        own_awaiting, own_flight = self._own(backend_id)
+        peers = (max(0, counts.awaiting - own_awaiting), max(0, counts.in_flight - own_flight))
+        granted = admit(peers)
         if granted:
             self._held.setdefault(backend_id, {})[member] = True
+            counts = GlobalCounts(counts.awaiting + 1, counts.in_flight + 1)
+        else:
+            self._spawn(self._leave(backend_id, member, ended=True))
         self.metrics.reservations.labels(backend_id, "granted" if granted else "refused").inc()
         self._view(backend_id, counts)
         return granted
@@ -399,9 +396,3 @@ class ClusterNode:
         ids = self._backend_ids()
         for backend_id, counts in (await self.gate.counts(ids)).items():
             self._view(backend_id, counts)
-
-    # -- shared fairness ------------------------------------------------------------------
-
-    def dispatched(self) -> None:
-        """Note a dispatch or a newly backlogged user here: share the counters soon."""
-        self.fair.wake()
