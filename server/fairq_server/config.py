@@ -189,6 +189,10 @@ class Limits:
             request holds its stream: keep it at or above ``max_queued_per_user``.
         request_receive_seconds: a call whose complete request message has not arrived this
             long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
+        default_max_tokens: the output bound sent for a request that gives none (0: the
+            limit ``max_tokens`` itself), so a backend's own default never applies.
+        max_sequences: the largest ``n`` / ``best_of`` a request may ask for; each sequence
+            is generated in the one backend slot fairq admitted the request to.
 
     """
 
@@ -204,6 +208,14 @@ class Limits:
     max_body_bytes: int = 8_388_608
     max_streams_per_connection: int = 10_000
     request_receive_seconds: float = 10.0
+    default_max_tokens: int = 0
+    max_sequences: int = 1
+
+    def output_bound(self, requested: int | None) -> int:
+        """Return the output bound to send: ``requested``, or the default when it is unset."""
+        if requested is not None:
+            return requested
+        return min(self.default_max_tokens or self.max_tokens, self.max_tokens)
 
 
 DEFAULT_BACKEND_ALLOWLIST = (

@@ -64,6 +64,7 @@ _POSITIVE = frozenset(
         "max_extra_depth", "max_body_bytes", "body_timeout_seconds", "queue_comment_seconds",
         "max_streams_per_connection", "request_receive_seconds", "max_backends",
         "max_metrics_bytes", "max_error_body_bytes", "max_poll_backoff_seconds",
+        "max_sequences",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})

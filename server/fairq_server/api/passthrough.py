@@ -16,6 +16,7 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from fairq.v1 import scheduler_pb2
+from fairq_server.backends.output_bound import ENGINE_TOKEN_LIMITS, SEQUENCE_COUNTS
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
 from fairq_server.scheduling.outbox import Text
@@ -90,6 +91,7 @@ def check_extra(
             f"{field} must not set {', '.join(clash)}: fairq sets "
             f"{'it' if len(clash) == 1 else 'them'} itself"
         )
+    _check_engine_fields(extra, limits, field)
     depth = json_depth(dict(extra))
     if depth > limits.max_extra_depth:
         raise InvalidRequestError(
@@ -107,6 +109,29 @@ def check_extra(
         converted: dict[str, Any] = _whole_numbers(dict(extra))
         return converted
     return dict(extra)
+
+
+def _check_engine_fields(extra: Mapping[str, Any], limits: Limits, field: str) -> None:
+    """Refuse an engine's own output bound, and more sequences than one slot may hold."""
+    native = sorted(set(extra) & ENGINE_TOKEN_LIMITS)
+    if native:
+        raise InvalidRequestError(
+            f"{field} must not set {', '.join(native)}: the output bound is max_tokens "
+            f"(at most {limits.max_tokens})"
+        )
+    for key in SEQUENCE_COUNTS:
+        value = extra.get(key)
+        if value is None:
+            continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # a Struct holds every number as a double
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequestError(f"{key} must be a positive integer")
+        if value > limits.max_sequences:
+            raise InvalidRequestError(
+                f"{key} is {value}; the limit is {limits.max_sequences} "
+                "(limits.max_sequences: each sequence runs in the request's one backend slot)"
+            )
 
 
 def chunk_message(delta: Text) -> scheduler_pb2.Chunk:

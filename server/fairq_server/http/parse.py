@@ -153,6 +153,8 @@ def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
         value = _integer(body, key)
         if value is not None and not 1 <= value <= limits.max_tokens:
             raise _bad(f"{key} must be between 1 and {limits.max_tokens}, got {value}")
+    if max_tokens is None and kind == "chat":
+        max_tokens = _integer(body, "max_completion_tokens")
     temperature = _number(body, "temperature")
     if temperature is not None and not 0 <= temperature <= 2:
         raise _bad(f"temperature must be in [0, 2], got {temperature}")
@@ -163,7 +165,7 @@ def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos must be true or false")
     return Sampling(
-        max_tokens=max_tokens,
+        max_tokens=limits.output_bound(max_tokens),
         temperature=body.get("temperature"),
         top_p=body.get("top_p"),
         stop=_stop(body.get("stop"), limits),

@@ -23,13 +23,14 @@ def test_pass_through_and_interpreted_fields() -> None:
         "stream_options": {"include_usage": True}, "tools": [{"type": "function"}],
         "response_format": {"type": "json_object"}, "n": 2, "top_k": 3, "user": "ann",
     }  # fmt: skip
-    parsed = parse_request(body, "chat", Limits())
+    parsed = parse_request(body, "chat", Limits(max_sequences=2))
     r = parsed.request
     assert parsed.stream and parsed.include_usage and parsed.user == "ann"
     assert r.messages == (("system", "be brief"), ("user", "hi there"), ("assistant", ""),
                           ("tool", "42"))  # fmt: skip
     assert r.raw_messages is not None and r.raw_messages[2]["tool_calls"][0]["id"] == "c"
     assert r.sampling.stop == ("END",) and r.sampling.temperature == 0
+    assert r.sampling.max_tokens == 9  # max_completion_tokens is the bound too
     assert r.extra == {
         "max_completion_tokens": 9, "stream_options": {"include_usage": True},
         "tools": [{"type": "function"}], "response_format": {"type": "json_object"},
