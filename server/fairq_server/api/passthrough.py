@@ -21,7 +21,7 @@ from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
 from fairq_server.scheduling.outbox import Text
 
-__all__ = ["GRPC_RESERVED", "check_extra", "chunk_message", "json_depth"]
+__all__ = ["GRPC_RESERVED", "check_extra", "chunk_message", "json_depth", "string_chars"]
 
 #: Keys of ``GenerateRequest.extra`` that fairq sets itself (or checks in ``sampling``).
 GRPC_RESERVED = frozenset(
@@ -51,6 +51,36 @@ def json_depth(value: object) -> int:
             return depth
         depth += 1
         level = children
+
+
+def string_chars(value: object, max_depth: int) -> int | None:
+    """Return the characters of every string in a JSON value, keys included.
+
+    Returns None if the value is nested deeper than ``max_depth`` (counted as
+    :func:`json_depth` does); the walk stops there, so a deep value costs no more than a
+    shallow one.
+    """
+    chars = depth = 0
+    level: list[object] = [value]
+    while level:
+        children: list[object] = []
+        containers = False
+        for item in level:
+            if isinstance(item, str):
+                chars += len(item)
+            elif isinstance(item, dict):
+                containers = True
+                chars += sum(len(k) for k in item)  # JSON keys are strings
+                children.extend(item.values())
+            elif isinstance(item, list):
+                containers = True
+                children.extend(item)
+        if containers:
+            depth += 1
+            if depth > max_depth:
+                return None
+        level = children
+    return chars
 
 
 def _whole_numbers(value: Any) -> Any:

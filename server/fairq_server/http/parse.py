@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fairq_server.api.passthrough import check_extra
+from fairq_server.api.passthrough import check_extra, string_chars
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
@@ -106,6 +106,7 @@ def _messages(
     if len(raw) > limits.max_messages:
         raise _bad(f"{len(raw)} messages; the limit is {limits.max_messages}")
     pairs = []
+    total = 0
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise _bad(f"messages[{i}] must be an object")
@@ -113,8 +114,13 @@ def _messages(
         if not isinstance(role, str) or role not in _ROLES:
             shown = str(role)[:32]
             raise _bad(f"messages[{i}].role '{shown}' is not one of {', '.join(sorted(_ROLES))}")
+        # Every string of a message reaches the engine (tool call arguments, names,
+        # reasoning, image URLs), so all of them count against the prompt limit.
+        chars = string_chars(m, limits.max_extra_depth)
+        if chars is None:
+            raise _bad(f"messages[{i}] is nested deeper than {limits.max_extra_depth} levels")
+        total += chars
         pairs.append((role, _text_of(m.get("content"), f"messages[{i}]")))
-    total = sum(len(c) for _, c in pairs)
     if total > limits.max_prompt_chars:
         raise _bad(f"messages have {total} characters; the limit is {limits.max_prompt_chars}")
     return tuple(pairs), tuple(raw)
