@@ -323,6 +323,7 @@ class Dispatcher:
             None if state is None else state.queue,
             self.config,
             closed=self._closed,
+            queues=[m.queue for m in self._models.values()],
         )
         if error is not None:
             return self.attempts.abandon(ticket, error)
