@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
+from fairq_server.api.access_log import RequestTrace
 from fairq_server.api.validation import estimate_tokens, resolve_tier
 from fairq_server.auth import Principal
 from fairq_server.backends.request import BackendRequest
@@ -75,14 +76,17 @@ def open_ticket(
 
 
 async def ticket_events(
-    core: FairqCore, ticket: Ticket, on_end: Callable[[str], None] = lambda outcome: None
+    core: FairqCore,
+    ticket: Ticket,
+    on_end: Callable[[str], None] = lambda outcome: None,
+    trace: RequestTrace | None = None,
 ) -> AsyncIterator[list[OutboxEvent]]:
     """Yield the ticket's outbox events, a batch per take, until it finishes.
 
     The ticket is cancelled when the caller stops iterating for any reason (the request
     leaves the queue, or its backend request is aborted), the outcome is counted, and
     ``on_end`` is told it (``finished``, ``cancelled``, ``internal`` or a lower-case status
-    name).
+    name). ``trace``, if given, observes every event (for the request log).
 
     Raises:
         SchedulerError: the request failed (after the events before the failure).
@@ -95,6 +99,10 @@ async def ticket_events(
         while not finished:
             events = await ticket.outbox.take()
             finished = any(isinstance(e, Finished) for e in events)
+            if trace is not None:
+                now = time.monotonic()
+                for event in events:
+                    trace.observe(event, now)
             yield events
         outcome = "finished"
     except SchedulerError as exc:

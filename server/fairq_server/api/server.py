@@ -174,7 +174,7 @@ class FairqServer:
         for name in ("", *_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.http.listen:
-            self._http = HttpDoor(self.core, self.auth, self.config.http.listen)
+            self._http = HttpDoor(self.core, self.auth, self.config.http.listen, self.request_log)
             await self._http.start()
             self.http_port = self._http.port
         if self.config.metrics_listen:

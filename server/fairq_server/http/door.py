@@ -29,7 +29,8 @@ from typing import Any
 from aiohttp import web
 
 from fairq_server import loop_share
-from fairq_server.api.lifecycle import count_rejection, open_ticket, ticket_events
+from fairq_server.api.access_log import RequestLog, RequestTrace
+from fairq_server.api.lifecycle import count_rejection, open_ticket, outcome_of, ticket_events
 from fairq_server.auth import Authenticator, Principal
 from fairq_server.backends.passthrough import BackendHttpError
 from fairq_server.config import Config
@@ -51,9 +52,12 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 class OpenAIHandlers:
     """The door's request handlers over one :class:`FairqCore` and :class:`Authenticator`."""
 
-    def __init__(self, core: FairqCore, auth: Authenticator) -> None:
+    def __init__(
+        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
+    ) -> None:
         self._core = core
         self._auth = auth
+        self._request_log = request_log if request_log is not None else RequestLog()
         self._created = int(time.time())
 
     # -- routes ---------------------------------------------------------------------------
@@ -86,9 +90,11 @@ class OpenAIHandlers:
         arrival = time.monotonic()
         config = self._core.config
         retry_after = config.http.retry_after_seconds
+        trace = RequestTrace(arrival=arrival)
         try:
             principal = self._authenticate(request, None) if not self._auth.open_mode else None
             parsed = parse_request(await _read_json(request, config), kind, config.limits)
+            trace.request_id, trace.model = parsed.request.request_id, parsed.request.model
             if principal is None:
                 principal = self._authenticate(request, parsed.user)
             backend_request = replace(
@@ -109,8 +115,16 @@ class OpenAIHandlers:
             return _closing(error_response(exc, retry_after))
         except SchedulerError as exc:
             count_rejection(self._core, exc)
+            self._request_log.finished(trace, outcome_of(exc))
             return error_response(error_for(exc), retry_after)
-        events = ticket_events(self._core, ticket)
+        trace.user, trace.group = principal.user, principal.group
+        trace.tier = self._core.tier_names[ticket.tier]
+        events = ticket_events(
+            self._core,
+            ticket,
+            on_end=lambda outcome: self._request_log.finished(trace, outcome),
+            trace=trace,
+        )
         try:
             if parsed.stream:
                 return await self._stream(request, events, retry_after)

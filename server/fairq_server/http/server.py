@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from fairq_server.api.access_log import RequestLog
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
 from fairq_server.http.door import OpenAIHandlers
@@ -48,16 +49,23 @@ class HttpDoor:
         core: the scheduling core (shared with the gRPC door).
         auth: the authenticator (shared with the gRPC door).
         listen: ``host:port``; port 0 picks a free one.
+        request_log: where finished requests are reported (shared with the gRPC door).
 
     Attributes:
         port: the bound port once started.
 
     """
 
-    def __init__(self, core: FairqCore, auth: Authenticator, listen: str) -> None:
+    def __init__(
+        self,
+        core: FairqCore,
+        auth: Authenticator,
+        listen: str,
+        request_log: RequestLog | None = None,
+    ) -> None:
         self._listen = listen
         self.port = 0
-        handlers = OpenAIHandlers(core, auth)
+        handlers = OpenAIHandlers(core, auth, request_log)
         app = web.Application(
             middlewares=[_json_errors],
             # Bodies are read and bounded by the handlers (limits.max_body_bytes).
