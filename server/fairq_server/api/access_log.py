@@ -11,8 +11,9 @@ on standard error, so a log shipper can parse them without filtering. Fields::
 
 ``outcome`` is ``finished``, ``cancelled`` or the gRPC status name in lower case (as in
 ``fairq_requests_total``), for HTTP requests too. Timing fields the request never reached
-are ``null``; ``backend`` is ``""`` when it was never dispatched; token counts are the backend's, 0 for a request that
-did not finish. User names are not logged (only the group), as in the
+are ``null``; ``backend`` is ``""`` when it was never dispatched; token counts are the
+backend's, 0 for a request that did not finish. User names are not logged (only the group),
+as in the
 metrics: the log is often kept longer and wider than the key file.
 """
 
