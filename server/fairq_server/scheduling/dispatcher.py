@@ -38,6 +38,7 @@ from fairq_server.scheduling.admission import admission_error
 from fairq_server.scheduling.attempts import AttemptBook, Launcher
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.metric_gaps import relied_on
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.outbox import Queued
@@ -342,10 +343,11 @@ class Dispatcher:
         state = self._backends.get(backend_id)
         if state is None:
             return
-        state.scrape_landed(result, self.config.unhealthy_after_failures)
+        state.scrape_landed(result, self.config.unhealthy_after_failures, relied_on(self.tiers))
         self._telemetry.scraped(
             backend_id, state.sample, state.tpot_seconds,
             healthy=bool(state.healthy), failed=isinstance(result, Exception),
+            gaps=state.metric_gaps,
         )  # fmt: skip
 
     def _add_backend(self, state: BackendState) -> None:
