@@ -87,6 +87,10 @@ async def test_engine_token_names_refused(tgi: SimServer, fairq_factory: FairqFa
         body = {"model": "sim", "prompt": "hi", name: 1_000_000}
         status, doc = await http_post(server, "/v1/completions", body)
         assert status == 400 and f"must not set {name}" in doc["error"]["message"]
+    # OpenAI's other name is checked on the completions route too (some engines read it).
+    body = {"model": "sim", "prompt": "hi", "max_completion_tokens": 1_000_000}
+    status, doc = await http_post(server, "/v1/completions", body)
+    assert status == 400 and "max_completion_tokens must be between 1 and 16" in str(doc)
     # What is left reaches TGI's /generate_stream bounded by the limit.
     events = await grpc_call(server.port, with_extra({"top_k": 3}))
     assert events[-1].finished.usage.completion_tokens == 16

@@ -155,7 +155,7 @@ def _stop(raw: object, limits: Limits) -> tuple[str, ...]:
 
 def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
     max_tokens = _integer(body, "max_tokens")
-    for key in ("max_tokens", "max_completion_tokens") if kind == "chat" else ("max_tokens",):
+    for key in ("max_tokens", "max_completion_tokens"):  # on either route: engines may read both
         value = _integer(body, key)
         if value is not None and not 1 <= value <= limits.max_tokens:
             raise _bad(f"{key} must be between 1 and {limits.max_tokens}, got {value}")
