@@ -4,7 +4,9 @@ Both doors pass on what they do not interpret: gRPC callers in ``GenerateRequest
 callers as the other fields of their JSON body. fairq bounds them (size as compact JSON,
 nesting depth) so a request cannot make fairq hold or re-serialise megabytes per call, and
 refuses keys it sets itself, so a caller cannot choose its own backend priority or slip a
-larger ``max_tokens`` past the limits.
+larger ``max_tokens`` past the limits, nor an engine's own name for the output bound
+(:mod:`fairq_server.backends.output_bound`); ``n`` and ``best_of`` are bounded by
+``limits.max_sequences``.
 """
 
 from __future__ import annotations
