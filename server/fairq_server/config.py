@@ -211,12 +211,6 @@ class Limits:
     default_max_tokens: int = 0
     max_sequences: int = 1
 
-    def output_bound(self, requested: int | None) -> int:
-        """Return the output bound to send: ``requested``, or the default when it is unset."""
-        if requested is not None:
-            return requested
-        return min(self.default_max_tokens or self.max_tokens, self.max_tokens)
-
 
 DEFAULT_BACKEND_ALLOWLIST = (
     "localhost",

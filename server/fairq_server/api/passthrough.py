@@ -23,7 +23,9 @@ from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
 from fairq_server.scheduling.outbox import Text
 
-__all__ = ["GRPC_RESERVED", "check_extra", "chunk_message", "json_depth", "string_chars"]
+__all__ = [
+    "GRPC_RESERVED", "check_extra", "chunk_message", "json_depth", "output_bound", "string_chars",
+]  # fmt: skip
 
 #: Keys of ``GenerateRequest.extra`` that fairq sets itself (or checks in ``sampling``).
 GRPC_RESERVED = frozenset(
@@ -33,6 +35,16 @@ GRPC_RESERVED = frozenset(
         "ignore_eos",
     }
 )  # fmt: skip
+
+
+def output_bound(limits: Limits, requested: int | None) -> int:
+    """Return the output bound to send: ``requested``, or the default when the caller gave none.
+
+    Sent always, so an engine's own default (vLLM's: the rest of the context) never applies.
+    """
+    if requested is not None:
+        return requested
+    return min(limits.default_max_tokens or limits.max_tokens, limits.max_tokens)
 
 
 def json_depth(value: object) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from google.protobuf import json_format
 
 from fairq.v1 import scheduler_pb2
-from fairq_server.api.passthrough import check_extra
+from fairq_server.api.passthrough import check_extra, output_bound
 from fairq_server.auth import Principal
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
@@ -169,7 +169,7 @@ def _sampling(s: scheduler_pb2.SamplingParams, limits: Limits) -> Sampling:
             f"sampling.stop strings must be 1-{limits.max_stop_chars} characters"
         )
     return Sampling(
-        max_tokens=limits.output_bound(max_tokens),
+        max_tokens=output_bound(limits, max_tokens),
         # float32 on the wire: round so 0.7 reaches the backend as 0.7, not 0.699999988.
         temperature=round(temperature, 6) if temperature is not None else None,
         top_p=round(top_p, 6) if top_p is not None else None,

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fairq_server.api.passthrough import check_extra, string_chars
+from fairq_server.api.passthrough import check_extra, output_bound, string_chars
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
@@ -171,7 +171,7 @@ def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos must be true or false")
     return Sampling(
-        max_tokens=limits.output_bound(max_tokens),
+        max_tokens=output_bound(limits, max_tokens),
         temperature=body.get("temperature"),
         top_p=body.get("top_p"),
         stop=_stop(body.get("stop"), limits),
