@@ -84,7 +84,7 @@ class FairqServer:
         await self._grpc.start()
         self.port = self._grpc.port
         if self.config.http.listen:
-            self._http = HttpDoor(self.core, self.auth, self.config.http.listen)
+            self._http = HttpDoor(self.core, self.auth, self.config.http.listen, self.request_log)
             with listening("http.listen", self.config.http.listen):
                 await self._http.start()
             self.http_port = self._http.port

@@ -188,6 +188,10 @@ class Limits:
             more before its handshake.
         request_receive_seconds: a call whose complete request message has not arrived this
             long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
+        default_max_tokens: the output bound sent for a request that gives none (0: the
+            limit ``max_tokens`` itself), so a backend's own default never applies.
+        max_sequences: the largest ``n`` / ``best_of`` a request may ask for; each sequence
+            is generated in the one backend slot fairq admitted the request to.
 
     """
 
@@ -204,6 +208,8 @@ class Limits:
     max_streams_per_connection: int = 10_000
     max_grpc_connections: int = 4096
     request_receive_seconds: float = 10.0
+    default_max_tokens: int = 0
+    max_sequences: int = 1
 
 
 DEFAULT_BACKEND_ALLOWLIST = (

@@ -15,7 +15,9 @@ Background tasks (never the dispatcher loop) talk to Redis:
 When Redis stops answering, the replica runs on its local share: each backend's threshold
 and in-flight cap scaled by ``local_share`` (default one over the replicas last seen), so
 the replicas together stay near the threshold instead of each filling it. It keeps trying;
-when Redis answers again (even restarted empty) it goes back to the shared gate.
+when Redis answers again (even restarted empty) it goes back to the shared gate. A Redis that
+refuses the replica's credentials is not an outage: that is a configuration error, logged as
+one and shown apart (:mod:`.redis_state`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from fairq_server.cluster.connection import REDIS_ERRORS, connect, server_ms
 from fairq_server.cluster.fair_sync import COALESCE_SECONDS, FairSync
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
+from fairq_server.cluster.redis_state import RedisState
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
 from fairq_server.cluster.tasks import cancel_all
@@ -61,6 +64,7 @@ class ClusterNode:
             self.client, config.key_prefix, config.replica_id, config.lease_seconds
         )
         self.connected = False
+        self.redis = RedisState(self.metrics.redis_state, config.safe_url)
         # When Redis first answered a heartbeat since it was lost (loop time; None: not yet).
         self._answered_at: float | None = None
         self.replicas = 1
@@ -99,9 +103,10 @@ class ClusterNode:
             await self.client.ping()
             self._set_connected(True)
         except REDIS_ERRORS as exc:
-            log.warning(
-                "Redis at %s unreachable at start (%s): local share", self.config.safe_url, exc
-            )
+            if not self.redis.failed(exc, self.local_share):
+                log.warning(
+                    "Redis at %s unreachable at start (%s): local share", self.config.safe_url, exc
+                )
             self._set_connected(False)
         await self.heartbeat()
         self._tasks = [
@@ -254,16 +259,20 @@ class ClusterNode:
     def _lost(self, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
         self._answered_at = None
+        refused = self.redis.failed(exc, self.local_share)
         if not self.connected:
             return
-        log.warning(
-            "Redis unreachable (%s): forwarding on the local share %.2f", exc, self.local_share
-        )
+        if not refused:
+            log.warning(
+                "Redis unreachable (%s): forwarding on the local share %.2f", exc, self.local_share
+            )
         self._set_connected(False)
 
     def _set_connected(self, up: bool) -> None:
         self.connected = up
         self.metrics.redis_up.set(1 if up else 0)
+        if up:
+            self.redis.set("up")
         if not up:
             # The slots held stay known: they are still released (first token, end) and
             # set again by the heartbeat as soon as Redis answers, so a brief timeout does not

@@ -39,6 +39,7 @@ from fairq_server.http.aggregate import ChunkMerger
 from fairq_server.http.errors import HttpError, error_body, error_for, error_response
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
 from fairq_server.http.sse import DONE, SSE_HEADERS, comment, error_event
+from fairq_server.requests.access_log import RequestLog, RequestTrace
 from fairq_server.requests.lifecycle import count_rejection, open_ticket, ticket_events
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
@@ -52,9 +53,12 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 class OpenAIHandlers:
     """The door's request handlers over one :class:`FairqCore` and :class:`Authenticator`."""
 
-    def __init__(self, core: FairqCore, auth: Authenticator) -> None:
+    def __init__(
+        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
+    ) -> None:
         self._core = core
         self._auth = auth
+        self._request_log = request_log if request_log is not None else RequestLog()
         self._created = int(time.time())
 
     # -- routes ---------------------------------------------------------------------------
@@ -102,9 +106,11 @@ class OpenAIHandlers:
         arrival = time.monotonic()
         config = self._core.config
         retry_after = config.http.retry_after_seconds
+        trace = RequestTrace(arrival=arrival)
         try:
             principal = None if self._auth.open_mode else await self._authenticate(request, None)
             parsed = parse_request(await _read_json(request, config), kind, config.limits)
+            trace.request_id, trace.model = parsed.request.request_id, parsed.request.model
             if principal is None:
                 principal = await self._authenticate(request, parsed.user)
             backend_request = replace(
@@ -125,8 +131,16 @@ class OpenAIHandlers:
             return _closing(error_response(exc, retry_after))
         except SchedulerError as exc:
             count_rejection(self._core, exc)
+            self._request_log.finished(trace, exc.outcome)
             return error_response(error_for(exc), retry_after)
-        events = ticket_events(self._core, ticket)
+        trace.user, trace.group = principal.user, principal.group
+        trace.tier = self._core.tier_names[ticket.tier]
+        events = ticket_events(
+            self._core,
+            ticket,
+            on_end=lambda outcome: self._request_log.finished(trace, outcome),
+            trace=trace,
+        )
         request_id = backend_request.request_id
         caller = principal
 

@@ -18,6 +18,7 @@ from fairq_server.core import FairqCore
 from fairq_server.http.connections import ConnectionGuard, ConnectionLimits
 from fairq_server.http.door import OpenAIHandlers
 from fairq_server.http.errors import HttpError, error_response
+from fairq_server.requests.access_log import RequestLog
 
 __all__ = ["HttpDoor"]
 
@@ -55,13 +56,20 @@ class HttpDoor:
         core: the scheduling core (shared with the gRPC door).
         auth: the authenticator (shared with the gRPC door).
         listen: ``host:port``; port 0 picks a free one.
+        request_log: where finished requests are reported (shared with the gRPC door).
 
     Attributes:
         port: the bound port once started.
 
     """
 
-    def __init__(self, core: FairqCore, auth: Authenticator, listen: str) -> None:
+    def __init__(
+        self,
+        core: FairqCore,
+        auth: Authenticator,
+        listen: str,
+        request_log: RequestLog | None = None,
+    ) -> None:
         self._listen = listen
         self.port = 0
         settings = core.config.http
@@ -75,7 +83,7 @@ class HttpDoor:
             core.telemetry.registry,
         )
         self._undo_accept_log: Callable[[], None] | None = None
-        handlers = OpenAIHandlers(core, auth)
+        handlers = OpenAIHandlers(core, auth, request_log)
         app = web.Application(
             middlewares=[self._guard.middleware, _json_errors],
             # Bodies are read and bounded by the handlers (limits.max_body_bytes).

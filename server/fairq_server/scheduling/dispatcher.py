@@ -37,6 +37,7 @@ from fairq_server.scheduling.admission import admission_error
 from fairq_server.scheduling.attempts import AttemptBook, Launcher, StreamLauncher
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.metric_gaps import relied_on
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.outbox import Queued
@@ -335,7 +336,13 @@ class Dispatcher:
         state = self._models.get(model)
         queue, backends = None if state is None else state.queue, self._backends.of(model)
         error = admission_error(
-            model, ticket.user, backends, queue, self.config, closed=self._closed
+            model,
+            ticket.user,
+            backends,
+            queue,
+            self.config,
+            closed=self._closed,
+            queues=[m.queue for m in self._models.values()],
         )
         if error is not None:
             return self.attempts.abandon(ticket, error)
@@ -354,10 +361,11 @@ class Dispatcher:
         state = self._backends.get(backend_id)
         if state is None:
             return
-        state.scrape_landed(result, self.config.unhealthy_after_failures)
+        state.scrape_landed(result, self.config.unhealthy_after_failures, relied_on(self.tiers))
         self._telemetry.scraped(
             backend_id, state.sample, state.tpot_seconds,
             healthy=bool(state.healthy), failed=isinstance(result, Exception),
+            gaps=state.metric_gaps,
         )  # fmt: skip
 
     def _add_backend(self, state: BackendState) -> None:

@@ -25,7 +25,7 @@ def test_the_options_tables_are_read_from_the_file() -> None:
     raw = {"scheduler": {"routing_options": {"slack": 7}, "gate_options": {}}}
     config = parse_config(raw)
     assert Policies.from_config(config.scheduler).router.slack == 7  # type: ignore[attr-defined]
-    with pytest.raises(ConfigError, match="scheduler.gate_options: expected a table"):
+    with pytest.raises(ConfigError, match=r"scheduler\.gate_options: expected a table"):
         parse_config({"scheduler": {"gate_options": 3}})
     with pytest.raises(ConfigError, match="takes no option 'slack'"):
         parse_config({"scheduler": {"routing": "least-loaded", "routing_options": {"slack": 1}}})
