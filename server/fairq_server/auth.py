@@ -11,11 +11,12 @@ import hmac
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from fairq_server.config import KeyConfig
 from fairq_server.errors import PermissionDeniedError, UnauthenticatedError
 
-__all__ = ["ANONYMOUS_USER", "Authenticator", "Principal", "hash_key"]
+__all__ = ["ANONYMOUS_USER", "Authenticator", "KeySource", "Principal", "hash_key"]
 
 ANONYMOUS_USER = "anonymous"
 _MAX_USER_CHARS = 128
@@ -33,6 +34,7 @@ class Principal:
         admin: may call the Admin service.
         weight: share of service relative to other users (vtc fairness).
         group: low-cardinality label for fairq's own metrics.
+        team: the team the usage ledger charges (None: none).
 
     """
 
@@ -41,6 +43,19 @@ class Principal:
     admin: bool = False
     weight: float = 1.0
     group: str = "default"
+    team: str | None = None
+
+
+class KeySource(Protocol):
+    """Keys kept outside the configuration file (the store), consulted after the file's."""
+
+    def has_keys(self) -> bool:
+        """Return True when the source holds a usable key (so open mode ends)."""
+        ...
+
+    def lookup(self, digest: bytes) -> Principal | None:
+        """Return the principal of the key with SHA-256 ``digest``, None if unknown."""
+        ...
 
 
 def hash_key(api_key: str) -> str:
@@ -60,7 +75,12 @@ class Authenticator:
         self._tier_names = tuple(tier_names)
         self._keys: list[tuple[bytes, Principal]] = []
         self._warned_ignored_key = False
+        self._sources: list[KeySource] = []
         self.update(keys)
+
+    def add_source(self, source: KeySource) -> None:
+        """Also accept the keys ``source`` holds (the store's)."""
+        self._sources.append(source)
 
     def update(self, keys: Iterable[KeyConfig]) -> None:
         """Replace the configured keys (configuration reload).
@@ -91,8 +111,8 @@ class Authenticator:
 
     @property
     def open_mode(self) -> bool:
-        """True when no keys are configured."""
-        return not self._keys
+        """True when no keys are configured, in the file or in a key source."""
+        return not self._keys and not any(s.has_keys() for s in self._sources)
 
     def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal:
         """Return the caller's principal.
@@ -131,6 +151,8 @@ class Authenticator:
         for stored, principal in self._keys:
             if hmac.compare_digest(stored, digest):
                 found = principal
+        for source in self._sources:
+            found = found or source.lookup(digest)
         if found is None:
             raise UnauthenticatedError("invalid API key")
         return found

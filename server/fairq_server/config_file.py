@@ -29,6 +29,7 @@ from fairq_server.config import (
     TierConfig,
     TlsConfig,
 )
+from fairq_server.store.settings import PriceConfig, StoreConfig, StoreError, check_prices
 
 __all__ = ["load_config", "parse_config"]
 
@@ -167,6 +168,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
                     f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)"
                 )
         kwargs["keys"] = keys
+    _store_sections(raw, kwargs)
     if raw:
         raise ConfigError(f"unknown top-level keys {sorted(raw)}")
     config = Config(**kwargs)
@@ -177,6 +179,20 @@ def parse_config(raw: dict[str, Any]) -> Config:
             f"{config.admin.max_backends}"
         )
     return config
+
+
+def _store_sections(raw: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Take ``[store]`` (default: the SQLite file) and ``[prices.<model>]`` out of ``raw``."""
+    try:
+        kwargs["store"] = _build(StoreConfig, "store", raw.pop("store", {}))
+        prices = raw.pop("prices", {})
+        if not isinstance(prices, dict):
+            raise ConfigError("prices: expected a table of [prices.<model>] tables")
+        built = {m: _build(PriceConfig, f"prices.{m}", p) for m, p in prices.items()}
+        check_prices(built, {m for b in kwargs.get("backends", ()) for m in b.models})
+        kwargs["prices"] = built
+    except StoreError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_policies(scheduler: SchedulerConfig) -> None:

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import socket
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,6 +24,7 @@ from fairq_server.collector import Collector
 from fairq_server.config import Config, ConfigError, TlsConfig
 from fairq_server.core import FairqCore
 from fairq_server.http import HttpDoor
+from fairq_server.store.service import Store
 from fairq_server.telemetry import Telemetry
 
 __all__ = ["FairqServer", "server_credentials", "server_options"]
@@ -112,7 +115,13 @@ class FairqServer:
         self.config = config
         self.core = FairqCore(config, telemetry, on_health=self._scheduling_health)
         self.auth = Authenticator(config.keys, self.core.tier_names)
-        self.request_log = RequestLog(config.access_log)
+        self.store: Store | None = None
+        if config.store is not None:
+            replica = config.cluster.replica_id if config.cluster else _process_name()
+            registry = self.core.telemetry.registry
+            self.store = Store(config.store, config.state_file, config.prices,
+                               self.core.tier_names, replica, registry)  # fmt: skip
+        self.request_log = RequestLog(config.access_log, usage=self.store)
         self.port = 0
         self.metrics_port = 0
         self.http_port = 0
@@ -149,7 +158,10 @@ class FairqServer:
         await self.stop(grace=1.0)
 
     async def start(self) -> None:
-        """Register configured backends, bind the ports and start serving."""
+        """Open the store, register configured backends, bind the ports and start serving."""
+        if self.store is not None:
+            await self.store.start()
+            self.auth.add_source(self.store.keys)
         await self.core.start()
         # Unary requests are read and decoded by fairq (api/receive.py): bounded in time,
         # refused with INVALID_ARGUMENT when they do not decode.
@@ -158,7 +170,7 @@ class FairqServer:
             SchedulerServicer(self.core, self.auth, self.request_log), registrar
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.core, self.auth, self.request_log.recent), registrar
+            AdminServicer(self.core, self.auth, self.request_log.recent, self.store), registrar
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, registrar)
         enable_reflection((*_SERVICES, health.SERVICE_NAME), self._server)
@@ -174,7 +186,7 @@ class FairqServer:
         for name in ("", *_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.http.listen:
-            self._http = HttpDoor(self.core, self.auth, self.config.http.listen)
+            self._http = HttpDoor(self.core, self.auth, self.config.http.listen, self.request_log)
             await self._http.start()
             self.http_port = self._http.port
         if self.config.metrics_listen:
@@ -187,7 +199,7 @@ class FairqServer:
         # Last: what exists now lives as long as the server and is frozen out of collections.
         self._collector.start()
         log.info("fairq listening on %s (port %d)", self.config.listen, self.port)
-        _warn_open_mode(self.config)
+        _warn_open_mode(self.config, self.auth.open_mode)
 
     async def reload(self, config: Config) -> None:
         """Apply a new configuration without dropping queued or running requests.
@@ -213,8 +225,12 @@ class FairqServer:
         await self.core.reconfigure(config)
         self.auth.install(keys)
         self.request_log.set_enabled(config.access_log)
+        if self.store is not None:
+            if config.store != self.config.store:
+                log.warning("[store] cannot change on reload; restart to apply it (prices do)")
+            self.store.reconfigure(config.prices, self.core.tier_names)
         self.config = config
-        _warn_open_mode(config)
+        _warn_open_mode(config, self.auth.open_mode)
         log.info("configuration reloaded")
 
     async def stop(self, grace: float) -> None:
@@ -228,6 +244,8 @@ class FairqServer:
             self.core.close_queues(), self._server.stop(grace), self._stop_http(grace)
         )
         await self.core.close()
+        if self.store is not None:  # every request has ended: its row is in the buffer
+            await self.store.close()
         await self._collector.stop()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()  # type: ignore[attr-defined]
@@ -247,9 +265,14 @@ class FairqServer:
         await self._server.wait_for_termination()
 
 
-def _warn_open_mode(config: Config) -> None:
+def _process_name() -> str:
+    """Return this process's name in the usage ledger outside a cluster: host and pid."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _warn_open_mode(config: Config, open_mode: bool) -> None:
     """Say loudly that without keys every caller is trusted, and an admin."""
-    if config.keys:
+    if not open_mode:
         return
     log.warning(
         "OPEN MODE: no [[keys]] are configured, so fairq trusts every caller: the "

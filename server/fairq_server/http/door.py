@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from fairq_server import loop_share
+from fairq_server.api.access_log import RequestLog, RequestTrace
 from fairq_server.api.lifecycle import count_rejection, open_ticket, ticket_events
 from fairq_server.auth import Authenticator, Principal
 from fairq_server.backends.passthrough import BackendHttpError
@@ -51,9 +52,12 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 class OpenAIHandlers:
     """The door's request handlers over one :class:`FairqCore` and :class:`Authenticator`."""
 
-    def __init__(self, core: FairqCore, auth: Authenticator) -> None:
+    def __init__(
+        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
+    ) -> None:
         self._core = core
         self._auth = auth
+        self._request_log = request_log if request_log is not None else RequestLog()
         self._created = int(time.time())
 
     # -- routes ---------------------------------------------------------------------------
@@ -110,7 +114,16 @@ class OpenAIHandlers:
         except SchedulerError as exc:
             count_rejection(self._core, exc)
             return error_response(error_for(exc), retry_after)
-        events = ticket_events(self._core, ticket)
+        trace = RequestTrace(
+            backend_request.request_id, principal.user, principal.group, principal.team,
+            self._core.tier_names[ticket.tier], backend_request.model, arrival,
+        )  # fmt: skip
+        events = _observed(
+            ticket_events(
+                self._core, ticket, lambda outcome: self._request_log.finished(trace, outcome)
+            ),
+            trace,
+        )
         try:
             if parsed.stream:
                 return await self._stream(request, events, retry_after)
@@ -196,6 +209,18 @@ class OpenAIHandlers:
         assert resp is not None
         await resp.write_eof()
         return resp
+
+
+async def _observed(
+    events: AsyncIterator[list[OutboxEvent]], trace: RequestTrace
+) -> AsyncIterator[list[OutboxEvent]]:
+    """Relay ``events``, noting in ``trace`` what the request log reports when it ends."""
+    async with contextlib.aclosing(events):  # type: ignore[type-var]
+        async for batch in events:
+            now = time.monotonic()
+            for event in batch:
+                trace.observe(event, now)
+            yield batch
 
 
 def _parse_frames(text: str) -> list[dict[str, Any]]:

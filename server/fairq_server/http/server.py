@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from fairq_server.api.access_log import RequestLog
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
 from fairq_server.http.door import OpenAIHandlers
@@ -54,10 +55,16 @@ class HttpDoor:
 
     """
 
-    def __init__(self, core: FairqCore, auth: Authenticator, listen: str) -> None:
+    def __init__(
+        self,
+        core: FairqCore,
+        auth: Authenticator,
+        listen: str,
+        request_log: RequestLog | None = None,
+    ) -> None:
         self._listen = listen
         self.port = 0
-        handlers = OpenAIHandlers(core, auth)
+        handlers = OpenAIHandlers(core, auth, request_log)
         app = web.Application(
             middlewares=[_json_errors],
             # Bodies are read and bounded by the handlers (limits.max_body_bytes).
