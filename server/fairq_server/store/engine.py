@@ -106,6 +106,11 @@ def _alembic_config(conn: Connection) -> AlembicConfig:
 def _upgrade(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+    else:
+        # SQLite's driver opens a transaction only before data changes, not before DDL: take
+        # the write lock first, so a second process starting on the same file waits for this
+        # upgrade (busy_timeout) and then finds the schema current.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
     command.upgrade(_alembic_config(conn), "head")
 
 

@@ -119,6 +119,7 @@ class Ledger:
         self.metrics = LedgerMetrics(registry)
         self._buffer: deque[dict[str, Any]] = deque()
         self._wake = asyncio.Event()
+        self._writing = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failures = _Throttled(LOG_INTERVAL_SECONDS)
         self._overflow = _Throttled(LOG_INTERVAL_SECONDS)
@@ -225,6 +226,12 @@ class Ledger:
 
     async def _write_batch(self) -> bool:
         """Write the buffer's first batch; True when it is stored (and taken off the buffer)."""
+        # One batch at a time: flush() (a report) may run beside the writer task, and both
+        # would otherwise take the same first rows.
+        async with self._writing:
+            return await self._write_first()
+
+    async def _write_first(self) -> bool:
         rows = list(islice(self._buffer, self._config.batch_rows))
         if not rows:
             return True
