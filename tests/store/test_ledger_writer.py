@@ -1,4 +1,4 @@
-"""The ledger's writer: batches, the bounded buffer, and a database that goes away and comes back."""
+"""The ledger's writer: batches, the bounded buffer, a database that goes away and comes back."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ def serve_config(sim: SimServer, store: str) -> str:
     )
 
 
+@pytest.mark.timeout(300)
 async def test_sigterm_writes_every_buffered_row(sim: SimServer, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     # Batches that never fill and an hour-long interval: only the stop writes anything.
@@ -64,7 +65,8 @@ async def test_sigterm_writes_every_buffered_row(sim: SimServer, tmp_path: Path)
 BAD_STORES = {
     "scheme": ('[store]\nurl = "mysql://db/fairq"\n', "store.url must start with"),
     "unreachable": (
-        '[store]\nurl = "postgresql://fairq@127.0.0.1:{port}/fairq"\nconnect_timeout_seconds = 2.0\n',
+        '[store]\nurl = "postgresql://fairq@127.0.0.1:{port}/fairq"\n'
+        "connect_timeout_seconds = 2.0\n",
         "store.url: cannot use the database postgresql+asyncpg://fairq@127.0.0.1:",
     ),
     "no-folder": ('[store]\nurl = "sqlite:////nonexistent/dir/f.db"\n', "store.url: folder"),

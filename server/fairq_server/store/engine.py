@@ -8,16 +8,17 @@ migrates and the others find the schema current.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fairq_server.store.settings import StoreConfig, StoreError, engine_url
+
+if TYPE_CHECKING:
+    from alembic.config import Config as AlembicConfig
 
 __all__ = [
     "MIGRATIONS",
@@ -96,7 +97,13 @@ def short_error(exc: BaseException) -> str:
     return first[:300]
 
 
-def _alembic_config(conn: Connection) -> AlembicConfig:
+# Alembic is imported where it is used: it is most of the store's import time, and a
+# process needs it once, at start.
+
+
+def _alembic_config(conn: Connection | None) -> AlembicConfig:
+    from alembic.config import Config as AlembicConfig
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.attributes["connection"] = conn
@@ -111,6 +118,9 @@ def _upgrade(conn: Connection) -> None:
         # the write lock first, so a second process starting on the same file waits for this
         # upgrade (busy_timeout) and then finds the schema current.
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+    from alembic import command
+
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line per plugin
     command.upgrade(_alembic_config(conn), "head")
 
 
@@ -132,15 +142,16 @@ async def upgrade(engine: AsyncEngine) -> None:
 
 def head_revision() -> str:
     """Return the newest revision the shipped migrations know."""
-    cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    head = ScriptDirectory.from_config(cfg).get_current_head()
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config(None)).get_current_head()
     assert head is not None
     return head
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:
     """Return the database's revision (None before the first upgrade)."""
+    from alembic.runtime.migration import MigrationContext
 
     def read(conn: Connection) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()

@@ -19,10 +19,10 @@ T = TypeVar("T")
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--target``, ``--api-key``, ``--user``, ``--tls-ca`` and ``--timeout``."""
+    """Add ``--target``, ``--api-key``, ``--as-user``, ``--tls-ca`` and ``--timeout``."""
     parser.add_argument("--target", default="127.0.0.1:50051", help="host:port of fairq")
     parser.add_argument("--api-key", help="an admin key (default: $FAIRQ_API_KEY)")
-    parser.add_argument("--user", help="x-fairq-user name, for a fairq without keys")
+    parser.add_argument("--as-user", help="x-fairq-user name, for a fairq without keys")
     parser.add_argument("--tls-ca", help="CA certificate (PEM) when fairq serves TLS")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
 
@@ -36,8 +36,8 @@ def admin_stub(
     api_key = args.api_key or os.environ.get("FAIRQ_API_KEY")
     if api_key:
         metadata.append(("authorization", f"Bearer {api_key}"))
-    if args.user:
-        metadata.append(("x-fairq-user", args.user))
+    if args.as_user:
+        metadata.append(("x-fairq-user", args.as_user))
     if args.tls_ca:
         with open(args.tls_ca, "rb") as f:
             credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
