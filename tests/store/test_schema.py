@@ -44,9 +44,9 @@ def test_engine_urls_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAIRQ_TEST_PW", "p@ss/word")
     config = StoreConfig(url="postgres://fairq@db:5432/x", password_env="FAIRQ_TEST_PW")
     assert engine_url(config) == "postgresql+asyncpg://fairq:p%40ss%2Fword@db:5432/x"
-    with pytest.raises(StoreError, match="store.url must start with"):
+    with pytest.raises(StoreError, match=r"store\.url must start with"):
         StoreConfig(url="mysql://db/x")
-    with pytest.raises(StoreError, match="store.flush_seconds must be a finite number above 0"):
+    with pytest.raises(StoreError, match=r"store\.flush_seconds must be a finite number above 0"):
         StoreConfig(flush_seconds=float("nan"))
 
 
