@@ -112,7 +112,8 @@ async def _run(name: str, requests: int, sim_url: str, pg: PostgresProcess,
     pg_url = pg.create_database(f"ledger_{name}")
     replicas: list[ChildProcess] = []
     for i in range(_REPLICAS):  # one after the other: a loaded machine starts each faster
-        replicas.append(await start_fairq(_config(sim_url, i, redis.url, pg_url), metrics=True))
+        config = _config(sim_url, i, redis.url, pg_url)
+        replicas.append(await start_fairq(config, metrics=True, ready_timeout=300))
     channels = [grpc.aio.insecure_channel(r.address) for r in replicas]
     stubs = [scheduler_pb2_grpc.SchedulerStub(c) for c in channels]
     sent = Sent()
