@@ -139,7 +139,7 @@ async def start_child(
     checkout of fairq).
 
     Raises:
-        RuntimeError: the child exited or printed nothing matching within 60 s.
+        RuntimeError: the child exited or printed nothing matching within ``ready_timeout`` seconds.
 
     """
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
