@@ -196,6 +196,7 @@ def _markdown(runs: list[RunResult], reproduce: str) -> str:
         f"Reproduce: `{reproduce}`",
         "",
     ]
+    lines += [_result(runs), ""]
     header = ["run", "requests", "s", "backend tokens", "ledger tokens", "difference",
               "ledger rows", "rows expected (survivors)", "write errors while PG down"]  # fmt: skip
     table = []
@@ -259,6 +260,26 @@ def _markdown(runs: list[RunResult], reproduce: str) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def _result(runs: list[RunResult]) -> str:
+    """The one line the benchmarks README quotes."""
+    parts = []
+    for r in runs:
+        total = sum(r.ledger_tokens.values())
+        if r.name == "sigterm":
+            same = "=" if total == r.backend_tokens else "!="
+            parts.append(f"SIGTERM run: ledger {total} {same} backend {r.backend_tokens} tokens, "
+                         f"{sum(r.ledger_rows.values())} rows for {r.requests} requests")  # fmt: skip
+        else:
+            sent = sum(r.sent.finished_tokens[s] for s in (0, 1))
+            got = sum(r.ledger_tokens.get(f"replica-{s}", 0) for s in (0, 1))
+            lost = r.sent.finished[2] - r.ledger_rows.get("replica-2", 0)
+            parts.append(f"fault run: survivors' ledger {got} {'=' if got == sent else '!='} "
+                         f"{sent} tokens their clients received; the killed replica lost "
+                         f"{lost} unwritten rows and {r.sent.in_flight_at_kill} in-flight "
+                         "requests")  # fmt: skip
+    return "**Result:** " + "; ".join(parts) + "."
 
 
 async def ledger(args: argparse.Namespace, backend_url: str, out: Path) -> bool:
