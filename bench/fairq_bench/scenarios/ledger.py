@@ -269,8 +269,9 @@ def _result(runs: list[RunResult]) -> str:
         total = sum(r.ledger_tokens.values())
         if r.name == "sigterm":
             same = "=" if total == r.backend_tokens else "!="
+            rows = sum(r.ledger_rows.values())
             parts.append(f"SIGTERM run: ledger {total} {same} backend {r.backend_tokens} tokens, "
-                         f"{sum(r.ledger_rows.values())} rows for {r.requests} requests")  # fmt: skip
+                         f"{rows} rows for {r.requests} requests")  # fmt: skip
         else:
             sent = sum(r.sent.finished_tokens[s] for s in (0, 1))
             got = sum(r.ledger_tokens.get(f"replica-{s}", 0) for s in (0, 1))
