@@ -153,7 +153,7 @@ async def test_cli_keys_on_two_replicas_revoked_refused_within_a_second(
     replicas: list[ChildProcess] = []
     try:
         started = await asyncio.gather(
-            *(start_fairq(serve_config(sim, postgres_url)) for _ in range(2)),
+            *(start_fairq(serve_config(sim, postgres_url), ready_timeout=300) for _ in range(2)),
             return_exceptions=True,
         )
         replicas.extend(r for r in started if isinstance(r, ChildProcess))
