@@ -102,6 +102,8 @@ def short_error(exc: BaseException) -> str:
 
 
 def _alembic_config(conn: Connection | None) -> AlembicConfig:
+    # Alembic logs a line per plugin it sets up, at import: not worth an operator's attention.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from alembic.config import Config as AlembicConfig
 
     cfg = AlembicConfig()
@@ -120,7 +122,6 @@ def _upgrade(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
     from alembic import command
 
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line per plugin
     command.upgrade(_alembic_config(conn), "head")
 
 
