@@ -1,4 +1,4 @@
-"""The ``fairq`` command: ``serve``, ``health``, ``keys``, ``top``, ``sim``, ``demo``, ``bench``."""
+"""The ``fairq`` command: ``serve`` and the tools (``keys``, ``usage``, ``db``, ``top``, ...)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         "--access-log", action="store_true", help="one JSON line per request on stdout"
     )
     sub.add_parser("health", help="exit 0 if a fairq reports SERVING", add_help=False)
-    sub.add_parser("keys", help="make API keys (fairq keys new --user NAME)", add_help=False)
+    sub.add_parser(
+        "keys", help="API keys: new (file), create/list/revoke/rotate (store)", add_help=False
+    )
+    sub.add_parser("usage", help="usage by team, user or model (the ledger)", add_help=False)
+    sub.add_parser("db", help="the store's schema: fairq db upgrade --config FILE", add_help=False)
     sub.add_parser("top", help="live view of queues, users and backends", add_help=False)
     sub.add_parser("sim", help="run the simulated backend (see fairq sim --help)", add_help=False)
     sub.add_parser("demo", help="the power-user story on a simulated backend", add_help=False)
@@ -146,6 +150,8 @@ def _plugin_command(name: str) -> Callable[[list[str]], int] | None:
 _TOOLS = {
     "health": "fairq_server.tools.health",
     "keys": "fairq_server.tools.keys",
+    "usage": "fairq_server.tools.usage",
+    "db": "fairq_server.tools.db",
     "top": "fairq_server.tools.top",
 }
 # Commands other distributions bring (entry points in group ``fairq.commands``): the service

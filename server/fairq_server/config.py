@@ -46,6 +46,7 @@ from typing import Any
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig
+from fairq_server.store.settings import PriceConfig, StoreConfig
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -390,6 +391,9 @@ class Config:
             survive a restart (empty: not kept). With ``cluster``, Redis keeps them.
         cluster: several replicas sharing gate, fairness and registry on Redis (None: one
             process, no Redis).
+        store: the usage ledger's and stored keys' database (None: neither; a file's
+            default is a SQLite file, see :mod:`fairq_server.store.settings`).
+        prices: per-model token prices, for the ledger's costs.
 
     """
 
@@ -403,6 +407,8 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     state_file: str = ""
     cluster: ClusterConfig | None = None
+    store: StoreConfig | None = None
+    prices: Mapping[str, PriceConfig] = field(default_factory=dict)
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()

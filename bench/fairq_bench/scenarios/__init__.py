@@ -17,6 +17,7 @@ from pathlib import Path
 from fairq_bench.scenarios import (
     backpressure,
     http_overhead,
+    ledger,
     onoff,
     overhead,
     overload,
@@ -38,6 +39,7 @@ SCENARIOS: dict[str, Scenario] = {
     "on-off": onoff.on_off,
     "overhead": overhead.overhead,
     "http-overhead": http_overhead.http_overhead,
+    "ledger": ledger.ledger,
 }
 
 TITLES: dict[str, str] = {
@@ -49,4 +51,5 @@ TITLES: dict[str, str] = {
     "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
     "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
     "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
+    "ledger": "10. Usage ledger (a replica killed, PostgreSQL restarted, SIGTERM)",
 }

@@ -18,6 +18,13 @@ __all__ = ["KEY_PREFIX", "key_entry", "main", "new_key"]
 
 # A recognisable prefix lets secret scanners and people spot a leaked fairq key.
 KEY_PREFIX = "fq_"
+# Keys in fairq's store (fairq_server.tools.stored_keys), rather than in the file.
+STORE_ACTIONS = {
+    "create": "make a key in the store",
+    "list": "list the store's keys",
+    "revoke": "revoke a stored key on every replica",
+    "rotate": "replace a stored key",
+}
 
 
 def new_key() -> str:
@@ -66,8 +73,15 @@ def _tier_names(config_path: str | None) -> tuple[tuple[str, ...], str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``fairq keys``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in STORE_ACTIONS:  # keys in the store, over the Admin API
+        from fairq_server.tools.stored_keys import main as stored_keys
+
+        return stored_keys(argv)
     parser = argparse.ArgumentParser(prog="fairq keys", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
+    for action, what in STORE_ACTIONS.items():
+        sub.add_parser(action, help=f"{what} (see fairq keys {action} --help)", add_help=False)
     new = sub.add_parser("new", help="print a fresh key once, and its [[keys]] entry")
     new.add_argument("--user", required=True, help="the user the key identifies")
     new.add_argument(
