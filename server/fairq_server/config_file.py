@@ -89,6 +89,11 @@ def parse_config(raw: dict[str, Any]) -> Config:
                 f"backends[{i}]: fair_share_priority needs priority_scheduling = true "
                 "(the backend must order its queue by priority)"
             )
+        if b.preempt and not b.max_in_flight:
+            raise ConfigError(
+                f"backends[{i}]: preempt needs max_in_flight (the backend's running slots: "
+                "fairq frees a slot only where it knows they are all taken)"
+            )
     for i, key in enumerate(config.keys):
         if not key.user or len(key.user) > 128:
             raise ConfigError(f"keys[{i}].user must be 1-128 characters")
