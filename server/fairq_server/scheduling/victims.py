@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fairq_server.preempt_config import PreemptConfig
 
-__all__ = ["Running", "Waiting", "choose_victim", "RateCap"]
+__all__ = ["RateCap", "Running", "Waiting", "choose_victim", "eligible"]
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def test_vllm_completions_continue_token_exact() -> None:
 
 def test_without_ids_the_prompt_gets_the_text() -> None:
     backend = VllmBackend("v", "http://x", ["m"])
-    path, body = backend.payload(BackendRequest("m", prompt="Hi", resume=Resume(" yo", 1)), 0)
+    _, body = backend.payload(BackendRequest("m", prompt="Hi", resume=Resume(" yo", 1)), 0)
     assert "return_token_ids" not in body
     assert body["prompt"] == "Hi yo"
     assert "max_tokens" not in body
