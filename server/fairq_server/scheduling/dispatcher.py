@@ -43,6 +43,7 @@ from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.outbox import Queued
 from fairq_server.scheduling.picking import Picker
 from fairq_server.scheduling.policies import Policies
+from fairq_server.scheduling.preemption import Preemptor
 from fairq_server.scheduling.prefix import PrefixCache
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.shared_counters import adopt_counters, take_journals
@@ -102,6 +103,7 @@ class Dispatcher:
         self._models = ModelSet(telemetry)
         self.attempts = AttemptBook(self, launcher)
         self._picker = Picker(self)
+        self._preemptor = Preemptor(self)
         self.crashes = 0
         self._next_sweep = 0.0
         self.restart_delays: Sequence[float] = RESTART_DELAYS
@@ -252,6 +254,7 @@ class Dispatcher:
                 self._next_sweep = now + _SWEEP_EVERY
                 self._sweep(now)
             more = self._picker.dispatch(now, DISPATCH_BATCH)
+            more |= self._preemptor.run(now) > 0
             for model in self._models.values():
                 model.update_depth()
             if more:

@@ -1,0 +1,195 @@
+"""Preemption by continuation: free a running slot for a request that should run now.
+
+After each dispatch pass, for every model whose next request (the one its highest backlogged
+tier would serve next) has waited longer than its tier's ``preempt_after_seconds``, while
+every running slot of a backend that allows preemption is taken (``in_flight`` at the
+backend's ``max_in_flight``), the dispatcher preempts one running request there
+(:mod:`.victims` chooses it), starts the waiting request in its slot, and queues the victim
+again as a continuation (:mod:`fairq_server.backends.continuation`): its caller keeps reading
+the same stream, which pauses and then goes on.
+
+The prefill the continuation does again is charged to the waiting request's user, who caused
+it; the victim's user pays for its prompt and output once, as if never preempted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from fairq_server.backends.continuation import exempt_reason
+from fairq_server.preempt_config import PreemptConfig
+from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.model_state import ModelState
+from fairq_server.scheduling.ticket import Ticket, TicketState
+from fairq_server.scheduling.victims import RateCap, Running, Waiting, choose_victim
+
+if TYPE_CHECKING:
+    from fairq_server.scheduling.dispatcher import Dispatcher
+
+__all__ = ["Preemptor"]
+
+log = logging.getLogger(__name__)
+
+
+class Preemptor:
+    """The preemption pass of ``dispatcher`` (called from its loop only)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+        self._caps: dict[str, RateCap] = {}
+
+    def run(self, now: float) -> int:
+        """Preempt for each model's next request if it waited too long; return how many."""
+        if not any(t.preempt_after_seconds is not None for t in self._d.tiers):
+            return 0
+        done = 0
+        for model in self._d.model_states():
+            if len(model.queue) and self._preempt_for(model, now):
+                done += 1
+        return done
+
+    def _preempt_for(self, model: ModelState, now: float) -> bool:
+        tier = model.queue.first_tier()
+        if tier is None:
+            return False
+        after = self._d.tiers[tier].preempt_after_seconds
+        head = _head(model, tier)
+        if (
+            after is None
+            or head is None
+            or now - head.arrival < after
+            # A preempted request resumes into freed slots; it never preempts in turn.
+            or (head.progress is not None and head.progress.preemptions > 0)
+        ):
+            return False
+        best: tuple[Running, Ticket, BackendState] | None = None
+        for backend in self._full_backends(model.name, head):
+            cap = self._caps.setdefault(backend.id, RateCap(self._cfg.max_per_second))
+            cap.per_second = self._cfg.max_per_second
+            if not cap.allows(now):
+                continue
+            waiting = Waiting(
+                tier=tier,
+                standing=backend.user_in_flight.get(head.user, 0) / head.weight,
+                step=1 / head.weight,
+            )
+            tickets = self._d.attempts.on_backend.get(backend.id, set())
+            victim = choose_victim(waiting, self._candidates(backend, tickets), self._cfg)
+            if victim is not None and (best is None or _better(victim, best[0])):
+                assert isinstance(victim.key, Ticket)
+                best = (victim, victim.key, backend)
+        if best is None:
+            return False
+        victim, ticket, backend = best
+        redone = self._preempt(ticket, backend, now, "tier" if victim.tier > tier else "fair-share")
+        self._start_waiting(model, tier, head, backend, now, redone)
+        return True
+
+    @property
+    def _cfg(self) -> PreemptConfig:
+        return self._d.config.preempt
+
+    def _full_backends(self, model: str, head: Ticket) -> Iterator[BackendState]:
+        """Yield the backends of ``model`` that allow preemption and have no free slot."""
+        for backend in self._d.backends_of(model):
+            if (
+                backend.backend.preempt
+                and backend.max_in_flight
+                and backend.healthy is not False
+                and not backend.draining
+                and backend.id not in head.excluded
+                and backend.in_flight + backend.peer_in_flight >= backend.max_in_flight
+            ):
+                yield backend
+
+    @staticmethod
+    def _candidates(backend: BackendState, tickets: Iterable[Ticket]) -> Iterator[Running]:
+        for ticket in tickets:
+            progress = ticket.progress
+            if progress is None or not ticket.generating:
+                continue
+            weight = ticket.weight
+            remaining = (
+                ticket.request.sampling.max_tokens - progress.tokens
+                if ticket.request.sampling.max_tokens
+                else None
+            )
+            exempt = progress.beside_text or exempt_reason(ticket.request, backend.backend.kind)
+            yield Running(
+                key=ticket,
+                tier=ticket.tier,
+                standing=backend.user_in_flight.get(ticket.user, 0) / weight,
+                step=1 / weight,
+                generated=progress.tokens,
+                remaining=remaining,
+                preemptions=progress.preemptions,
+                seq=ticket.seq,
+                exempt=bool(exempt),
+            )
+
+    def _preempt(self, ticket: Ticket, backend: BackendState, now: float, reason: str) -> int:
+        """Abort ``ticket`` on ``backend``, queue its continuation; return the prefill redone."""
+        progress = ticket.progress
+        assert progress is not None
+        self._caps[backend.id].record(now)
+        progress.preemptions += 1
+        self._d.attempts.abort(ticket)  # closes the stream: the backend aborts the request
+        resume = progress.resume()
+        ticket.request = dataclasses.replace(ticket.request, resume=resume)
+        ticket.generating = False
+        t = self._d.telemetry
+        t.preemptions.labels(backend.id, reason).inc()
+        t.preempt_regenerated.labels(backend.id).inc(resume.tokens)
+        t.preempt_prefill.labels(backend.id).inc(ticket.prompt_tokens + resume.tokens)
+        log.info(
+            "preempted request %s on %s after %d tokens (%s)",
+            ticket.request.request_id, backend.id, resume.tokens, reason,
+        )  # fmt: skip
+        redone = ticket.prompt_tokens + resume.tokens
+        model = self._d.model_state(ticket.request.model)
+        if model is None:  # cannot happen while its backend serves it; kept safe anyway
+            ticket.state = TicketState.DONE
+            return redone
+        # Among its user's requests, oldest first; never expired by the queue's TTL (its
+        # caller is already reading its stream).
+        model.resume(ticket, ttl=False)
+        return redone
+
+    def _start_waiting(
+        self,
+        model: ModelState,
+        tier: int,
+        head: Ticket,
+        backend: BackendState,
+        now: float,
+        redone: int,
+    ) -> None:
+        """Start ``head`` in the freed slot; charge it the prefill it makes redone."""
+        tier_queue = model.queue.tiers[tier]
+        if tier_queue.has_retries and tier_queue.peek_retry() is head:
+            ticket = model.queue.pop(tier)
+        else:
+            ticket = model.queue.pop(tier, head.user)
+        assert ticket is head, "the head of the tier is what is started"
+        model.last_served[tier] = now
+        ticket.priority_tier = tier
+        tier_queue.fairness.charge(ticket.user, Cost(prompt_tokens=redone), ticket.weight)
+        self._d.attempts.start(ticket, backend, now)
+
+
+def _head(model: ModelState, tier: int) -> Ticket | None:
+    """Return the request ``tier`` would serve next: a retry first, else fairness's choice."""
+    tier_queue = model.queue.tiers[tier]
+    if tier_queue.has_retries:
+        return tier_queue.peek_retry()
+    if not tier_queue.active_users:
+        return None
+    return tier_queue.head_of(tier_queue.fairness.select())
+
+
+def _better(a: Running, b: Running) -> bool:
+    return (-a.tier, -a.standing, a.generated) < (-b.tier, -b.standing, b.generated)
