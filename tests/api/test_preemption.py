@@ -9,7 +9,7 @@ the full usage and finish reason. Without preemption it waits for a slot to free
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import grpc
@@ -25,6 +25,13 @@ from ..conftest import FairqFactory, make_config, sim_backend
 
 POWER_TOKENS = 300
 SLOTS = 2
+
+
+async def until(predicate: Callable[[], bool], timeout: float) -> None:
+    """Wait for dispatcher state that no event announces, with a deadline."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - polling the dispatcher's state
+            await asyncio.sleep(0.005)
 
 
 @pytest.fixture(params=["vllm", "tgi"])
@@ -72,11 +79,10 @@ async def power_then_light(server: FairqServer) -> tuple[list[str], list[list[ob
             asyncio.create_task(read_all(stub, gen(f"power {i}", POWER_TOKENS), "power", done))
             for i in range(SLOTS)
         ]
-        async with asyncio.timeout(30):
-            while state.in_flight < SLOTS or not all(
-                t.generating for t in server.core.dispatcher.attempts.on_backend["sim-a"]
-            ):  # noqa: ASYNC110 - the dispatcher's state, with a deadline
-                await asyncio.sleep(0.01)
+        running = server.core.dispatcher.attempts.on_backend
+        await until(
+            lambda: state.in_flight == SLOTS and all(t.generating for t in running["sim-a"]), 30
+        )
         light = await read_all(stub, gen("light", 4), "light", done)
         results = [light, *await asyncio.gather(*power)]
     return done, results  # type: ignore[return-value]

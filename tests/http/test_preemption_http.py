@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +23,13 @@ from ..conftest import FairqFactory, make_config, sim_backend
 
 POWER_TOKENS = 300
 SLOTS = 2
+
+
+async def until(predicate: Callable[[], bool], timeout: float) -> None:
+    """Wait for dispatcher state that no event announces, with a deadline."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - polling the dispatcher's state
+            await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -78,11 +85,10 @@ async def test_the_preempted_caller_reads_one_openai_stream(
             )
             for i in range(SLOTS)
         ]
-        async with asyncio.timeout(30):
-            while state.in_flight < SLOTS or not all(
-                t.generating for t in server.core.dispatcher.attempts.on_backend["sim-a"]
-            ):  # noqa: ASYNC110 - the dispatcher's state, with a deadline
-                await asyncio.sleep(0.01)
+        running = server.core.dispatcher.attempts.on_backend
+        await until(
+            lambda: state.in_flight == SLOTS and all(t.generating for t in running["sim-a"]), 30
+        )
         await sse(session, url, body(chat, "light", 4), "light", done)
         streams = await asyncio.gather(*power)
     assert done[0] == "light"
