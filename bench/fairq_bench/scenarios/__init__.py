@@ -20,6 +20,7 @@ from fairq_bench.scenarios import (
     onoff,
     overhead,
     overload,
+    preemption,
     prefix,
     priority,
     short_long,
@@ -38,6 +39,7 @@ SCENARIOS: dict[str, Scenario] = {
     "on-off": onoff.on_off,
     "overhead": overhead.overhead,
     "http-overhead": http_overhead.http_overhead,
+    "preemption": preemption.preemption,
 }
 
 TITLES: dict[str, str] = {
@@ -49,4 +51,5 @@ TITLES: dict[str, str] = {
     "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
     "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
     "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
+    "preemption": "10. Preemption by continuation (light user under several power users)",
 }

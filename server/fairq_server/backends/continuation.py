@@ -65,6 +65,10 @@ def exempt_reason(request: BackendRequest, kind: str) -> str | None:
     """
     if request.sampling.seed is not None:
         return "seed"
+    if request.sampling.stop or request.extra.get("stop"):
+        # A stop string could straddle the preemption point, and an engine holds back text
+        # that may begin one: neither would be seen again by the continuation.
+        return "stop"
     extra = request.extra
     for key in ("n", "best_of"):
         value = extra.get(key)

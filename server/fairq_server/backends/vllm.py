@@ -121,7 +121,7 @@ class VllmBackend(Backend):
                         completion_tokens = token_count(usage.get("completion_tokens"))
                 except Exception as exc:  # any shape the code above did not foresee
                     raise self.shape_error(obj) from exc
-            if texts or extras:
+            if texts or extras or ids:
                 count = len(ids) if ids else max(len(texts), len(extras))
                 yield TextDelta("".join(texts), count, tuple(extras), tuple(ids or ()), prompt_ids)
         if not finish:

@@ -81,6 +81,7 @@ def test_tgi_generate_stream_continues_inputs() -> None:
     [
         (BackendRequest("m", prompt="x", sampling=Sampling(seed=1)), "vllm", "seed"),
         (BackendRequest("m", prompt="x", extra={"n": 2}), "vllm", "n"),
+        (BackendRequest("m", prompt="x", sampling=Sampling(stop=("\n",))), "vllm", "stop"),
         (BackendRequest("m", prompt="x", extra={"logprobs": 1}), "vllm", "logprobs"),
         (
             BackendRequest("m", prompt="x", extra={"response_format": {}}),
