@@ -15,6 +15,7 @@ it; the victim's user pays for its prompt and output once, as if never preempted
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 __all__ = ["Preemptor"]
 
 log = logging.getLogger(__name__)
+
+#: Queued users compared per pass when looking for the one that should run now (bounds the
+#: work of a pass on a tier with very many users).
+MAX_USERS_COMPARED = 256
 
 
 class Preemptor:
@@ -57,20 +62,22 @@ class Preemptor:
         if tier is None:
             return False
         after = self._d.tiers[tier].preempt_after_seconds
-        head = _head(model, tier)
-        if (
-            after is None
-            or head is None
-            or now - head.arrival < after
-            # A preempted request resumes into freed slots; it never preempts in turn.
-            or (head.progress is not None and head.progress.preemptions > 0)
-        ):
+        if after is None:
             return False
-        best: tuple[Running, Ticket, BackendState] | None = None
-        for backend in self._full_backends(model.name, head):
+        best: tuple[Running, Ticket, BackendState, Ticket] | None = None
+        for backend in self._full_backends(model.name):
             cap = self._caps.setdefault(backend.id, RateCap(self._cfg.max_per_second))
             cap.per_second = self._cfg.max_per_second
             if not cap.allows(now):
+                continue
+            head = _waiting(model, tier, backend)
+            if (
+                head is None
+                or now - head.arrival < after
+                or backend.id in head.excluded
+                # A preempted request resumes into freed slots; it never preempts in turn.
+                or (head.progress is not None and head.progress.preemptions > 0)
+            ):
                 continue
             waiting = Waiting(
                 tier=tier,
@@ -81,10 +88,10 @@ class Preemptor:
             victim = choose_victim(waiting, self._candidates(backend, tickets), self._cfg)
             if victim is not None and (best is None or _better(victim, best[0])):
                 assert isinstance(victim.key, Ticket)
-                best = (victim, victim.key, backend)
+                best = (victim, victim.key, backend, head)
         if best is None:
             return False
-        victim, ticket, backend = best
+        victim, ticket, backend, head = best
         redone = self._preempt(ticket, backend, now, "tier" if victim.tier > tier else "fair-share")
         self._start_waiting(model, tier, head, backend, now, redone)
         return True
@@ -93,7 +100,7 @@ class Preemptor:
     def _cfg(self) -> PreemptConfig:
         return self._d.config.preempt
 
-    def _full_backends(self, model: str, head: Ticket) -> Iterator[BackendState]:
+    def _full_backends(self, model: str) -> Iterator[BackendState]:
         """Yield the backends of ``model`` that allow preemption and have no free slot."""
         for backend in self._d.backends_of(model):
             if (
@@ -101,7 +108,6 @@ class Preemptor:
                 and backend.max_in_flight
                 and backend.healthy is not False
                 and not backend.draining
-                and backend.id not in head.excluded
                 and backend.in_flight + backend.peer_in_flight >= backend.max_in_flight
             ):
                 yield backend
@@ -181,14 +187,24 @@ class Preemptor:
         self._d.attempts.start(ticket, backend, now)
 
 
-def _head(model: ModelState, tier: int) -> Ticket | None:
-    """Return the request ``tier`` would serve next: a retry first, else fairness's choice."""
+def _waiting(model: ModelState, tier: int, backend: BackendState) -> Ticket | None:
+    """Return the request of ``tier`` that should run now on ``backend``.
+
+    A retry first (as in dispatch); else the next request of the queued user who holds least
+    of the backend per unit of weight (ties: the user queued longest). That user is not
+    always fairness's next pick (round-robin may be on another user's turn), but it is the one
+    whose wait for a slot is least fair.
+    """
     tier_queue = model.queue.tiers[tier]
     if tier_queue.has_retries:
         return tier_queue.peek_retry()
-    if not tier_queue.active_users:
-        return None
-    return tier_queue.head_of(tier_queue.fairness.select())
+    best: tuple[float, Ticket] | None = None
+    for user in itertools.islice(tier_queue.users(), MAX_USERS_COMPARED):
+        head = tier_queue.head_of(user)
+        standing = backend.user_in_flight.get(user, 0) / head.weight
+        if best is None or standing < best[0]:
+            best = (standing, head)
+    return None if best is None else best[1]
 
 
 def _better(a: Running, b: Running) -> bool:
