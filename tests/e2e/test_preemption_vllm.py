@@ -37,7 +37,9 @@ def greedy(prompt: str, max_tokens: int, *, chat: bool = False) -> scheduler_pb2
     sampling = scheduler_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     if chat:
         return scheduler_pb2.GenerateRequest(
-            model="tiny", messages=[scheduler_pb2.ChatMessage(role="user", content=prompt)],
+            model="tiny", messages=scheduler_pb2.ChatMessages(
+                messages=[scheduler_pb2.ChatMessage(role="user", content=prompt)]
+            ),
             sampling=sampling, tier="standard",
         )  # fmt: skip
     return scheduler_pb2.GenerateRequest(

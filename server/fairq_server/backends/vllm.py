@@ -62,8 +62,9 @@ class VllmBackend(Backend):
         path, body = openai_body(request)
         if request.request_id:
             body["request_id"] = request.request_id
-        if self.preempt and "prompt" in body:
-            # Token ids make a continuation after a preemption token-exact.
+        if self.preempt:
+            # Token ids make a continuation after a preemption token-exact (completions) and
+            # count its output exactly (vLLM merges the deltas of a stream read late).
             body["return_token_ids"] = True
         if request.resume is not None:
             continue_openai(body, request.resume, token_ids=True)
