@@ -38,11 +38,12 @@ async def slow_sim() -> AsyncIterator[SimServer]:
         yield s
 
 
-def body(chat: bool, text: str, max_tokens: int) -> dict[str, Any]:
-    common = {
-        "model": "sim", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-        "stream_options": {"include_usage": True},
+def body(chat: bool, text: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    common: dict[str, Any] = {
+        "model": "sim", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
     }  # fmt: skip
+    if stream:
+        common["stream_options"] = {"include_usage": True}
     if chat:
         return {**common, "messages": [{"role": "user", "content": text}]}
     return {**common, "prompt": text}
@@ -54,6 +55,8 @@ async def sse(
     events: list[Any] = []
     async with session.post(url, json=payload, headers={"x-fairq-user": user}) as resp:
         assert resp.status == 200, await resp.text()
+        if not payload["stream"]:
+            events.append(await resp.json())
         async for line in resp.content:
             text = line.decode().strip()
             if text.startswith("data: "):
@@ -63,14 +66,14 @@ async def sse(
     return events
 
 
-@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
-async def test_the_preempted_caller_reads_one_openai_stream(
-    chat: bool, slow_sim: SimServer, fairq_factory: FairqFactory
-) -> None:
+async def preempted(
+    chat: bool, stream: bool, sim: SimServer, fairq_factory: FairqFactory
+) -> list[list[Any]]:
+    """Two power requests fill the slots, a light one preempts; return the power responses."""
     tiers = tuple(
         replace(t, preempt_after_seconds=0.0, max_backend_waiting=0) for t in DEFAULT_TIERS
     )
-    backend = sim_backend(slow_sim, preempt=True, max_in_flight=SLOTS)
+    backend = sim_backend(sim, preempt=True, max_in_flight=SLOTS)
     config = make_config([backend], preempt=PreemptConfig(min_tokens=4, max_per_second=100))
     config = replace(config, tiers=tiers, http=HttpConfig(listen="127.0.0.1:0"))
     server = await fairq_factory(config)
@@ -81,7 +84,7 @@ async def test_the_preempted_caller_reads_one_openai_stream(
     async with aiohttp.ClientSession() as session:
         power = [
             asyncio.create_task(
-                sse(session, url, body(chat, f"power {i}", POWER_TOKENS), "power", done)
+                sse(session, url, body(chat, f"power {i}", POWER_TOKENS, stream), "power", done)
             )
             for i in range(SLOTS)
         ]
@@ -93,6 +96,14 @@ async def test_the_preempted_caller_reads_one_openai_stream(
         streams = await asyncio.gather(*power)
     assert done[0] == "light"
     assert server.core.telemetry.preemptions.labels("sim-a", "fair-share")._value.get() == 1
+    return streams
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+async def test_the_preempted_caller_reads_one_openai_stream(
+    chat: bool, slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    streams = await preempted(chat, True, slow_sim, fairq_factory)
     for events in streams:
         assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
         chunks = events[:-1]
@@ -107,3 +118,13 @@ async def test_the_preempted_caller_reads_one_openai_stream(
         assert len(usage) == 1
         assert usage[0]["completion_tokens"] == POWER_TOKENS
         assert usage[0]["prompt_tokens"] + POWER_TOKENS == usage[0]["total_tokens"]
+
+
+async def test_a_preempted_non_streamed_answer_is_whole(
+    slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    for (answer,) in await preempted(True, False, slow_sim, fairq_factory):
+        assert answer["object"] == "chat.completion"
+        assert answer["choices"][0]["finish_reason"] == "length"
+        assert answer["choices"][0]["message"]["content"]
+        assert answer["usage"]["completion_tokens"] == POWER_TOKENS
