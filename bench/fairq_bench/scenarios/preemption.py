@@ -47,13 +47,17 @@ def flood_of_many(
 
 
 def fairq_config(url: str, model: str, kind: str, slots: int, metrics_port: int, on: bool) -> str:
-    """fairq as before (``on`` False), or with preemption on the standard tier and backend."""
+    """fairq as before (``on`` False), or with preemption (tiers and backend)."""
     extra = f'metrics_listen = "127.0.0.1:{metrics_port}"\n'
     if not on:
         return toml_config(url, model, kind, extra)
+    # The slot count bounds the batch, so the TPOT hold is switched off (a large limit): held
+    # while the engine has no queue of its own, it would leave running slots empty.
     extra += (
         '[[tiers]]\nname = "interactive"\npreempt_after_seconds = 0.0\n'
-        '[[tiers]]\nname = "standard"\n[[tiers]]\nname = "batch"\nmax_backend_waiting = 0\n'
+        "tpot_limit_seconds = 1000.0\n"
+        '[[tiers]]\nname = "standard"\ntpot_limit_seconds = 1000.0\n'
+        '[[tiers]]\nname = "batch"\nmax_backend_waiting = 0\ntpot_limit_seconds = 1000.0\n'
     )
     return toml_config(url, model, kind, extra) + f"preempt = true\nmax_in_flight = {slots}\n"
 
