@@ -21,11 +21,12 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from fairq_server.backends.continuation import exempt_reason
+from fairq_server.errors import NoBackendError
 from fairq_server.preempt_config import PreemptConfig
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.model_state import ModelState
-from fairq_server.scheduling.ticket import Ticket, TicketState
+from fairq_server.scheduling.ticket import Ticket
 from fairq_server.scheduling.victims import RateCap, Running, Waiting, choose_victim
 
 if TYPE_CHECKING:
@@ -158,7 +159,8 @@ class Preemptor:
         redone = ticket.prompt_tokens + resume.tokens
         model = self._d.model_state(ticket.request.model)
         if model is None:  # cannot happen while its backend serves it; kept safe anyway
-            ticket.state = TicketState.DONE
+            error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
+            self._d.attempts.abandon(ticket, error)
             return redone
         # Among its user's requests, oldest first; never expired by the queue's TTL (its
         # caller is already reading its stream).
