@@ -51,8 +51,8 @@ async def start_fairq(factory: FairqFactory, sim: SimServer, *, preempt: bool) -
     return await factory(replace(config, tiers=tiers))
 
 
-def gen(prompt: str, max_tokens: int) -> scheduler_pb2.GenerateRequest:
-    sampling = scheduler_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+def gen(prompt: str, max_tokens: int, seed: int | None = None) -> scheduler_pb2.GenerateRequest:
+    sampling = scheduler_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=seed)
     return scheduler_pb2.GenerateRequest(model="sim", prompt=prompt, sampling=sampling)
 
 
@@ -68,7 +68,9 @@ async def read_all(
     return events
 
 
-async def power_then_light(server: FairqServer) -> tuple[list[str], list[list[object]]]:
+async def power_then_light(
+    server: FairqServer, seed: int | None = None
+) -> tuple[list[str], list[list[object]]]:
     """Fill both slots with power requests, then send a light one; return finish order."""
     state = server.core.backend("sim-a")
     assert state is not None
@@ -76,7 +78,9 @@ async def power_then_light(server: FairqServer) -> tuple[list[str], list[list[ob
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         stub = scheduler_pb2_grpc.SchedulerStub(ch)
         power = [
-            asyncio.create_task(read_all(stub, gen(f"power {i}", POWER_TOKENS), "power", done))
+            asyncio.create_task(
+                read_all(stub, gen(f"power {i}", POWER_TOKENS, seed), "power", done)
+            )
             for i in range(SLOTS)
         ]
         running = server.core.dispatcher.attempts.on_backend
@@ -121,5 +125,14 @@ async def test_without_preemption_the_light_request_waits_for_a_slot(
 ) -> None:
     server = await start_fairq(fairq_factory, slow_sim, preempt=False)
     done, _ = await power_then_light(server)
+    assert done[0].startswith("power:"), done
+    assert server.core.telemetry.preemptions.labels("sim-a", "fair-share")._value.get() == 0
+
+
+async def test_a_request_with_a_seed_is_never_preempted(
+    slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    server = await start_fairq(fairq_factory, slow_sim, preempt=True)
+    done, _ = await power_then_light(server, seed=7)
     assert done[0].startswith("power:"), done
     assert server.core.telemetry.preemptions.labels("sim-a", "fair-share")._value.get() == 0
