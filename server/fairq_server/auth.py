@@ -1,7 +1,9 @@
 """Identity: turn request metadata into a :class:`Principal`.
 
 API keys are configured as SHA-256 digests, so the configuration file never holds a usable
-secret. A presented key is hashed and the digest compared in constant time.
+secret. A presented key is hashed and the digest compared in constant time. A bearer token
+shaped like a JWT (three dot-separated base64url parts; fairq's keys hold no dots) is verified
+against the identity provider's keys instead (:mod:`fairq_server.identity`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fairq_server.config import KeyConfig
+from fairq_server.config import ConfigError, KeyConfig
 from fairq_server.errors import PermissionDeniedError, UnauthenticatedError
+from fairq_server.identity.jwks import source_for
+from fairq_server.identity.jwt import JwtVerifier, looks_like_jwt
+from fairq_server.identity.keyset import JwksError
+from fairq_server.identity.settings import JwtConfig
 
 __all__ = ["ANONYMOUS_USER", "Authenticator", "Principal", "hash_key"]
 
@@ -33,6 +39,10 @@ class Principal:
         admin: may call the Admin service.
         weight: share of service relative to other users (vtc fairness).
         group: low-cardinality label for fairq's own metrics.
+        team: the team the user belongs to (None: no team; the user is its own team).
+
+    User and team names are kept verbatim (any text but control characters, bounded in
+    length): a key's user and a token's user claim of the same text are the same user.
 
     """
 
@@ -41,6 +51,16 @@ class Principal:
     admin: bool = False
     weight: float = 1.0
     group: str = "default"
+    team: str | None = None
+
+    @property
+    def team_id(self) -> tuple[str, str]:
+        """The unit service is shared between at the team level.
+
+        A named team, or the user alone when it has none. Tagged, so a user without a team
+        never shares an entry with a team of the same name.
+        """
+        return ("team", self.team) if self.team is not None else ("user", self.user)
 
 
 def hash_key(api_key: str) -> str:
@@ -49,18 +69,31 @@ def hash_key(api_key: str) -> str:
 
 
 class Authenticator:
-    """Resolves gRPC metadata to a principal.
+    """Resolves gRPC metadata (or HTTP headers) to a principal.
 
-    With no keys configured (local development) every caller is trusted: the
+    With no keys and no ``[jwt]`` configured (local development) every caller is trusted: the
     ``x-fairq-user`` metadata value names the user, every tier is allowed, and Admin calls
     are allowed.
     """
 
-    def __init__(self, keys: Iterable[KeyConfig], tier_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        keys: Iterable[KeyConfig],
+        tier_names: Sequence[str],
+        jwt: JwtConfig | None = None,
+    ) -> None:
+        """Build the key table and the JWT verifier.
+
+        Raises:
+            ConfigError: ``jwt.jwks_file`` or ``jwt.jwks_ca_file`` cannot be used.
+
+        """
         self._tier_names = tuple(tier_names)
         self._keys: list[tuple[bytes, Principal]] = []
+        self._jwt: JwtVerifier | None = None
         self._warned_ignored_key = False
         self.update(keys)
+        self._jwt = self.prepare_jwt(jwt)
 
     def update(self, keys: Iterable[KeyConfig]) -> None:
         """Replace the configured keys (configuration reload).
@@ -81,7 +114,9 @@ class Authenticator:
         entries = []
         for key in keys:
             tiers = frozenset(key.tiers or self._tier_names)
-            principal = Principal(key.user, tiers, key.admin, key.weight, key.group)
+            principal = Principal(
+                key.user, tiers, key.admin, key.weight, key.group, team=key.team or None
+            )
             entries.append((bytes.fromhex(key.sha256), principal))
         return entries
 
@@ -89,16 +124,56 @@ class Authenticator:
         """Make a table from :meth:`prepare` the one in use."""
         self._keys = entries
 
+    def prepare_jwt(self, config: JwtConfig | None) -> JwtVerifier | None:
+        """Build the JWT verifier for ``config`` without installing it (configuration reload).
+
+        An unchanged JWKS URL keeps the keys already fetched.
+
+        Raises:
+            ConfigError: ``jwt.jwks_file`` cannot be read or holds no usable key, or
+                ``jwt.jwks_ca_file`` cannot be read.
+
+        """
+        if config is None:
+            return None
+        previous = self._jwt.source if self._jwt is not None else None
+        try:
+            source = source_for(config, previous)
+        except JwksError as exc:
+            raise ConfigError(str(exc)) from None
+        return JwtVerifier(config, source, self._tier_names)
+
+    async def install_jwt(self, verifier: JwtVerifier | None) -> None:
+        """Make a verifier from :meth:`prepare_jwt` the one in use.
+
+        The replaced verifier's JWKS source is closed, unless the new one took it over.
+        """
+        old, self._jwt = self._jwt, verifier
+        if old is not None and (verifier is None or verifier.source is not old.source):
+            await old.source.close()
+        if verifier is not None and (old is None or verifier.source is not old.source):
+            await verifier.source.start()
+
+    async def start(self) -> None:
+        """Fetch the identity provider's keys a first time (a failure is logged)."""
+        if self._jwt is not None:
+            await self._jwt.source.start()
+
+    async def close(self) -> None:
+        """Release the JWKS source's connections."""
+        if self._jwt is not None:
+            await self._jwt.source.close()
+
     @property
     def open_mode(self) -> bool:
-        """True when no keys are configured."""
-        return not self._keys
+        """True when no keys and no JWT identities are configured."""
+        return not self._keys and self._jwt is None
 
-    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal:
+    async def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal:
         """Return the caller's principal.
 
         Raises:
-            UnauthenticatedError: keys are configured and none valid was presented.
+            UnauthenticatedError: keys or JWTs are configured and nothing valid was presented.
 
         """
         md = {k.lower(): v for k, v in metadata}
@@ -123,9 +198,30 @@ class Authenticator:
         if isinstance(header, bytes):
             header = header.decode(errors="replace")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             raise UnauthenticatedError("authorization metadata must be 'Bearer <api key>'")
-        digest = hashlib.sha256(token.strip().encode()).digest()
+        if looks_like_jwt(token):
+            return await self._from_jwt(token)
+        return self._from_key(token)
+
+    async def _from_jwt(self, token: str) -> Principal:
+        if self._jwt is None:
+            raise UnauthenticatedError(
+                "the bearer token is a JWT, but this server takes no JWTs (no [jwt] "
+                "configured); use an API key"
+            )
+        identity = await self._jwt.verify(token)
+        return Principal(
+            identity.user,
+            identity.tiers,
+            identity.admin,
+            group=self._jwt.config.group,
+            team=identity.team,
+        )
+
+    def _from_key(self, token: str) -> Principal:
+        digest = hashlib.sha256(token.encode()).digest()
         found: Principal | None = None
         # Compare against every key so the time taken does not depend on which one matched.
         for stored, principal in self._keys:

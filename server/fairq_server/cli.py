@@ -14,10 +14,9 @@ from collections.abc import Callable, Coroutine
 from importlib.metadata import entry_points
 
 from fairq_server import logs
-from fairq_server.api.server import FairqServer
-from fairq_server.config import ConfigError
+from fairq_server.app import FairqServer
 from fairq_server.config_file import load_config
-from fairq_server.errors import SchedulerError
+from fairq_server.errors import ConfigError, SchedulerError
 
 __all__ = ["main"]
 

@@ -15,9 +15,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fairq_server.backends.spec import check_backend
-from fairq_server.config import PRIORITY_ORDERS, Config, ConfigError, SchedulerConfig
+from fairq_server.backends.spec import check_backend_config
+from fairq_server.config import Config, ConfigError, SchedulerConfig
 from fairq_server.config_reader import read_table
+from fairq_server.identity.settings import MAX_NAME_CHARS, check_jwt, check_name
 
 __all__ = ["load_config", "parse_config"]
 
@@ -36,6 +37,9 @@ _POSITIVE = frozenset(
         "max_extra_depth", "max_body_bytes", "body_timeout_seconds", "queue_comment_seconds",
         "max_streams_per_connection", "request_receive_seconds", "max_backends",
         "max_metrics_bytes", "max_error_body_bytes", "max_poll_backoff_seconds",
+        "head_timeout_seconds", "idle_timeout_seconds", "max_connections",
+        "max_connections_per_peer", "max_grpc_connections", "max_answer_chars",
+        "max_sequences",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})
@@ -79,27 +83,21 @@ def parse_config(raw: dict[str, Any]) -> Config:
         _check_address(name, address)
     for i, b in enumerate(config.backends):
         try:
-            check_backend(b.id, b.kind, b.base_url, b.models)
+            check_backend_config(b)
         except ValueError as exc:
             raise ConfigError(f"backends[{i}]: {exc}") from None
-        if b.priority_order and b.priority_order not in PRIORITY_ORDERS:
-            raise ConfigError(f"backends[{i}]: priority_order must be one of {PRIORITY_ORDERS}")
-        if b.fair_share_priority and not b.priority_scheduling:
-            raise ConfigError(
-                f"backends[{i}]: fair_share_priority needs priority_scheduling = true "
-                "(the backend must order its queue by priority)"
-            )
-        if b.preempt and not b.max_in_flight:
-            raise ConfigError(
-                f"backends[{i}]: preempt needs max_in_flight (the backend's running slots: "
-                "fairq frees a slot only where it knows they are all taken)"
-            )
     for i, key in enumerate(config.keys):
         if not key.user or len(key.user) > 128:
             raise ConfigError(f"keys[{i}].user must be 1-128 characters")
         if _SHA256_HEX.fullmatch(key.sha256) is None:
             raise ConfigError(f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)")
+        _check_team(key.team, f"keys[{i}].team")
     _check_policies(config.scheduler)
+    if config.jwt is not None:
+        try:
+            check_jwt(config.jwt, [t.name for t in config.tiers])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if len(config.backends) > config.admin.max_backends:
         raise ConfigError(
             f"backends: {len(config.backends)} configured; admin.max_backends is "
@@ -119,6 +117,14 @@ def _check_address(key: str, address: str) -> None:
         raise ConfigError(
             f'{key}: expected "host:port" with a port 0-65535 (0 picks a free one), not {address!r}'
         )
+
+
+def _check_team(team: str, what: str) -> None:
+    if team:  # empty: no team, the user is its own team
+        try:
+            check_name(team, what, MAX_NAME_CHARS)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _check_policies(scheduler: SchedulerConfig) -> None:

@@ -97,6 +97,10 @@ def _hints(cls: type[Any]) -> dict[str, Any]:
 
 def _read(tp: Any, path: str, value: object, check: Check | None) -> Any:
     tp = _strip_optional(tp)
+    if tp == _ONE_OR_MORE:  # one string, or a list of them
+        if isinstance(value, str) or _matches(tuple[str, ...], value):
+            return value if isinstance(value, str) else tuple(typing.cast(list[str], value))
+        raise ConfigError(f"{path}: expected a string or a list of strings, got {describe(value)}")
     if dataclasses.is_dataclass(tp):
         return read_table(tp, path, value, check)  # type: ignore[arg-type]
     if _matches(tp, value):
@@ -151,6 +155,9 @@ def _tuple_item(tp: Any) -> tuple[Any]:
         raise TypeError(f"a configuration tuple must be tuple[X, ...], not {tp!r}")
     return (args[0],)
 
+
+# ``str | tuple[str, ...]``: a setting given as one string or a list of strings.
+_ONE_OR_MORE: Any = str | tuple[str, ...]
 
 _EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.config import Config, HttpConfig
 from fairq_server.listening import ListenError
 

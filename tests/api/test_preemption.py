@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.config import DEFAULT_TIERS
 from fairq_server.preempt_config import PreemptConfig
 from fairq_sim import SimConfig, SimServer

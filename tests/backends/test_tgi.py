@@ -15,6 +15,8 @@ import grpc
 import httpx
 import pytest
 
+from fairq_server.api.status import status_for
+from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
@@ -23,7 +25,6 @@ from fairq_server.backends.request import (
     TextDelta,
 )
 from fairq_server.backends.tgi import TgiBackend
-from fairq_server.errors import BackendError, status_for
 from fairq_sim import SimConfig, SimServer
 
 from ..scripted_http import RecordingProxy
@@ -163,7 +164,9 @@ async def test_fresh_server_without_series_reads_as_idle(
 ) -> None:
     # TGI exports a series only after first use; an idle server is not a broken endpoint.
     sample = await backend.scrape(5.0)
-    assert sample == MetricsSample(waiting=0.0, running=0.0, kv_usage=None)
+    assert sample == MetricsSample(
+        waiting=0.0, running=0.0, kv_usage=None, missing=(("kv_usage", ""),)
+    )
 
 
 async def test_queue_and_batch_gauges_while_busy(tgi: SimServer, backend: TgiBackend) -> None:

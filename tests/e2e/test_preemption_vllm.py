@@ -15,7 +15,7 @@ from dataclasses import replace
 import grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.config import BackendConfig, TierConfig
 from fairq_server.preempt_config import PreemptConfig
 

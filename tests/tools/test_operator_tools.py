@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import fairq
-from fairq_server.api.validation import resolve_tier
 from fairq_server.auth import Authenticator
 from fairq_server.config_file import parse_config
 from fairq_server.errors import PermissionDeniedError
+from fairq_server.requests.tier import resolve_tier
 from fairq_server.tools import keys, top
 from fairq_sim import SimServer
 
@@ -31,7 +31,7 @@ async def fairq_cli(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-def test_keys_new_prints_a_key_its_entry_admits(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_keys_new_prints_a_key_its_entry_admits(capsys: pytest.CaptureFixture[str]) -> None:
     assert keys.main(["new", "--user", 'o"hara', "--tiers", "batch", "--admin", "--json"]) == 0
     made = json.loads(capsys.readouterr().out)
     assert made["key"].startswith("fq_") and len(made["key"]) > 40
@@ -39,7 +39,7 @@ def test_keys_new_prints_a_key_its_entry_admits(capsys: pytest.CaptureFixture[st
     [entry] = config.keys
     assert (entry.user, entry.tiers, entry.admin) == ('o"hara', ("batch",), True)
     auth = Authenticator(config.keys, ("interactive", "standard", "batch"))
-    principal = auth.authenticate([("authorization", f"Bearer {made['key']}")])
+    principal = await auth.authenticate([("authorization", f"Bearer {made['key']}")])
     assert principal.user == 'o"hara' and principal.admin
     assert principal.tiers == frozenset({"batch"})
 
@@ -98,14 +98,14 @@ def test_keys_new_checks_tiers_against_the_configuration_given(
     assert f"the tiers of {config} are premium, free" in capsys.readouterr().err
 
 
-def test_keys_new_max_tier_is_a_ceiling_every_lower_tier_may_be_used(
+async def test_keys_new_max_tier_is_a_ceiling_every_lower_tier_may_be_used(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert keys.main(["new", "--user", "u", "--max-tier", "standard", "--json"]) == 0
     made = json.loads(capsys.readouterr().out)
     config = parse_config(tomllib.loads(made["toml"]))
     tiers = ("interactive", "standard", "batch")
-    principal = Authenticator(config.keys, tiers).authenticate(
+    principal = await Authenticator(config.keys, tiers).authenticate(
         [("authorization", f"Bearer {made['key']}")]
     )
     assert resolve_tier("", principal, tiers) == 1  # the default: its ceiling
@@ -122,7 +122,7 @@ async def test_keys_new_from_the_command_line_shows_the_key_and_the_entry() -> N
     [entry] = parse_config(tomllib.loads(toml)).keys
     assert entry.group == "team-a"
     auth = Authenticator([entry], ("interactive",))
-    assert auth.authenticate([("authorization", f"Bearer {key}")]).user == "alice"
+    assert (await auth.authenticate([("authorization", f"Bearer {key}")])).user == "alice"
 
 
 async def test_health_exits_0_while_serving_and_1_when_gone(

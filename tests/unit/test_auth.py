@@ -4,29 +4,29 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.api.validation import resolve_tier
 from fairq_server.auth import Authenticator, Principal, hash_key
 from fairq_server.config import KeyConfig
 from fairq_server.errors import InvalidRequestError, PermissionDeniedError, UnauthenticatedError
+from fairq_server.requests.tier import resolve_tier
 
 TIERS = ("interactive", "standard", "batch")
 
 
-def test_keys_are_matched_by_hash_and_never_stored_in_clear() -> None:
+async def test_keys_are_matched_by_hash_and_never_stored_in_clear() -> None:
     auth = Authenticator([KeyConfig("alice", hash_key("s3cret"), tiers=("batch",))], TIERS)
-    principal = auth.authenticate([("authorization", "Bearer s3cret")])
+    principal = await auth.authenticate([("authorization", "Bearer s3cret")])
     assert principal.user == "alice"
     assert principal.tiers == frozenset({"batch"})
     assert "s3cret" not in repr(auth.__dict__)
     with pytest.raises(UnauthenticatedError, match="invalid API key"):
-        auth.authenticate([("authorization", "Bearer s3cre")])
+        await auth.authenticate([("authorization", "Bearer s3cre")])
 
 
-def test_open_mode_uses_user_metadata() -> None:
+async def test_open_mode_uses_user_metadata() -> None:
     auth = Authenticator([], TIERS)
-    assert auth.authenticate([("x-fairq-user", "bob")]).user == "bob"
-    assert auth.authenticate([]).user == "anonymous"
-    assert auth.authenticate([("x-fairq-user", "x" * 500)]).user == "anonymous"
+    assert (await auth.authenticate([("x-fairq-user", "bob")])).user == "bob"
+    assert (await auth.authenticate([])).user == "anonymous"
+    assert (await auth.authenticate([("x-fairq-user", "x" * 500)])).user == "anonymous"
 
 
 def test_non_admin_is_refused_admin() -> None:

@@ -4,8 +4,10 @@ A backend started with an API key (``vllm serve --api-key``, ``sglang --api-key`
 ``llama-server --api-key``) refuses requests without ``Authorization: Bearer``. The key is
 never written in fairq's configuration: it is read from an environment variable or a file
 when the backend is registered. Over the Admin API only environment variables whose name
-starts with ``FAIRQ_`` may be named, so an admin call cannot make fairq send an unrelated
-secret of its environment (or any file it can read) to a host of the caller's choosing.
+starts with ``FAIRQ_BACKEND_KEY_`` may be named, so an admin call cannot make fairq send
+another secret of its environment (``FAIRQ_REDIS_PASSWORD``, a database URL, any file it can
+read) to a host of the caller's choosing. Every refusal of such a name gets one and the same
+error, so the answer does not tell which variables exist either.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
@@ -23,16 +26,52 @@ from fairq_server.errors import InvalidRequestError
 from fairq_server.names import escape
 
 if TYPE_CHECKING:
-    from fairq_server.backends.base import Backend
     from fairq_server.config import BackendConfig
 
-__all__ = ["RPC_ENV_PREFIX", "check_served_models", "read_api_key", "refuse_unserved"]
+__all__ = [
+    "RPC_ENV_PREFIX",
+    "ListsModels",
+    "check_served_models",
+    "read_api_key",
+    "refuse_unserved",
+]
 
 log = logging.getLogger(__name__)
 
-RPC_ENV_PREFIX = "FAIRQ_"
+RPC_ENV_PREFIX = "FAIRQ_BACKEND_KEY_"
 _MAX_KEY_BYTES = 4096
 _MAX_MODELS_BYTES = 1024 * 1024
+
+
+class ListsModels(Protocol):
+    """What the model check needs of a backend adapter (``Backend`` offers it)."""
+
+    @property
+    def id(self) -> str:
+        """The backend's id."""
+        ...
+
+    @property
+    def base_url(self) -> str:
+        """The backend's URL."""
+        ...
+
+    @property
+    def models(self) -> Sequence[str]:
+        """The models registered for it."""
+        ...
+
+    def session(self) -> aiohttp.ClientSession:
+        """Return the backend's connection pool, with its credentials."""
+        ...
+
+    async def verify_models(self, timeout: float = 5.0) -> None:
+        """Check ``/v1/models`` (see :func:`check_served_models`)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the backend's connections."""
+        ...
 
 
 def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
@@ -58,10 +97,8 @@ def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
         key = raw.decode("ascii", "replace").splitlines()[0] if raw.strip() else ""
         source = f"api_key_file {cfg.api_key_file}"
     elif cfg.api_key_env:
-        if from_rpc and not cfg.api_key_env.startswith(RPC_ENV_PREFIX):
-            raise InvalidRequestError(
-                f"api_key_env set over the Admin API must start with {RPC_ENV_PREFIX}"
-            )
+        if from_rpc:
+            return _rpc_key(cfg.api_key_env)
         value = os.environ.get(cfg.api_key_env)
         if value is None:
             raise InvalidRequestError(
@@ -71,7 +108,7 @@ def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
     else:
         return None
     key = key.strip()
-    if not key or len(key) > _MAX_KEY_BYTES or not all(0x21 <= ord(c) < 0x7F for c in key):
+    if not _valid_key(key):
         raise InvalidRequestError(
             f"backend {cfg.id}: the key in {source} must be 1-{_MAX_KEY_BYTES} printable "
             "ASCII characters"
@@ -79,7 +116,28 @@ def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
     return key
 
 
-async def check_served_models(backend: Backend, timeout: float) -> None:
+def _valid_key(key: str) -> bool:
+    return 0 < len(key) <= _MAX_KEY_BYTES and all(0x21 <= ord(c) < 0x7F for c in key)
+
+
+def _rpc_key(name: str) -> str:
+    """Return the key in variable ``name``, named over the Admin API.
+
+    A name outside the prefix, an unset variable and an unusable value get the same error:
+    which variables exist in fairq's environment is none of an admin caller's business.
+    """
+    value = os.environ.get(name) if name.startswith(RPC_ENV_PREFIX) else None
+    key = (value or "").strip()
+    if not _valid_key(key):
+        raise InvalidRequestError(
+            f"api_key_env set over the Admin API must name a set environment variable "
+            f"starting with {RPC_ENV_PREFIX} holding 1-{_MAX_KEY_BYTES} printable ASCII "
+            "characters"
+        )
+    return key
+
+
+async def check_served_models(backend: ListsModels, timeout: float) -> None:
     """Ask ``/v1/models`` and compare it with ``backend.models``.
 
     Only a conclusive answer counts: a model list without a registered model refuses the
@@ -140,7 +198,7 @@ async def check_served_models(backend: Backend, timeout: float) -> None:
         )
 
 
-async def refuse_unserved(backend: Backend) -> None:
+async def refuse_unserved(backend: ListsModels) -> None:
     """Check a backend registered over the Admin API before it is accepted.
 
     A backend that answers and does not serve its models is refused (and its connections

@@ -17,20 +17,21 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
 
 from fairq_server.backends.continuation import exempt_reason
 from fairq_server.errors import NoBackendError
 from fairq_server.preempt_config import PreemptConfig
+from fairq_server.scheduling.attempts import AttemptBook
+from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
+from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket
 from fairq_server.scheduling.victims import RateCap, Running, Waiting, choose_victim
-
-if TYPE_CHECKING:
-    from fairq_server.scheduling.dispatcher import Dispatcher
+from fairq_server.telemetry import Telemetry
 
 __all__ = ["Preemptor"]
 
@@ -42,18 +43,38 @@ MAX_USERS_COMPARED = 256
 
 
 class Preemptor:
-    """The preemption pass of ``dispatcher`` (called from its loop only)."""
+    """The preemption pass over the dispatcher's state (called from its loop only).
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self._d = dispatcher
+    Args:
+        settings: the dispatcher's current settings (read, never written, here).
+        models: every model's state and queue.
+        backends: the registered backends.
+        attempts: the running requests (aborted and started through it).
+        telemetry: metrics sink.
+
+    """
+
+    def __init__(
+        self,
+        settings: Callable[[], Settings],
+        models: ModelSet,
+        backends: BackendSet,
+        attempts: AttemptBook,
+        telemetry: Telemetry,
+    ) -> None:
+        self._settings = settings
+        self._models = models
+        self._backends = backends
+        self._attempts = attempts
+        self._telemetry = telemetry
         self._caps: dict[str, RateCap] = {}
 
     def run(self, now: float) -> int:
         """Preempt for each model's next request if it waited too long; return how many."""
-        if not any(t.preempt_after_seconds is not None for t in self._d.tiers):
+        if not any(t.preempt_after_seconds is not None for t in self._settings().tiers):
             return 0
         done = 0
-        for model in self._d.model_states():
+        for model in list(self._models.values()):
             if len(model.queue) and self._preempt_for(model, now):
                 done += 1
         return done
@@ -62,7 +83,7 @@ class Preemptor:
         tier = model.queue.first_tier()
         if tier is None:
             return False
-        after = self._d.tiers[tier].preempt_after_seconds
+        after = self._settings().tiers[tier].preempt_after_seconds
         if after is None:
             return False
         best: tuple[Running, Ticket, BackendState, Ticket] | None = None
@@ -85,7 +106,7 @@ class Preemptor:
                 standing=backend.user_in_flight.get(head.user, 0) / head.weight,
                 step=1 / head.weight,
             )
-            tickets = self._d.attempts.on_backend.get(backend.id, set())
+            tickets = self._attempts.on_backend.get(backend.id, set())
             victim = choose_victim(waiting, self._candidates(backend, tickets), self._cfg)
             if victim is not None and (best is None or _better(victim, best[0])):
                 assert isinstance(victim.key, Ticket)
@@ -99,11 +120,11 @@ class Preemptor:
 
     @property
     def _cfg(self) -> PreemptConfig:
-        return self._d.config.preempt
+        return self._settings().config.preempt
 
     def _full_backends(self, model: str) -> Iterator[BackendState]:
         """Yield the backends of ``model`` that allow preemption and have no free slot."""
-        for backend in self._d.backends_of(model):
+        for backend in self._backends.of(model):
             if (
                 backend.backend.preempt
                 and backend.max_in_flight
@@ -144,11 +165,11 @@ class Preemptor:
         assert progress is not None
         self._caps[backend.id].record(now)
         progress.preemptions += 1
-        self._d.attempts.abort(ticket)  # closes the stream: the backend aborts the request
+        self._attempts.abort(ticket)  # closes the stream: the backend aborts the request
         resume = progress.resume()
         ticket.request = dataclasses.replace(ticket.request, resume=resume)
         ticket.generating = False
-        t = self._d.telemetry
+        t = self._telemetry
         t.preemptions.labels(backend.id, reason).inc()
         t.preempt_regenerated.labels(backend.id).inc(resume.tokens)
         t.preempt_prefill.labels(backend.id).inc(ticket.prompt_tokens + resume.tokens)
@@ -157,10 +178,10 @@ class Preemptor:
             ticket.request.request_id, backend.id, resume.tokens, reason,
         )  # fmt: skip
         redone = ticket.prompt_tokens + resume.tokens
-        model = self._d.model_state(ticket.request.model)
+        model = self._models.get(ticket.request.model)
         if model is None:  # cannot happen while its backend serves it; kept safe anyway
             error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
-            self._d.attempts.abandon(ticket, error)
+            self._attempts.abandon(ticket, error)
             return redone
         # Among its user's requests, oldest first; never expired by the queue's TTL (its
         # caller is already reading its stream).
@@ -186,7 +207,7 @@ class Preemptor:
         model.last_served[tier] = now
         ticket.priority_tier = tier
         tier_queue.fairness.charge(ticket.user, Cost(prompt_tokens=redone), ticket.weight)
-        self._d.attempts.start(ticket, backend, now)
+        self._attempts.start(ticket, backend, now)
 
 
 def _waiting(model: ModelState, tier: int, backend: BackendState) -> Ticket | None:

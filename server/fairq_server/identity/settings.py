@@ -1,0 +1,186 @@
+"""The ``[jwt]`` section: which identity provider's tokens fairq accepts, and what they mean.
+
+Example (Keycloak)::
+
+    [jwt]
+    issuer = "https://sso.example.com/realms/ml"
+    audience = "fairq"                       # or a list: ["fairq", "account"]
+    jwks_url = "https://sso.example.com/realms/ml/protocol/openid-connect/certs"
+    user_claim = "preferred_username"
+    team_claim = "team"
+    tiers_claim = "realm_access.roles"       # a list, or a space-separated string
+    admin_claim = "realm_access.roles"
+    admin_value = "fairq-admin"
+
+No ``[jwt]`` section: bearer JWTs are refused, API keys work as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+__all__ = [
+    "ALGORITHMS",
+    "MAX_CLAIM_NAME_CHARS",
+    "MAX_NAME_CHARS",
+    "JwtConfig",
+    "audiences",
+    "check_jwt",
+    "check_name",
+]
+
+#: Asymmetric algorithms fairq verifies. HS* (a shared secret) and ``none`` never are: a
+#: JWKS publishes public keys, and a public key used as an HMAC secret forges any token.
+ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512")
+#: Longest user or team name fairq accepts from a key or a token (OpenID Connect bounds
+#: ``sub`` at 255 characters).
+MAX_NAME_CHARS = 256
+MAX_CLAIM_NAME_CHARS = 256
+_MAX_LEEWAY_SECONDS = 300.0
+# C0 and C1 controls, DEL, and the Unicode line/paragraph separators: never in a name, so a
+# name cannot end a log line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+@dataclass(frozen=True)
+class JwtConfig:
+    """How bearer JWTs are verified and turned into principals.
+
+    Attributes:
+        issuer: the ``iss`` every token must carry (required).
+        audience: the ``aud`` a token must carry (one of these; required).
+        jwks_url: where the identity provider publishes its signing keys (``https://``).
+        jwks_file: or a local JWKS file, re-read when it changes (exactly one of the two).
+        jwks_ca_file: CA bundle to verify the JWKS URL's server with (empty: system CAs).
+        algorithms: signature algorithms accepted (asymmetric only).
+        user_claim: claim naming the user (required in every token).
+        team_claim: claim naming the user's team (empty, or absent from a token: no team,
+            the user is its own team).
+        tiers_claim: claim listing the tiers a token may use (a list, or a space-separated
+            string; values that are not tier names are ignored). Empty, or absent from a
+            token: ``default_tiers``.
+        default_tiers: tiers of a token without a tiers claim (empty: every tier).
+        admin_claim: claim that grants Admin calls when it holds ``admin_value`` (equal to
+            it, or one of its values when it is a list or a space-separated string).
+        admin_value: see ``admin_claim``.
+        group: the metrics label (``group``) of every token holder.
+        leeway_seconds: clock skew tolerated on ``exp`` and ``nbf``.
+        jwks_timeout_seconds: a JWKS fetch (connect and body) must finish within this.
+        jwks_max_bytes: a JWKS larger than this is refused (read no further).
+        jwks_cache_seconds: keys older than this are refreshed in the background (the cached
+            ones keep working while the URL is unreachable).
+        jwks_min_refresh_seconds: a token with an unknown key id makes fairq fetch the JWKS
+            again at most once per this interval, so a flood of made-up key ids cannot
+            hammer the identity provider.
+
+    Claim names may be dotted paths into nested objects (``realm_access.roles``); a claim
+    whose own name holds dots (``https://example.com/team``) is found first.
+
+    """
+
+    issuer: str = ""
+    audience: str | tuple[str, ...] = ()
+    jwks_url: str = ""
+    jwks_file: str = ""
+    jwks_ca_file: str = ""
+    algorithms: tuple[str, ...] = ("RS256", "ES256")
+    user_claim: str = "sub"
+    team_claim: str = ""
+    tiers_claim: str = ""
+    default_tiers: tuple[str, ...] = ()
+    admin_claim: str = ""
+    admin_value: str = ""
+    group: str = "default"
+    leeway_seconds: float = 30.0
+    jwks_timeout_seconds: float = 5.0
+    jwks_max_bytes: int = 256 * 1024
+    jwks_cache_seconds: float = 300.0
+    jwks_min_refresh_seconds: float = 30.0
+
+
+def audiences(config: JwtConfig) -> list[str]:
+    """Return the accepted audiences as a list (``audience`` may be one string)."""
+    if isinstance(config.audience, str):
+        return [config.audience]
+    return list(config.audience)
+
+
+def check_name(value: object, what: str, max_chars: int = MAX_NAME_CHARS) -> str:
+    """Return ``value`` if it is a usable user or team name, else raise.
+
+    Any text is a name (unicode, spaces, something shaped like a key): it is kept verbatim.
+    Only emptiness, length and control characters (which would forge log lines) are refused.
+
+    Raises:
+        ValueError: with a message naming ``what``.
+
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string")
+    if len(value) > max_chars:
+        raise ValueError(f"{what} is longer than {max_chars} characters")
+    if _CONTROL.search(value):
+        raise ValueError(f"{what} contains control characters")
+    return value
+
+
+def check_jwt(config: JwtConfig, tier_names: Sequence[str]) -> None:
+    """Refuse a ``[jwt]`` section that cannot work, naming the key at fault.
+
+    Types of plain values are checked where the section is read; this checks what they mean.
+
+    Raises:
+        ValueError: starting with ``jwt.<key>``.
+
+    """
+    if not config.issuer:
+        raise ValueError("jwt.issuer is required (the 'iss' of the identity provider's tokens)")
+    auds = audiences(config)
+    if not auds or not all(isinstance(a, str) and a for a in auds):
+        raise ValueError("jwt.audience is required: a non-empty string or list of strings")
+    if bool(config.jwks_url) == bool(config.jwks_file):
+        raise ValueError("jwt: set exactly one of jwt.jwks_url and jwt.jwks_file")
+    if config.jwks_url:
+        parts = urlsplit(config.jwks_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"jwt.jwks_url must be an http:// or https:// URL, not {config.jwks_url!r}"
+            )
+    elif config.jwks_ca_file:
+        raise ValueError("jwt.jwks_ca_file applies only to jwt.jwks_url")
+    for key in ("algorithms", "default_tiers"):
+        value = getattr(config, key)
+        if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"jwt.{key} must be a list of strings, not {value!r}")
+    if not config.algorithms:
+        raise ValueError(f"jwt.algorithms must list at least one of {list(ALGORITHMS)}")
+    for alg in config.algorithms:
+        if alg not in ALGORITHMS:
+            raise ValueError(
+                f"jwt.algorithms: {alg!r} is not accepted; use asymmetric ones: {list(ALGORITHMS)}"
+            )
+    for key in ("user_claim", "team_claim", "tiers_claim", "admin_claim"):
+        name = getattr(config, key)
+        if key == "user_claim" or name:
+            check_name(name, f"jwt.{key}", MAX_CLAIM_NAME_CHARS)
+    if bool(config.admin_claim) != bool(config.admin_value):
+        raise ValueError("jwt.admin_claim and jwt.admin_value are set together or not at all")
+    if config.admin_value:
+        check_name(config.admin_value, "jwt.admin_value")
+    unknown = [t for t in config.default_tiers if t not in tier_names]
+    if unknown:
+        raise ValueError(
+            f"jwt.default_tiers: unknown tiers {unknown}; tiers are {list(tier_names)}"
+        )
+    check_name(config.group, "jwt.group", 64)
+    if config.leeway_seconds > _MAX_LEEWAY_SECONDS:
+        raise ValueError(
+            f"jwt.leeway_seconds must be at most {_MAX_LEEWAY_SECONDS:.0f}, not "
+            f"{config.leeway_seconds!r}"
+        )
+    for key in ("jwks_timeout_seconds", "jwks_max_bytes", "jwks_cache_seconds"):
+        if getattr(config, key) <= 0:
+            raise ValueError(f"jwt.{key} must be above 0, not {getattr(config, key)!r}")
