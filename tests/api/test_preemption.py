@@ -116,7 +116,9 @@ async def test_a_light_request_preempts_and_the_victim_streams_on(
         finished = events[-1].finished
         assert finished.usage.completion_tokens == POWER_TOKENS
         assert finished.finish_reason == "length"
-        assert finished.usage.prompt_tokens < 10  # the prompt alone, not prompt + output
+        # The prompt, not prompt + output: a text continuation's prompt counts the output as
+        # the engine tokenizes it again, which may differ by a few tokens at most.
+        assert finished.usage.prompt_tokens < 30
     assert kinds(light)[-1] == "finished"
 
 
