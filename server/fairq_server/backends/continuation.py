@@ -106,6 +106,11 @@ class Progress:
         self.chunk_id: str | None = None
         self.created: int | None = None
         self.preemptions = 0
+        # Where the text sent so far ends: ids and tokens up to the last delta with text.
+        # Tokens after it are bytes of a character the engine has not sent yet; a
+        # continuation starts before them (and generates them again).
+        self._clean_ids = 0
+        self._clean_tokens = 0
 
     def record(self, delta: TextDelta) -> None:
         """Add one delta of the current attempt (a relayed chunk batch or gRPC text)."""
@@ -115,11 +120,12 @@ class Progress:
                 self._record_chunk(obj)
             return
         self.tokens += delta.tokens
-        if delta.text:
-            self.parts.append(delta.text)
         if delta.extra:
             self.beside_text = True
         self._ids(delta.prompt_token_ids, delta.token_ids, delta.tokens)
+        if delta.text:
+            self.parts.append(delta.text)
+            self._clean()
 
     def _record_chunk(self, obj: Mapping[str, Any]) -> None:
         if self.chunk_id is None and isinstance(obj.get("id"), str):
@@ -136,23 +142,30 @@ class Progress:
                 text = choice.get("text")
             if choice.get("logprobs"):
                 self.beside_text = True
-            if isinstance(text, str) and text:
-                self.parts.append(text)
             ids = choice.get("token_ids")
             count = len(ids) if isinstance(ids, list) else (1 if text else 0)
             self.tokens += count
-            prompt = choice.get("prompt_token_ids", obj.get("prompt_token_ids"))
+            prompt = choice.get("prompt_token_ids") or obj.get("prompt_token_ids")
             self._ids(
                 tuple(prompt) if isinstance(prompt, list) else None,
                 tuple(ids) if isinstance(ids, list) else (),
                 count,
             )
+            if isinstance(text, str) and text:
+                self.parts.append(text)
+                self._clean()
+
+    def _clean(self) -> None:
+        """Mark the text sent so far as complete up to here."""
+        self._clean_tokens = self.tokens
+        self._clean_ids = len(self.token_ids) if self.token_ids is not None else 0
 
     def _ids(self, prompt: tuple[int, ...] | None, ids: tuple[int, ...], count: int) -> None:
         if not self._exact:
             return
         if prompt is not None and self.token_ids is None:
             self.token_ids = list(prompt)
+            self._clean_ids = len(prompt)
         if count and (self.token_ids is None or len(ids) != count):
             self._exact = False  # a delta without its ids: continue from the text
             self.token_ids = None
@@ -167,8 +180,10 @@ class Progress:
 
     def resume(self) -> Resume:
         """Return what the continuation carries."""
-        ids = tuple(self.token_ids) if self._exact and self.token_ids is not None else None
-        return Resume(self.text, self.tokens, ids, self.chunk_id, self.created)
+        ids = None
+        if self._exact and self.token_ids is not None:
+            ids = tuple(self.token_ids[: self._clean_ids])
+        return Resume(self.text, self._clean_tokens, ids, self.chunk_id, self.created)
 
 
 def continue_openai(

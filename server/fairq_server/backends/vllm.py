@@ -102,6 +102,10 @@ class VllmBackend(Backend):
             texts: list[str] = []
             extras: list[dict[str, Any]] = []
             ids: list[int] | None = [] if body.get("return_token_ids") else None
+            # Ids of the batch's last chunks that brought no text: vLLM holds back the bytes
+            # of an incomplete character. They go in a delta of their own, so a continuation
+            # can end its prompt where the text sent so far ends.
+            held: list[int] = []
             for obj in batch:
                 try:
                     for choice in obj.get("choices") or ():
@@ -116,7 +120,13 @@ class VllmBackend(Backend):
                         if other := _beside_text(choice, delta):
                             extras.append(other)
                         if ids is not None:
-                            ids.extend(_token_ids(choice.get("token_ids")))
+                            chunk_ids = _token_ids(choice.get("token_ids"))
+                            if text:
+                                ids.extend(held)
+                                ids.extend(chunk_ids)
+                                held = []
+                            else:
+                                held.extend(chunk_ids)
                             if prompt_ids is None and choice.get("prompt_token_ids"):
                                 prompt_ids = tuple(_token_ids(choice["prompt_token_ids"]))
                         if choice.get("finish_reason"):
@@ -130,6 +140,8 @@ class VllmBackend(Backend):
             if texts or extras or ids:
                 count = len(ids) if ids else max(len(texts), len(extras))
                 yield TextDelta("".join(texts), count, tuple(extras), tuple(ids or ()), prompt_ids)
+            if held:
+                yield TextDelta("", len(held), (), tuple(held), prompt_ids)
         if not finish:
             raise self.unfinished()
         prompt_tokens, completion_tokens = resumed_usage(

@@ -137,3 +137,18 @@ def test_relay_rewrites_a_continuation_and_strips_ids() -> None:
 def test_resumed_usage() -> None:
     assert resumed_usage(None, 10, 5) == (10, 5)
     assert resumed_usage(Resume("x", 4), 14, 6) == (10, 10)
+
+
+def test_a_continuation_starts_where_the_sent_text_ends() -> None:
+    # vLLM sends the ids of a character's first bytes with no text until it is complete;
+    # a prompt ending in them makes it send the whole prompt's text as new output.
+    p = Progress()
+    p.record(TextDelta("a", 1, token_ids=(10,), prompt_token_ids=(1, 2)))
+    p.record(TextDelta("", 1, token_ids=(11,)))
+    assert p.resume() == Resume("a", 1, (1, 2, 10))
+    p.record(TextDelta("é", 1, token_ids=(12,)))
+    assert p.resume() == Resume("aé", 3, (1, 2, 10, 11, 12))
+    relayed = Progress()
+    chunk = {"id": "c", "choices": [{"text": "", "token_ids": [5], "prompt_token_ids": [1]}]}
+    relayed.record(RawDelta("...", 0, objects=(chunk,)))
+    assert relayed.resume() == Resume("", 0, (1,), "c", None)
