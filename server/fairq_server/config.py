@@ -46,6 +46,7 @@ from typing import Any
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig
+from fairq_server.preempt_config import PreemptConfig
 from fairq_server.store.settings import PriceConfig, StoreConfig
 
 __all__ = [
@@ -86,6 +87,8 @@ class TierConfig:
             many requests in flight from fairq, of any tier (0: no cap). Set below the
             backend's running slots, it keeps the rest free for higher tiers: a higher-tier
             request then starts at once instead of waiting for a lower-tier one to finish.
+        preempt_after_seconds: a request of this tier that waited this long for a full
+            backend preempts a running one (None: never; ``docs/design/preemption.md``).
 
     """
 
@@ -97,6 +100,7 @@ class TierConfig:
     aging_seconds: float | None = None
     max_in_flight: int = 0
     max_backend_in_flight: int = 0
+    preempt_after_seconds: float | None = None
 
 
 DEFAULT_TIERS: tuple[TierConfig, ...] = (
@@ -136,6 +140,7 @@ class BackendConfig:
             ``Authorization: Bearer``).
         api_key_file: file holding the backend's API key (first line).
         verify_models: check ``/v1/models`` lists every registered model.
+        preempt: fairq may preempt requests running here (needs ``max_in_flight``).
 
     """
 
@@ -155,6 +160,7 @@ class BackendConfig:
     api_key_env: str = ""
     api_key_file: str = ""
     verify_models: bool = True
+    preempt: bool = False
 
 
 @dataclass(frozen=True)
@@ -339,6 +345,7 @@ class SchedulerConfig:
         no_backend_grace_seconds: requests queued for a model none of whose backends is
             healthy are answered UNAVAILABLE once that has lasted this long (a restarting
             backend within it fails nobody).
+        preempt: anti-thrash bounds of preemption (``[scheduler.preempt]``).
 
     """
 
@@ -368,6 +375,7 @@ class SchedulerConfig:
     max_error_body_bytes: int = 16_384
     max_poll_backoff_seconds: float = 10.0
     no_backend_grace_seconds: float = 5.0
+    preempt: PreemptConfig = field(default_factory=PreemptConfig)
 
     def __post_init__(self) -> None:
         for plugin in ("fairness", "ordering", "gate", "routing"):

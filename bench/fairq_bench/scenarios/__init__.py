@@ -21,6 +21,7 @@ from fairq_bench.scenarios import (
     onoff,
     overhead,
     overload,
+    preemption,
     prefix,
     priority,
     short_long,
@@ -40,6 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
     "overhead": overhead.overhead,
     "http-overhead": http_overhead.http_overhead,
     "ledger": ledger.ledger,
+    "preemption": preemption.preemption,
 }
 
 TITLES: dict[str, str] = {
@@ -52,4 +54,5 @@ TITLES: dict[str, str] = {
     "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
     "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
     "ledger": "10. Usage ledger (a replica killed, PostgreSQL restarted, SIGTERM)",
+    "preemption": "11. Preemption by continuation (light user under several power users)",
 }

@@ -53,6 +53,7 @@ class Backend(abc.ABC):
         priority_scheduling: the backend orders its queue by the request's priority.
         fair_share_priority: the priority sent also encodes the user's fair standing on this
             backend (only with ``priority_scheduling``; the dispatcher decides the value).
+        preempt: fairq may preempt requests running here (``docs/design/preemption.md``).
 
     """
 
@@ -71,8 +72,10 @@ class Backend(abc.ABC):
         api_key: str | None = None,
         verify_models: bool = False,
         read_limits: ReadLimits | None = None,
+        preempt: bool = False,
     ) -> None:
         self.id = id
+        self.preempt = preempt
         self.base_url = base_url.rstrip("/")
         self.models = tuple(models)
         self.priority_scheduling = priority_scheduling
@@ -114,6 +117,7 @@ class Backend(abc.ABC):
             api_key=read_api_key(cfg, from_rpc=from_rpc),
             verify_models=cfg.verify_models,
             read_limits=read_limits,
+            preempt=cfg.preempt,
             **cls.kind_options(cfg),
         )
 
