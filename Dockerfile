@@ -61,7 +61,8 @@ FROM base AS runtime
 COPY --from=build /opt/fairq /opt/fairq
 COPY deploy/fairq.toml /etc/fairq/fairq.toml
 USER 10001:10001
-EXPOSE 50051 9464
+# gRPC, the OpenAI-compatible HTTP door, metrics (deploy/fairq.toml).
+EXPOSE 50051 8080 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
     CMD ["fairq", "health", "--target", "127.0.0.1:50051", "--timeout", "3"]
 CMD ["serve", "--config", "/etc/fairq/fairq.toml", "--grace", "30"]

@@ -5,7 +5,7 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap redis sync demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
+.PHONY: help bootstrap redis promtool gen-tools sync demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
@@ -26,14 +26,31 @@ $(UV):
 bootstrap: $(UV)
 	@command -v $(UV) >/dev/null || (echo "uv not found"; exit 1)
 
-# redis-server for the cluster tests and demo: installed with apt where that is possible (root).
-redis:
-	@command -v redis-server >/dev/null || { \
+# A tool from a Debian package, installed with apt where that is possible (root), else a
+# message saying how: $(call apt_tool,COMMAND,PACKAGE,WHAT NEEDS IT,OTHER WAY).
+define apt_tool
+	@command -v $(1) >/dev/null || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
+			echo "installing $(2) with apt ($(1), for $(3))"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(2) >/dev/null; \
 		else \
-			echo "redis-server is needed (tests/cluster, make demo-cluster): install it, e.g. 'sudo apt-get install -y redis-server' or 'brew install redis'"; exit 1; \
+			echo "$(1) is needed ($(3)): install it, e.g. 'sudo apt-get install -y $(2)'$(4)"; exit 1; \
 		fi; }
+endef
+
+# redis-server for the cluster tests and demo.
+redis:
+	$(call apt_tool,redis-server,redis-server,tests/cluster and make demo-cluster, or 'brew install redis')
+
+# promtool (Prometheus' rule checker) for make deploy-check.
+promtool:
+	$(call apt_tool,promtool,prometheus,make deploy-check, or a release from https://prometheus.io/download/)
+
+# The Go plugins and protoc for make gen.
+gen-tools:
+	$(call apt_tool,protoc,protobuf-compiler,make gen)
+	$(call apt_tool,protoc-gen-go,protoc-gen-go,make gen, or 'go install google.golang.org/protobuf/cmd/protoc-gen-go@latest')
+	$(call apt_tool,protoc-gen-go-grpc,protoc-gen-go-grpc,make gen, or 'go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@latest')
 
 sync: bootstrap
 	$(UV) sync --frozen --quiet
@@ -44,6 +61,7 @@ $(BUF): clients/node/package.json clients/node/package-lock.json
 # The Node client loads the protos from inside its package: refresh that copy every time.
 node: $(BUF)
 	cd clients/node && node scripts/copy-protos.js
+	@echo "buf is $(BUF): export PATH=\"$$PWD/$(patsubst %/,%,$(dir $(BUF))):\$$PATH\" to run it as buf"
 
 protos: sync
 	$(PY) python -m grpc_tools.protoc -I protos \
@@ -95,13 +113,13 @@ demo-cluster: sync redis
 bench: sync
 	$(PY) fairq bench flood --backend sim
 
-gen: node
+gen: node gen-tools
 	$(BUF) generate --template buf.gen.yaml
 
 packages-check: sync node
 	.ci/packages-check
 
-deploy-check: sync
+deploy-check: sync promtool
 	.ci/deploy-check
 
 clean:

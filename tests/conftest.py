@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.auth import hash_key
 from fairq_server.config import BackendConfig, Config, KeyConfig, SchedulerConfig
 from fairq_sim import SimConfig, SimServer

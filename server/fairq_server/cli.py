@@ -9,14 +9,14 @@ import importlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from importlib.metadata import entry_points
 
 from fairq_server import logs
-from fairq_server.api.server import FairqServer
-from fairq_server.config import ConfigError
+from fairq_server.app import FairqServer
 from fairq_server.config_file import load_config
-from fairq_server.errors import SchedulerError
+from fairq_server.errors import ConfigError, SchedulerError
 
 __all__ = ["main"]
 
@@ -32,7 +32,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         server = FairqServer(config)
-        await server.start()
+        try:
+            await server.start()
+        except BaseException:
+            # A port in use, a missing TLS file: release what did start before saying so.
+            await server.stop(grace=0)
+            raise
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -45,8 +50,19 @@ def _serve(args: argparse.Namespace) -> int:
         # reload, not kill the process (SIGHUP's default action).
         print(f"fairq serving on {config.listen} (port {server.port})", flush=True)
         await stop.wait()
-        logging.getLogger("fairq").info("stopping: draining for %.0f s", args.grace)
+        log = logging.getLogger("fairq")
+        running = sum(b.in_flight for b in server.core.backends())
+        queued = max(server.core.live_requests() - running, 0)
+        # Say what will happen, not the worst case as if it were certain: an idle fairq
+        # stops at once, a busy one when its last stream ends or the grace runs out.
+        log.info(
+            "stopping: %d queued requests answered UNAVAILABLE; draining: up to %.0f s for "
+            "%d requests in flight",
+            queued, args.grace, running,
+        )  # fmt: skip
+        started = time.monotonic()
         await server.stop(grace=args.grace)
+        log.info("stopped after %.1f s", time.monotonic() - started)
 
     try:
         asyncio.run(run())

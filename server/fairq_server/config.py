@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.errors import ConfigError
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
     "DEFAULT_TIERS",
-    "PRIORITY_ORDERS",
     "AdminConfig",
     "BackendConfig",
     "ClusterConfig",
@@ -61,12 +61,6 @@ __all__ = [
     "TierConfig",
     "TlsConfig",
 ]
-
-PRIORITY_ORDERS = ("lower-first", "higher-first")
-
-
-class ConfigError(ValueError):
-    """The configuration file is invalid; the message names the offending key."""
 
 
 @dataclass(frozen=True)
@@ -354,7 +348,7 @@ class Config:
 
     Attributes:
         access_log: write one JSON line per finished request to standard output (see
-            :mod:`fairq_server.api.access_log`).
+            :mod:`fairq_server.requests.access_log`).
         state_file: where a single process keeps the backends registered over RPC, so they
             survive a restart (empty: not kept). With ``cluster``, Redis keeps them.
         cluster: several replicas sharing gate, fairness and registry on Redis (None: one

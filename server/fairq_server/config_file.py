@@ -1,6 +1,7 @@
 """Reading fairq's TOML file into :class:`~fairq_server.config.Config`, validating everything.
 
-A file is accepted or refused as a whole: every value is type- and range-checked, and what a
+A file is accepted or refused as a whole: every value is type-checked against its field's declared
+type (:mod:`.config_reader`, one reader for every key) and range-checked, and what a
 file implies beyond its values (backend URLs and kinds, key digests, tier and policy names) is
 checked here too, so that a SIGHUP reload never applies half a file.
 """
@@ -14,42 +15,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fairq_server.backends.spec import check_backend
-from fairq_server.config import (
-    PRIORITY_ORDERS,
-    AdminConfig,
-    BackendConfig,
-    ClusterConfig,
-    Config,
-    ConfigError,
-    HttpConfig,
-    KeyConfig,
-    Limits,
-    SchedulerConfig,
-    TierConfig,
-    TlsConfig,
-)
+from fairq_server.backends.spec import check_backend_config
+from fairq_server.config import Config, ConfigError, SchedulerConfig
+from fairq_server.config_reader import read_table
 
 __all__ = ["load_config", "parse_config"]
 
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
-
-
-def _build(cls: type[Any], section: str, raw: Any) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{section}: expected a table")
-    fields = cls.__dataclass_fields__
-    unknown = set(raw) - set(fields)
-    if unknown:
-        raise ConfigError(f"{section}: unknown keys {sorted(unknown)}; valid: {sorted(fields)}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
-    # Plugin options stay a table (a dict), checked by the plugin's registry.
-    try:
-        built = cls(**values)
-    except TypeError as exc:
-        raise ConfigError(f"{section}: {exc}") from exc
-    _check_values(built, section)
-    return built
 
 
 # Settings that must be above zero; every other number must be at least zero, except these
@@ -72,39 +44,23 @@ _KIND_NAMES = {"bool": "true or false", "int": "an integer", "float": "a number"
 
 
 def _check_values(obj: Any, section: str) -> None:
-    """Refuse a value of the wrong type, a NaN or infinity, or a number out of its range.
+    """Refuse a NaN or infinity, or a number out of its range (types are already checked).
 
-    TOML types values itself, so a quoted number or a negative interval would otherwise be
-    accepted here and misbehave much later (a string compared with a float at the first
-    dispatch, a poller sleeping a negative interval in a busy loop).
+    A negative interval would otherwise be accepted here and misbehave much later (a poller
+    sleeping a negative interval in a busy loop).
     """
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        declared = str(f.type)
-        if value is None and declared.endswith("| None"):
+        if isinstance(value, bool) or not isinstance(value, int | float) or f.name in _SIGNED:
             continue
-        kind = declared.removesuffix(" | None")
-        if kind == "bool":
-            ok = isinstance(value, bool)
-        elif kind == "int":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif kind == "float":
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-        elif kind == "str":
-            ok = isinstance(value, str)
-        else:
-            continue  # tuples and nested tables are checked where they are built or used
-        if not ok:
-            raise ConfigError(f"{section}.{f.name} must be {_KIND_NAMES[kind]}, not {value!r}")
-        if kind not in ("int", "float") or f.name in _SIGNED:
-            continue
+        key = f"{section}.{f.name}" if section else f.name
         if not math.isfinite(value):
-            raise ConfigError(f"{section}.{f.name} must be a finite number, not {value!r}")
+            raise ConfigError(f"{key} must be a finite number, not {value!r}")
         if f.name in _FRACTIONS and value > 1:
-            raise ConfigError(f"{section}.{f.name} is a fraction (0-1], not {value!r}")
+            raise ConfigError(f"{key} is a fraction (0-1], not {value!r}")
         if value < 0 or (value == 0 and f.name in _POSITIVE):
             bound = "above 0" if f.name in _POSITIVE else "0 or more"
-            raise ConfigError(f"{section}.{f.name} must be {bound}, not {value!r}")
+            raise ConfigError(f"{key} must be {bound}, not {value!r}")
 
 
 def parse_config(raw: dict[str, Any]) -> Config:
@@ -114,62 +70,23 @@ def parse_config(raw: dict[str, Any]) -> Config:
         ConfigError: on unknown keys, missing required keys or invalid values.
 
     """
-    raw = dict(raw)
-    kwargs: dict[str, Any] = {}
-    for key in ("listen", "metrics_listen", "state_file"):
-        if key in raw:
-            kwargs[key] = str(raw.pop(key))
-    if "access_log" in raw:
-        access_log = raw.pop("access_log")
-        if not isinstance(access_log, bool):
-            raise ConfigError(f"access_log must be true or false, not {access_log!r}")
-        kwargs["access_log"] = access_log
-    if "scheduler" in raw:
-        kwargs["scheduler"] = _build(SchedulerConfig, "scheduler", raw.pop("scheduler"))
-    if "limits" in raw:
-        kwargs["limits"] = _build(Limits, "limits", raw.pop("limits"))
-    if "tls" in raw:
-        kwargs["tls"] = _build(TlsConfig, "tls", raw.pop("tls"))
-    if "admin" in raw:
-        kwargs["admin"] = _build(AdminConfig, "admin", raw.pop("admin"))
-    if "http" in raw:
-        kwargs["http"] = _build(HttpConfig, "http", raw.pop("http"))
-    if "cluster" in raw:
-        kwargs["cluster"] = _build(ClusterConfig, "cluster", raw.pop("cluster"))
-    if "tiers" in raw:
-        kwargs["tiers"] = tuple(
-            _build(TierConfig, f"tiers[{i}]", t) for i, t in enumerate(raw.pop("tiers"))
-        )
-    if "backends" in raw:
-        backends = tuple(
-            _build(BackendConfig, f"backends[{i}]", b) for i, b in enumerate(raw.pop("backends"))
-        )
-        for i, b in enumerate(backends):
-            try:
-                check_backend(b.id, b.kind, b.base_url, b.models)
-            except ValueError as exc:
-                raise ConfigError(f"backends[{i}]: {exc}") from None
-            if b.priority_order and b.priority_order not in PRIORITY_ORDERS:
-                raise ConfigError(f"backends[{i}]: priority_order must be one of {PRIORITY_ORDERS}")
-            if b.fair_share_priority and not b.priority_scheduling:
-                raise ConfigError(
-                    f"backends[{i}]: fair_share_priority needs priority_scheduling = true "
-                    "(the backend must order its queue by priority)"
-                )
-        kwargs["backends"] = backends
-    if "keys" in raw:
-        keys = tuple(_build(KeyConfig, f"keys[{i}]", k) for i, k in enumerate(raw.pop("keys")))
-        for i, key in enumerate(keys):
-            if not key.user or len(key.user) > 128:
-                raise ConfigError(f"keys[{i}].user must be 1-128 characters")
-            if _SHA256_HEX.fullmatch(key.sha256) is None:
-                raise ConfigError(
-                    f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)"
-                )
-        kwargs["keys"] = keys
-    if raw:
-        raise ConfigError(f"unknown top-level keys {sorted(raw)}")
-    config = Config(**kwargs)
+    config = read_table(Config, "", raw, check=_check_values)
+    for name, address in (
+        ("listen", config.listen),
+        ("metrics_listen", config.metrics_listen),
+        ("http.listen", config.http.listen),
+    ):
+        _check_address(name, address)
+    for i, b in enumerate(config.backends):
+        try:
+            check_backend_config(b)
+        except ValueError as exc:
+            raise ConfigError(f"backends[{i}]: {exc}") from None
+    for i, key in enumerate(config.keys):
+        if not key.user or len(key.user) > 128:
+            raise ConfigError(f"keys[{i}].user must be 1-128 characters")
+        if _SHA256_HEX.fullmatch(key.sha256) is None:
+            raise ConfigError(f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)")
     _check_policies(config.scheduler)
     if len(config.backends) > config.admin.max_backends:
         raise ConfigError(
@@ -177,6 +94,19 @@ def parse_config(raw: dict[str, Any]) -> Config:
             f"{config.admin.max_backends}"
         )
     return config
+
+
+def _check_address(key: str, address: str) -> None:
+    """Refuse a listening address that is not ``host:port`` (gRPC's ``listen`` may be ``unix:``)."""
+    if not address and key != "listen":
+        return  # off
+    if key == "listen" and address.startswith(("unix:", "unix-abstract:")):
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535 or (":" in host and "]" not in host):
+        raise ConfigError(
+            f'{key}: expected "host:port" with a port 0-65535 (0 picks a free one), not {address!r}'
+        )
 
 
 def _check_policies(scheduler: SchedulerConfig) -> None:

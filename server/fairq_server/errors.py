@@ -1,38 +1,43 @@
-"""The errors fairq raises, and the one table that maps them to gRPC status codes.
+"""The errors fairq raises, with no transport in them: each door maps them to its own codes.
 
 Exception tree::
 
-    SchedulerError                  a request could not be served
+    SchedulerError                  a request could not be served         outcome label
     ├── RejectedError               refused before it was queued
-    │   ├── InvalidRequestError     INVALID_ARGUMENT: malformed or out-of-range input
-    │   ├── UnauthenticatedError    UNAUTHENTICATED: missing or unknown API key
-    │   ├── PermissionDeniedError   PERMISSION_DENIED: tier above the key's ceiling, non-admin
-    │   ├── ModelNotFoundError      NOT_FOUND: no backend serves the model
-    │   ├── QueueFullError          RESOURCE_EXHAUSTED: a queue cap was reached
-    │   └── NoBackendError          UNAVAILABLE: no healthy backend for the model
+    │   ├── InvalidRequestError     malformed or out-of-range input       invalid_argument
+    │   ├── UnauthenticatedError    missing or unknown API key            unauthenticated
+    │   ├── PermissionDeniedError   tier above the key's ceiling, admin   permission_denied
+    │   ├── ModelNotFoundError      no backend serves the model           not_found
+    │   ├── QueueFullError          a queue cap was reached               resource_exhausted
+    │   └── NoBackendError          no healthy backend for the model      unavailable
     └── EvictedError                ended after it was queued
-        ├── QueueTimeoutError       DEADLINE_EXCEEDED: waited longer than the queue TTL
-        ├── ShuttingDownError       UNAVAILABLE: the server is stopping
-        ├── SlowClientError         RESOURCE_EXHAUSTED: the caller left too much text unread
-        ├── InternalError           INTERNAL: a fault inside fairq (logged with its traceback)
-        └── BackendFailedError      the backend failed; code chosen from its failure kind
+        ├── QueueTimeoutError       waited longer than the queue TTL      deadline_exceeded
+        ├── ShuttingDownError       the server is stopping                unavailable
+        ├── SlowClientError         the caller left too much text unread  resource_exhausted
+        ├── InternalError           a fault inside fairq (logged)         internal
+        └── BackendFailedError      the backend failed                    from its failure kind
 
-Backend adapters raise :class:`~fairq_server.backends.errors.BackendError`, which knows nothing
-of gRPC; the dispatcher wraps it in :class:`BackendFailedError` when it gives up on a request,
-and :func:`status_for` maps its kind here, in the same table as everything else.
+    ConfigError (a ValueError)      the configuration is invalid; names the offending key
 
-Anything else that escapes a servicer becomes ``INTERNAL``. ``asyncio.CancelledError`` is never
-caught here: a cancelled client is not an error to report.
+Every :class:`SchedulerError` carries an ``outcome``: the label of ``fairq_requests_total``
+and of the access log's ``outcome`` field, the same whichever door the request came through
+(the names are those of the gRPC status the gRPC door answers with, in lower case).
+
+Backend adapters raise :class:`~fairq_server.backends.errors.BackendError`, in the backend's
+own terms; the dispatcher wraps it in :class:`BackendFailedError` when it gives up on a
+request. Each door maps these classes to its wire in one table of its own: gRPC status codes in
+:mod:`fairq_server.api.status`, HTTP statuses and OpenAI error bodies in
+:mod:`fairq_server.http.errors`. Anything unmapped is an internal error there;
+``asyncio.CancelledError`` is never caught by either: a cancelled client is not an error.
 """
 
 from __future__ import annotations
-
-import grpc
 
 from fairq_server.backends.errors import BackendError, BackendFailure
 
 __all__ = [
     "BackendFailedError",
+    "ConfigError",
     "EvictedError",
     "InternalError",
     "InvalidRequestError",
@@ -46,12 +51,22 @@ __all__ = [
     "ShuttingDownError",
     "SlowClientError",
     "UnauthenticatedError",
-    "status_for",
 ]
 
 
+class ConfigError(ValueError):
+    """The configuration file is invalid; the message names the offending key."""
+
+
 class SchedulerError(Exception):
-    """Base class of every error fairq reports to a caller."""
+    """Base class of every error fairq reports to a caller.
+
+    Attributes:
+        outcome: the request's outcome label in metrics and the access log.
+
+    """
+
+    outcome: str = "internal"
 
 
 class RejectedError(SchedulerError):
@@ -61,25 +76,37 @@ class RejectedError(SchedulerError):
 class InvalidRequestError(RejectedError):
     """The request is malformed or a value is out of range."""
 
+    outcome = "invalid_argument"
+
 
 class UnauthenticatedError(RejectedError):
     """No valid API key was presented."""
+
+    outcome = "unauthenticated"
 
 
 class PermissionDeniedError(RejectedError):
     """The principal may not do this (tier ceiling, admin-only call)."""
 
+    outcome = "permission_denied"
+
 
 class ModelNotFoundError(RejectedError):
     """No registered backend serves the requested model."""
+
+    outcome = "not_found"
 
 
 class QueueFullError(RejectedError):
     """A per-user or global queue cap was reached."""
 
+    outcome = "resource_exhausted"
+
 
 class NoBackendError(RejectedError):
     """Every backend of the model is unhealthy."""
+
+    outcome = "unavailable"
 
 
 class EvictedError(SchedulerError):
@@ -89,13 +116,19 @@ class EvictedError(SchedulerError):
 class QueueTimeoutError(EvictedError):
     """The request waited in the queue longer than allowed."""
 
+    outcome = "deadline_exceeded"
+
 
 class ShuttingDownError(EvictedError):
     """The server stopped before the request could run."""
 
+    outcome = "unavailable"
+
 
 class SlowClientError(EvictedError):
     """The caller left more generated text unread than fairq holds for it."""
+
+    outcome = "resource_exhausted"
 
 
 class InternalError(EvictedError):
@@ -103,6 +136,16 @@ class InternalError(EvictedError):
 
     def __init__(self, message: str = "internal error") -> None:
         super().__init__(message)
+
+
+# A failed backend's outcome, by the kind of its failure.
+_BACKEND_OUTCOME: dict[BackendFailure, str] = {
+    BackendFailure.UNAVAILABLE: "unavailable",
+    BackendFailure.OVERLOADED: "resource_exhausted",
+    BackendFailure.INVALID_REQUEST: "invalid_argument",
+    BackendFailure.NOT_FOUND: "not_found",
+    BackendFailure.FAILED: "internal",
+}
 
 
 class BackendFailedError(EvictedError):
@@ -116,37 +159,4 @@ class BackendFailedError(EvictedError):
     def __init__(self, cause: BackendError) -> None:
         super().__init__(str(cause))
         self.cause = cause
-
-
-_BACKEND_STATUS: dict[BackendFailure, grpc.StatusCode] = {
-    BackendFailure.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    BackendFailure.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    BackendFailure.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
-    BackendFailure.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    BackendFailure.FAILED: grpc.StatusCode.INTERNAL,
-}
-
-_STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
-    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
-    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
-    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
-    ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
-    QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    NoBackendError: grpc.StatusCode.UNAVAILABLE,
-    QueueTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
-    SlowClientError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    InternalError: grpc.StatusCode.INTERNAL,
-}
-
-
-def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """Return the gRPC status code and message a caller should see for ``exc``."""
-    if isinstance(exc, BackendFailedError | BackendError):
-        cause = exc.cause if isinstance(exc, BackendFailedError) else exc
-        return _BACKEND_STATUS[cause.kind], str(cause)
-    for cls in type(exc).__mro__:
-        code = _STATUS.get(cls)
-        if code is not None:
-            return code, str(exc)
-    return grpc.StatusCode.INTERNAL, "internal error"
+        self.outcome = _BACKEND_OUTCOME[cause.kind]

@@ -10,7 +10,6 @@ import platform
 from importlib import metadata
 from typing import TYPE_CHECKING
 
-import grpc
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -36,7 +35,9 @@ def build_info() -> dict[str, str]:
     return {
         "version": version,
         "python_version": platform.python_version(),
-        "grpc_version": grpc.__version__,
+        # Read from the installed distribution: importing grpc here would tie everything that
+        # reports metrics (the dispatcher) to the gRPC door's transport.
+        "grpc_version": metadata.version("grpcio"),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import signal
 import sys
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from fairq_sim.config import SimConfig
 from fairq_sim.profiles import PROFILES
 from fairq_sim.server import bind_socket
 
-__all__ = ["build_parser", "config_from_args", "main"]
+__all__ = ["build_parser", "config_from_args", "listen_error", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         app = create_app(config)
     except ValueError as exc:
         parser.error(str(exc))
-    sock = bind_socket(args.host, args.port)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"fairq sim: {listen_error(args.host, args.port, exc)}", file=sys.stderr)
+        return 2
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
     profile = sim_state(app).profile
@@ -118,6 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     # SIGINT/SIGTERM: stop accepting, end open streams within 2 s, run the app's shutdown.
     asyncio.run(server.serve(sockets=[sock]))
     return 0
+
+
+def listen_error(host: str, port: int, exc: OSError) -> str:
+    """One line for a failed bind: the address, the options that set it, and why."""
+    reasons = {
+        errno.EADDRINUSE: "address already in use (another process listens there; "
+        "--port 0 picks a free port)",
+        errno.EACCES: "permission denied (ports below 1024 need privileges)",
+        errno.EADDRNOTAVAIL: "no such address on this machine",
+    }
+    reason = reasons.get(exc.errno or 0) or exc.strerror or str(exc)
+    shown = f"[{host}]" if ":" in host else host
+    return f"cannot listen on {shown}:{port} (set by --host/--port): {reason}"
 
 
 class _QuietExitServer(uvicorn.Server):

@@ -8,6 +8,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from fairq_server.config_file import parse_config
+from fairq_server.errors import ConfigError
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
@@ -143,3 +145,39 @@ async def test_health_and_reflection(fairq_factory: FairqFactory) -> None:
         )
         names = {s.name async for r in responses for s in r.list_services_response.service}
     assert {"fairq.v1.Scheduler", "fairq.v1.Admin", "grpc.health.v1.Health"} <= names
+
+
+# One backend definition, broken one way at a time: the file and RegisterBackend refuse it
+# for the same reason, in the same words (backends/spec.py holds the rules once).
+_BROKEN = {
+    "priority-order": ({"priority_order": "random"}, "backend priority_order must be one of"),
+    "fair-share": (
+        {"fair_share_priority": True},
+        "backend fair_share_priority needs priority_scheduling",
+    ),
+    "long-metric": ({"waiting_metric": "w" * 300}, "backend waiting_metric is longer than 256"),
+}
+
+
+@pytest.mark.parametrize("settings,needle", _BROKEN.values(), ids=_BROKEN.keys())
+async def test_file_and_register_backend_refuse_alike(
+    sim: SimServer, fairq_factory: FairqFactory, settings: dict[str, object], needle: str
+) -> None:
+    table = {"id": "sim-b", "kind": "openai", "base_url": sim.url, "models": ["sim"], **settings}
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"backends": [table]})
+    assert str(refused.value).startswith(f"backends[0]: {needle}")
+
+    server = await fairq_factory(make_config(keys=list(KEYS.values())))
+    rpc = backend(sim, **settings)
+    rpc.kind = admin_pb2.BACKEND_KIND_OPENAI
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        admin = admin_pb2_grpc.AdminStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await admin.RegisterBackend(
+                admin_pb2.RegisterBackendRequest(backend=rpc), metadata=ROOT
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (info.value.details() or "").startswith(needle)
+        listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)
+        assert list(listed.backends) == []

@@ -12,7 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairq_server.api import server as server_module
-from fairq_server.api.server import UNREQUESTED_MIN_SECONDS, FairqServer, server_options
+from fairq_server.api.server import UNREQUESTED_MIN_SECONDS, server_options
+from fairq_server.app import FairqServer
 from fairq_server.config import Config
 
 from ..conftest import FairqFactory, make_config

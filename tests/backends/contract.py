@@ -26,6 +26,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fairq_server.api.status import status_for
+from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
@@ -35,7 +37,6 @@ from fairq_server.backends.request import (
     TextDelta,
 )
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.errors import BackendError, status_for
 
 from ..scripted_http import RecordingProxy
 

@@ -80,7 +80,7 @@ def test_cluster_section_is_parsed_and_checked() -> None:
 def test_single_process_path_does_not_import_redis() -> None:
     """No ``[cluster]``: the server modules load without the Redis client."""
     code = (
-        "import sys, fairq_server.api.server, fairq_server.cli, fairq_server.config;"
+        "import sys, fairq_server.app, fairq_server.cli, fairq_server.config;"
         "sys.exit('redis' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -14,7 +14,7 @@ from dataclasses import replace
 import grpc
 
 from fairq_bench.redis_process import RedisProcess
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.config import Config, TierConfig
 from fairq_sim import SimConfig, SimServer

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from fairq_bench.redis_process import RedisProcess
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.config import Config, TierConfig
 from fairq_sim import SimConfig, SimServer

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.config import HttpConfig
 from fairq_sim import SimServer
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.config import Config, Limits
 from fairq_sim import SimConfig, SimServer
 

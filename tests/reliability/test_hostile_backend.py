@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from fairq_bench.hostile_backend import HostileBackend
-from fairq_server.api.server import FairqServer
+from fairq_server.app import FairqServer
 from fairq_server.backends.base import Backend
 from fairq_server.backends.request import BackendRequest, MetricsSample, StreamEvent
 from fairq_server.config import BackendConfig

@@ -3,6 +3,7 @@ files that parse but cannot be applied, and text crafted to forge lines in its l
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -45,6 +46,17 @@ UNAPPLICABLE = {
         "backend id may contain only",
     ),
     "unknown-policy": ("", "unknown fairness policy 'lottery'"),
+    # Wrong types, which the old reader accepted: models "m" became ("m",), tiers "batch"
+    # became five one-letter tiers.
+    "models-a-string": (
+        '[[backends]]\nid = "b"\nkind = "vllm"\nbase_url = "http://127.0.0.1:1"\nmodels = "m"\n'
+        '[[keys]]\nuser = "u"\nsha256 = "' + "0" * 64 + '"\n',
+        "backends[1].models: expected a list of strings, got a string ('m')",
+    ),
+    "key-tiers-a-string": (
+        '[[keys]]\nuser = "u"\nsha256 = "' + "0" * 64 + '"\ntiers = "batch"\n',
+        "keys[0].tiers: expected a list of strings, got a string ('batch')",
+    ),
 }
 
 
@@ -89,6 +101,22 @@ async def test_sighup_with_a_file_that_cannot_be_applied_changes_nothing(
     assert after_good == INVALID  # the good file applied
     assert needle in log, log
     assert "Task exception was never retrieved" not in log and "Traceback" not in log, log
+
+
+async def test_shutdown_says_what_it_waits_for_and_how_long_it_took(sim: SimServer) -> None:
+    """SIGTERM with --grace 30 and nothing in flight: the log promises up to 30 s for 0
+    requests (not "draining for 30 s") and reports the real, much shorter, time."""
+    child = await start_fairq(_config(sim, prompt_limit=100), grace=30, log_level="INFO")
+    try:
+        child.signal(signal.SIGTERM)
+        code = await child.wait(20)
+        log = child.stderr_tail(100_000)
+    finally:
+        await child.stop()
+    assert code == 0, log
+    assert "draining: up to 30 s for 0 requests in flight" in log, log
+    [seconds] = re.findall(r"stopped after (\d+\.\d) s", log)
+    assert float(seconds) < 10, log
 
 
 async def test_nothing_a_backend_or_caller_sends_starts_a_line_in_the_log(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import signal
+import socket
 import subprocess
 import sys
 
@@ -145,3 +146,22 @@ async def test_stop_ends_open_streams() -> None:
             rest = [line async for line in lines if line]
     assert rest[-1] == "data: [DONE]"
     assert any('"error"' in line for line in rest)
+
+
+def test_cli_port_in_use_is_one_line_naming_the_address() -> None:
+    """``fairq sim`` on a port another process listens on: one line, no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "fairq_server", "sim", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"fairq sim: cannot listen on 127.0.0.1:{port} (set by --host/--port): address already "
+        "in use (another process listens there; --port 0 picks a free port)"
+    ], done.stderr

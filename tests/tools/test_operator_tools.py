@@ -6,12 +6,15 @@ import asyncio
 import json
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
 import fairq
+from fairq_server.requests.tier import resolve_tier
 from fairq_server.auth import Authenticator
 from fairq_server.config_file import parse_config
+from fairq_server.errors import PermissionDeniedError
 from fairq_server.tools import keys, top
 from fairq_sim import SimServer
 
@@ -54,6 +57,61 @@ def test_keys_new_refuses_bad_input() -> None:
         keys.main(["new", "--user", ""])
     with pytest.raises(SystemExit):
         keys.main(["new", "--user", "u", "--weight", "0"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--tiers", "interactive,premium"],
+            "unknown tier 'premium': the default tiers are interactive, standard, batch",
+        ),
+        (["--max-tier", "gold"], "unknown tier 'gold'"),
+        (["--max-tier", "batch", "--tiers", "batch"], "give --max-tier or --tiers, not both"),
+    ],
+)
+def test_keys_new_refuses_tiers_the_server_would_refuse(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    """An entry naming a tier the server does not have is refused when made, not at load."""
+    with pytest.raises(SystemExit) as info:
+        keys.main(["new", "--user", "u", *args])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "fq_" not in captured.out
+
+
+def test_keys_new_checks_tiers_against_the_configuration_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "fairq.toml"
+    config.write_text('[[tiers]]\nname = "premium"\n[[tiers]]\nname = "free"\n')
+    assert keys.main(["new", "--user", "u", "--max-tier", "premium", "--config", str(config),
+                      "--json"]) == 0  # fmt: skip
+    made = json.loads(capsys.readouterr().out)
+    [entry] = parse_config(
+        {**tomllib.loads(config.read_text()), **tomllib.loads(made["toml"])}
+    ).keys
+    assert entry.tiers == ("premium",)
+    with pytest.raises(SystemExit):
+        keys.main(["new", "--user", "u", "--max-tier", "interactive", "--config", str(config)])
+    assert f"the tiers of {config} are premium, free" in capsys.readouterr().err
+
+
+def test_keys_new_max_tier_is_a_ceiling_every_lower_tier_may_be_used(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert keys.main(["new", "--user", "u", "--max-tier", "standard", "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    config = parse_config(tomllib.loads(made["toml"]))
+    tiers = ("interactive", "standard", "batch")
+    principal = Authenticator(config.keys, tiers).authenticate(
+        [("authorization", f"Bearer {made['key']}")]
+    )
+    assert resolve_tier("", principal, tiers) == 1  # the default: its ceiling
+    assert resolve_tier("batch", principal, tiers) == 2  # lower: allowed though not listed
+    with pytest.raises(PermissionDeniedError):
+        resolve_tier("interactive", principal, tiers)
 
 
 async def test_keys_new_from_the_command_line_shows_the_key_and_the_entry() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.api.validation import resolve_tier
 from fairq_server.auth import Authenticator, Principal, hash_key
 from fairq_server.config import KeyConfig
 from fairq_server.errors import InvalidRequestError, PermissionDeniedError, UnauthenticatedError
+from fairq_server.requests.tier import resolve_tier
 
 TIERS = ("interactive", "standard", "batch")
 

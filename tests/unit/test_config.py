@@ -43,7 +43,7 @@ def test_unhealthy_after_failures_is_read() -> None:
             {"backends": [{"id": "x", "kind": "sglang", "base_url": "http://h", "models": ["m"]}]},
             "kind 'sglang' unknown; valid: vllm, tgi, openai",
         ),
-        ({"backends": [{"id": "x"}]}, "backends[0]"),
+        ({"backends": [{"id": "x"}]}, "backends[0]: missing required keys ['base_url'"),
         (
             {"keys": [{"user": "u", "sha256": "0" * 64, "tiers": ["gold"]}]},
             "unknown tiers ['gold']",
@@ -93,20 +93,23 @@ def test_unhealthy_after_failures_is_read() -> None:
         ),
         ({"scheduler": {"unhealthy_after_failures": 0}}, "unhealthy_after_failures must be"),
         ({"scheduler": {"unhealthy_after_failures": -1}}, "integer >= 1, not -1"),
-        ({"scheduler": {"unhealthy_after_failures": 1.5}}, "unhealthy_after_failures must be"),
-        ({"scheduler": {"unhealthy_after_failures": True}}, "unhealthy_after_failures must be"),
+        ({"scheduler": {"unhealthy_after_failures": 1.5}}, "failures: expected an integer"),
+        ({"scheduler": {"unhealthy_after_failures": True}}, "failures: expected an integer"),
         ({"scheduler": {"poll_interval_seconds": 0}}, "poll_interval_seconds must be above 0"),
         ({"scheduler": {"queue_ttl_seconds": -5}}, "queue_ttl_seconds must be above 0, not -5"),
         ({"scheduler": {"stale_after_seconds": float("nan")}}, "must be a finite number"),
-        ({"scheduler": {"max_queued_total": "100"}}, "max_queued_total must be an integer"),
+        ({"scheduler": {"max_queued_total": "100"}}, "max_queued_total: expected an integer"),
         ({"scheduler": {"prefix_quantum": -1.0}}, "prefix_quantum must be 0 or more"),
-        ({"scheduler": {"fairness": 3}}, "fairness must be a string"),
+        ({"scheduler": {"fairness": 3}}, "scheduler.fairness: expected a string"),
         ({"tiers": [{"name": "a", "max_backend_waiting": -1}]}, "tiers[0].max_backend_waiting"),
         ({"tiers": [{"name": "a", "kv_usage_limit": 90}]}, "is a fraction (0-1], not 90"),
         ({"tiers": [{"name": "a", "tpot_limit_seconds": 0}]}, "must be above 0"),
         ({"keys": [{"user": "u", "sha256": "00", "weight": 0}]}, "keys[0].weight must be above"),
-        ({"keys": [{"user": "u", "sha256": "00", "admin": "yes"}]}, "must be true or false"),
-        ({"limits": {"max_tokens": 1.5}}, "limits.max_tokens must be an integer"),
+        (
+            {"keys": [{"user": "u", "sha256": "00", "admin": "yes"}]},
+            "keys[0].admin: expected true or false",
+        ),
+        ({"limits": {"max_tokens": 1.5}}, "limits.max_tokens: expected an integer"),
         (
             {
                 "backends": [

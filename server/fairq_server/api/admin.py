@@ -7,15 +7,16 @@ import time
 import grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
-from fairq_server.api.recent import RecentService
 from fairq_server.api.snapshot import build_snapshot, read_core
+from fairq_server.api.status import status_for
 from fairq_server.auth import Authenticator
 from fairq_server.backends.base import Backend
 from fairq_server.backends.kinds import BACKEND_KINDS
 from fairq_server.backends.openai import OpenAIBackend
-from fairq_server.config import PRIORITY_ORDERS, BackendConfig
+from fairq_server.config import BackendConfig
 from fairq_server.core import FairqCore
-from fairq_server.errors import InvalidRequestError, SchedulerError, status_for
+from fairq_server.errors import InvalidRequestError, SchedulerError
+from fairq_server.requests.recent import RecentService
 from fairq_server.scheduling.backend_state import BackendState
 
 __all__ = ["AdminServicer"]
@@ -23,7 +24,6 @@ __all__ = ["AdminServicer"]
 # The proto's enum names follow the kind names: BACKEND_KIND_<NAME>.
 _KIND_VALUES = {k: f"BACKEND_KIND_{k.upper()}" for k in BACKEND_KINDS}
 _KIND_NAMES = {admin_pb2.BackendKind.Value(v): k for k, v in _KIND_VALUES.items()}
-_MAX_SETTING_CHARS = 256
 
 Context = grpc.aio.ServicerContext
 
@@ -50,36 +50,13 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         request: admin_pb2.RegisterBackendRequest,
         context: Context[admin_pb2.RegisterBackendRequest, admin_pb2.RegisterBackendResponse],
     ) -> admin_pb2.RegisterBackendResponse:
-        """Validate and register a backend; its first scrape is done before returning."""
+        """Register a backend (checked like one in the file); its first scrape comes first."""
         await self._authorize(context)  # type: ignore[arg-type]
         b = request.backend
         try:
             if b.kind not in _KIND_NAMES:
                 valid = " or ".join(admin_pb2.BackendKind.Name(k) for k in _KIND_NAMES)
                 raise InvalidRequestError(f"backend.kind must be {valid}")
-            settings = {
-                "metrics_preset": b.metrics_preset,
-                "waiting_metric": b.waiting_metric,
-                "running_metric": b.running_metric,
-                "kv_usage_metric": b.kv_usage_metric,
-                "tpot_metric": b.tpot_metric,
-                "priority_order": b.priority_order,
-                "api_key_env": b.api_key_env,
-            }
-            for name, value in settings.items():
-                if len(value) > _MAX_SETTING_CHARS:
-                    raise InvalidRequestError(
-                        f"backend.{name} is longer than {_MAX_SETTING_CHARS} characters"
-                    )
-            if b.priority_order not in ("", *PRIORITY_ORDERS):
-                raise InvalidRequestError(
-                    f"backend.priority_order must be one of {', '.join(PRIORITY_ORDERS)}"
-                )
-            if b.fair_share_priority and not b.priority_scheduling:
-                raise InvalidRequestError(
-                    "backend.fair_share_priority needs priority_scheduling (the backend must "
-                    "order its queue by priority)"
-                )
             cfg = BackendConfig(
                 id=b.id,
                 kind=_KIND_NAMES[b.kind],
@@ -88,8 +65,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 priority_scheduling=b.priority_scheduling,
                 fair_share_priority=b.fair_share_priority,
                 max_in_flight=b.max_in_flight,
-                **settings,  # type: ignore[arg-type]
+                metrics_preset=b.metrics_preset,
+                waiting_metric=b.waiting_metric,
+                running_metric=b.running_metric,
+                kv_usage_metric=b.kv_usage_metric,
+                tpot_metric=b.tpot_metric,
+                priority_order=b.priority_order,
+                api_key_env=b.api_key_env,
             )
+            # The rules of a backend definition (backends/spec.py) are checked as it is built.
             state = await self._core.register_backend(cfg, from_rpc=True)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))

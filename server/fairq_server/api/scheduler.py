@@ -1,9 +1,9 @@
 """The ``fairq.v1.Scheduler`` servicer: translate a request into a ticket, relay its events.
 
 The servicer decides nothing about scheduling: it authenticates and validates, then runs the
-request through the lifecycle both doors share (:mod:`fairq_server.api.lifecycle`: submit a
-ticket, relay its outbox, cancel it whatever way the call ends) and turns the outbox's events
-into response messages.
+request through the lifecycle both doors share (:mod:`fairq_server.requests.lifecycle`:
+submit a ticket, relay its outbox, cancel it whatever way the call ends) and turns the
+outbox's events into response messages.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf import struct_pb2
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server import loop_share
-from fairq_server.api.access_log import RequestLog, RequestTrace
-from fairq_server.api.lifecycle import count_rejection, open_ticket, outcome_of, ticket_events
-from fairq_server.api.passthrough import chunk_message
+from fairq_server.api.status import status_for
 from fairq_server.api.validation import models_hint, to_backend_request
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
-from fairq_server.errors import ModelNotFoundError, SchedulerError, status_for
+from fairq_server.errors import ModelNotFoundError, SchedulerError
+from fairq_server.requests.access_log import RequestLog, RequestTrace
+from fairq_server.requests.lifecycle import count_rejection, open_ticket, ticket_events
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
 __all__ = ["SchedulerServicer"]
@@ -59,7 +60,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             )
         except SchedulerError as exc:
             count_rejection(self._core, exc)
-            self._request_log.finished(trace, outcome_of(exc))
+            self._request_log.finished(trace, exc.outcome)
             await context.abort(*status_for(exc))
         trace.request_id, trace.user, trace.group = (
             backend_request.request_id, principal.user, principal.group
@@ -121,5 +122,10 @@ def _response(event: OutboxEvent, request_id: str) -> Response:
             )
 
 
-def _outcome(exc: SchedulerError) -> str:
-    return status_for(exc)[0].name.lower()
+def chunk_message(delta: Text) -> scheduler_pb2.Chunk:
+    """Return the gRPC chunk of ``delta``: its text, and what came beside it in ``extra``."""
+    if not delta.extra:
+        return scheduler_pb2.Chunk(text=delta.text)
+    extra = struct_pb2.Struct()
+    extra.update({"choices": [dict(e) for e in delta.extra]})
+    return scheduler_pb2.Chunk(text=delta.text, extra=extra)

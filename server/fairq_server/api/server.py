@@ -1,30 +1,26 @@
-"""The gRPC server: Scheduler, Admin, health and reflection on one port."""
+"""The gRPC door: Scheduler, Admin, health and reflection on one port."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.api.access_log import RequestLog
 from fairq_server.api.admin import AdminServicer
 from fairq_server.api.discovery import HealthServicer, enable_reflection
 from fairq_server.api.receive import RequestGuard
 from fairq_server.api.scheduler import SchedulerServicer
 from fairq_server.auth import Authenticator
-from fairq_server.collector import Collector
-from fairq_server.config import Config, ConfigError, TlsConfig
+from fairq_server.config import Config, TlsConfig
 from fairq_server.core import FairqCore
-from fairq_server.http import HttpDoor
-from fairq_server.telemetry import Telemetry
+from fairq_server.listening import add_grpc_port
+from fairq_server.requests.access_log import RequestLog
 
-__all__ = ["FairqServer", "server_credentials", "server_options"]
+__all__ = ["GrpcDoor", "server_credentials", "server_options"]
 
 log = logging.getLogger(__name__)
 
@@ -99,37 +95,34 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     )
 
 
-class FairqServer:
-    """A running fairq: the core, the gRPC server and the metrics endpoint.
+class GrpcDoor:
+    """Serves the Scheduler and Admin services of ``core``, with health and reflection.
 
-    Use as an async context manager, or call :meth:`start` and :meth:`stop`::
+    Args:
+        config: the configuration (listen address, TLS, limits; fixed for the door's life).
+        core: the scheduling core (shared with the HTTP door).
+        auth: the authenticator (shared with the HTTP door).
+        request_log: where finished calls are reported.
 
-        async with FairqServer(config) as server:
-            print(server.port)
+    Attributes:
+        port: the bound port once started.
+
     """
 
-    def __init__(self, config: Config, telemetry: Telemetry | None = None) -> None:
-        self.config = config
-        self.core = FairqCore(config, telemetry, on_health=self._scheduling_health)
-        self.auth = Authenticator(config.keys, self.core.tier_names)
-        self.request_log = RequestLog(config.access_log)
+    def __init__(
+        self, config: Config, core: FairqCore, auth: Authenticator, request_log: RequestLog
+    ) -> None:
+        self._config = config
+        self._core = core
+        self._auth = auth
+        self._request_log = request_log
         self.port = 0
-        self.metrics_port = 0
-        self.http_port = 0
-        self._http: HttpDoor | None = None
         self._server = grpc.aio.server(options=server_options(config))
         self._guard = RequestGuard(config.limits.request_receive_seconds)
         self._health = HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
-        self._metrics_http: object | None = None
-        self._collector = Collector(
-            self.core.live_requests,
-            lambda generation, seconds: self.core.telemetry.gc_pause.labels(
-                str(generation)
-            ).observe(seconds),
-        )
 
-    def _scheduling_health(self, serving: bool) -> None:
+    def scheduling_health(self, serving: bool) -> None:
         """Report NOT_SERVING while the dispatcher loop is down (it restarts by itself)."""
         status = (
             health_pb2.HealthCheckResponse.SERVING
@@ -141,120 +134,40 @@ class FairqServer:
             self._health_tasks.add(task)
             task.add_done_callback(self._health_tasks.discard)
 
-    async def __aenter__(self) -> FairqServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop(grace=1.0)
-
     async def start(self) -> None:
-        """Register configured backends, bind the ports and start serving."""
-        await self.core.start()
+        """Register the services, bind the port and start serving.
+
+        Raises:
+            OSError: the address cannot be bound.
+
+        """
         # Unary requests are read and decoded by fairq (api/receive.py): bounded in time,
         # refused with INVALID_ARGUMENT when they do not decode.
         registrar = self._guard.registrar(self._server)
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-            SchedulerServicer(self.core, self.auth, self.request_log), registrar
+            SchedulerServicer(self._core, self._auth, self._request_log), registrar
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.core, self.auth, self.request_log.recent), registrar
+            AdminServicer(self._core, self._auth, self._request_log.recent), registrar
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, registrar)
         enable_reflection((*_SERVICES, health.SERVICE_NAME), self._server)
-        if self.config.tls is None:
-            self.port = self._server.add_insecure_port(self.config.listen)
-        else:
-            self.port = self._server.add_secure_port(
-                self.config.listen, server_credentials(self.config.tls)
-            )
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.listen}")
+        config = self._config
+        credentials = None if config.tls is None else server_credentials(config.tls)
+        self.port = add_grpc_port(self._server, "listen", config.listen, credentials)
         await self._server.start()
         for name in ("", *_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if self.config.http.listen:
-            self._http = HttpDoor(self.core, self.auth, self.config.http.listen)
-            await self._http.start()
-            self.http_port = self._http.port
-        if self.config.metrics_listen:
-            host, _, port = self.config.metrics_listen.rpartition(":")
-            httpd, _thread = start_http_server(
-                int(port), addr=host or "127.0.0.1", registry=self.core.telemetry.registry
-            )
-            self._metrics_http = httpd
-            self.metrics_port = httpd.server_port
-        # Last: what exists now lives as long as the server and is frozen out of collections.
-        self._collector.start()
-        log.info("fairq listening on %s (port %d)", self.config.listen, self.port)
-        _warn_open_mode(self.config)
 
-    async def reload(self, config: Config) -> None:
-        """Apply a new configuration without dropping queued or running requests.
-
-        See :meth:`FairqCore.reconfigure` for what may change. Listening addresses are kept;
-        a change to them is logged and ignored.
-
-        Raises:
-            ConfigError: the configuration cannot be applied live; nothing was changed.
-
-        """
-        if (config.listen, config.metrics_listen, config.http.listen) != (
-            self.config.listen,
-            self.config.metrics_listen,
-            self.config.http.listen,
-        ):
-            log.warning("listen addresses cannot change on reload; restart to apply them")
-        try:
-            keys = self.auth.prepare(config.keys)
-        except ValueError as exc:  # parse_config checks digests; this is the backstop
-            raise ConfigError(f"keys: {exc}") from None
-        # Everything that can refuse the file has run; from here on it is applied whole.
-        await self.core.reconfigure(config)
-        self.auth.install(keys)
-        self.request_log.set_enabled(config.access_log)
-        self.config = config
-        _warn_open_mode(config)
-        log.info("configuration reloaded")
-
-    async def stop(self, grace: float) -> None:
-        """Stop accepting, answer queued requests UNAVAILABLE, let running ones finish.
-
-        Running streams get ``grace`` seconds before they are cancelled.
-        """
+    async def not_serving(self) -> None:
+        """Report NOT_SERVING for every service (the process is stopping)."""
         for name in ("", *_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await asyncio.gather(
-            self.core.close_queues(), self._server.stop(grace), self._stop_http(grace)
-        )
-        await self.core.close()
-        await self._collector.stop()
-        if self._metrics_http is not None:
-            self._metrics_http.shutdown()  # type: ignore[attr-defined]
 
-    async def _stop_http(self, grace: float) -> None:
-        """Give running HTTP streams ``grace`` seconds, then close the door."""
-        if self._http is None:
-            return
-        # Queued requests are answered by close_queues; running ones end with their backend.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await asyncio.gather(*(b.idle.wait() for b in self.core.backends()))
-        await self._http.stop()
+    async def stop(self, grace: float) -> None:
+        """Stop accepting calls; running ones get ``grace`` seconds before they are cancelled."""
+        await self._server.stop(grace)
 
     async def wait_for_termination(self) -> None:
         """Block until the server stops."""
         await self._server.wait_for_termination()
-
-
-def _warn_open_mode(config: Config) -> None:
-    """Say loudly that without keys every caller is trusted, and an admin."""
-    if config.keys:
-        return
-    log.warning(
-        "OPEN MODE: no [[keys]] are configured, so fairq trusts every caller: the "
-        "x-fairq-user metadata names the user, every tier is allowed, every caller may call "
-        "Admin (register, deregister backends), and API keys sent are ignored. Add [[keys]] "
-        "(`fairq keys new --user NAME`) before exposing %s beyond this machine.",
-        config.listen,
-    )

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fairq.v1 import admin_pb2
-from fairq_server.api.recent import RecentService
 from fairq_server.core import FairqCore
+from fairq_server.requests.recent import RecentService
 from fairq_server.scheduling.backend_state import BackendState
 
 __all__ = [

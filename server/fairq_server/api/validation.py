@@ -1,42 +1,31 @@
-"""Checking a GenerateRequest and turning it into a backend-neutral request."""
+"""Checking a ``GenerateRequest`` and turning it into a backend-neutral request."""
 
 from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from google.protobuf import json_format
 
 from fairq.v1 import scheduler_pb2
-from fairq_server.api.passthrough import check_extra
-from fairq_server.auth import Principal
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
-from fairq_server.errors import InvalidRequestError, PermissionDeniedError
+from fairq_server.errors import InvalidRequestError
 from fairq_server.names import check_model, check_token
+from fairq_server.requests.passthrough import check_extra
 
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "estimate_tokens",
-    "models_hint",
-    "resolve_tier",
-    "to_backend_request",
-]
+__all__ = ["GRPC_RESERVED", "models_hint", "to_backend_request"]
 
-# Cheap, tokenizer-free estimate used only for cost ordering; ~4 characters per token is the
-# usual figure for English text with BPE vocabularies.
-CHARS_PER_TOKEN = 4
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
-
-
-def estimate_tokens(request: BackendRequest) -> int:
-    """Estimate the prompt's length in tokens."""
-    if request.messages is not None:
-        chars = sum(len(c) + len(r) + 4 for r, c in request.messages)
-    else:
-        chars = len(request.prompt or "")
-    return max(1, math.ceil(chars / CHARS_PER_TOKEN))
+#: Keys of ``GenerateRequest.extra`` that fairq sets itself (or checks in ``sampling``).
+GRPC_RESERVED = frozenset(
+    {
+        "model", "prompt", "messages", "stream", "priority", "request_id",
+        "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed",
+        "ignore_eos",
+    }
+)  # fmt: skip
 
 
 def models_hint(models: Iterable[str], max_chars: int = 1000) -> str:
@@ -56,35 +45,6 @@ def models_hint(models: Iterable[str], max_chars: int = 1000) -> str:
     rest = len(names) - len(shown)
     listed = ", ".join(shown) or "none"
     return f"; models: {listed}" + (f" (and {rest} more)" if rest else "")
-
-
-def resolve_tier(requested: str, principal: Principal, tiers: Sequence[str]) -> int:
-    """Return the index of the tier the request runs in.
-
-    Empty means the principal's ceiling (its highest allowed tier). A lower tier than the
-    ceiling may always be asked for; a higher one never.
-
-    Raises:
-        InvalidRequestError: unknown tier name.
-        PermissionDeniedError: the tier is above the principal's ceiling.
-
-    """
-    ceiling = min((i for i, t in enumerate(tiers) if t in principal.tiers), default=None)
-    if ceiling is None:
-        raise PermissionDeniedError(f"user '{principal.user}' may not use any tier")
-    if not requested:
-        return ceiling
-    try:
-        index = tiers.index(requested)
-    except ValueError:
-        raise InvalidRequestError(
-            f"unknown tier '{requested[:64]}'; valid: {', '.join(tiers)}"
-        ) from None
-    if index < ceiling:
-        raise PermissionDeniedError(
-            f"tier '{requested}' is above the ceiling '{tiers[ceiling]}' of user '{principal.user}'"
-        )
-    return index
 
 
 def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> BackendRequest:
@@ -134,7 +94,9 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
     extra = (
-        check_extra(json_format.MessageToDict(req.extra), limits, field="extra")
+        check_extra(
+            json_format.MessageToDict(req.extra), limits, field="extra", reserved=GRPC_RESERVED
+        )
         if req.HasField("extra")
         else {}
     )

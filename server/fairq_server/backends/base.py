@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import aiohttp
 
+from fairq_server.backends.credentials import check_served_models, read_api_key
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import (
     FAILURE_BY_HTTP,
@@ -102,8 +103,6 @@ class Backend(abc.ABC):
             InvalidRequestError: the API key cannot be read, or a setting does not apply.
 
         """
-        from fairq_server.backends.credentials import read_api_key
-
         return cls(
             cfg.id,
             cfg.base_url,
@@ -152,8 +151,6 @@ class Backend(abc.ABC):
             BackendError: the backend could not be asked (unreachable, refused the key).
 
         """
-        from fairq_server.backends.credentials import check_served_models
-
         await check_served_models(self, timeout)
         self.models_verified = True
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
@@ -23,16 +24,52 @@ from fairq_server.errors import InvalidRequestError
 from fairq_server.names import escape
 
 if TYPE_CHECKING:
-    from fairq_server.backends.base import Backend
     from fairq_server.config import BackendConfig
 
-__all__ = ["RPC_ENV_PREFIX", "check_served_models", "read_api_key", "refuse_unserved"]
+__all__ = [
+    "RPC_ENV_PREFIX",
+    "ListsModels",
+    "check_served_models",
+    "read_api_key",
+    "refuse_unserved",
+]
 
 log = logging.getLogger(__name__)
 
 RPC_ENV_PREFIX = "FAIRQ_"
 _MAX_KEY_BYTES = 4096
 _MAX_MODELS_BYTES = 1024 * 1024
+
+
+class ListsModels(Protocol):
+    """What the model check needs of a backend adapter (``Backend`` offers it)."""
+
+    @property
+    def id(self) -> str:
+        """The backend's id."""
+        ...
+
+    @property
+    def base_url(self) -> str:
+        """The backend's URL."""
+        ...
+
+    @property
+    def models(self) -> Sequence[str]:
+        """The models registered for it."""
+        ...
+
+    def session(self) -> aiohttp.ClientSession:
+        """Return the backend's connection pool, with its credentials."""
+        ...
+
+    async def verify_models(self, timeout: float = 5.0) -> None:
+        """Check ``/v1/models`` (see :func:`check_served_models`)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the backend's connections."""
+        ...
 
 
 def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
@@ -79,7 +116,7 @@ def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
     return key
 
 
-async def check_served_models(backend: Backend, timeout: float) -> None:
+async def check_served_models(backend: ListsModels, timeout: float) -> None:
     """Ask ``/v1/models`` and compare it with ``backend.models``.
 
     Only a conclusive answer counts: a model list without a registered model refuses the
@@ -140,7 +177,7 @@ async def check_served_models(backend: Backend, timeout: float) -> None:
         )
 
 
-async def refuse_unserved(backend: Backend) -> None:
+async def refuse_unserved(backend: ListsModels) -> None:
     """Check a backend registered over the Admin API before it is accepted.
 
     A backend that answers and does not serve its models is refused (and its connections

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from fairq_server.backends.base import Backend
 from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.kinds import BACKEND_KINDS
-from fairq_server.backends.spec import check_backend
+from fairq_server.backends.spec import check_backend_config
 from fairq_server.config import BackendConfig
 from fairq_server.errors import InvalidRequestError
 from fairq_server.names import escape
@@ -51,15 +51,15 @@ def make_backend(
         read_limits: bounds on what is read from the backend (defaults when None).
 
     Raises:
-        InvalidRequestError: an id outside the token alphabet, unknown kind, a URL that is not
-            plain http(s), a host outside the allow-list, no models or a bad model name.
+        InvalidRequestError: a rule of :func:`~fairq_server.backends.spec.check_backend_config`
+            broken (id, kind, URL, models, settings), or a host outside the allow-list.
 
     """
     try:
-        url = check_backend(cfg.id, cfg.kind, cfg.base_url, cfg.models)
+        url = check_backend_config(cfg)
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from None
-    assert url.hostname is not None  # check_backend refuses a URL without a host
+    assert url.hostname is not None  # check_backend_config refuses a URL without a host
     if allowlist is not None and not host_allowed(url.hostname, allowlist):
         raise InvalidRequestError(
             f"backend host '{escape(url.hostname, 200)}' is not in the allow-list "

@@ -1,13 +1,15 @@
-"""Checking a backend's settings before anything is built from them.
+"""The rules of a backend definition, in one place, checked before anything is built from it.
 
 Both the configuration file and the Admin API describe backends; both go through
-:func:`check_backend`, so a file is refused at load (or reload) for exactly what a
-``RegisterBackend`` call would be refused for, and nothing half-built is left behind.
+:func:`check_backend_config`, so a file is refused at load (or reload) for exactly what a
+``RegisterBackend`` call would be refused for, and nothing half-built is left behind. Every
+message names the setting it is about.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, urlsplit
 
 import yarl
@@ -15,7 +17,26 @@ import yarl
 from fairq_server.backends.kinds import BACKEND_KINDS
 from fairq_server.names import MAX_MODELS_PER_BACKEND, check_model, check_token
 
-__all__ = ["check_backend", "check_base_url"]
+if TYPE_CHECKING:
+    from fairq_server.config import BackendConfig
+
+__all__ = [
+    "MAX_SETTING_CHARS",
+    "PRIORITY_ORDERS",
+    "check_backend",
+    "check_backend_config",
+    "check_base_url",
+]
+
+#: How the ``openai`` kind's backend reads the ``priority`` fairq sends.
+PRIORITY_ORDERS = ("lower-first", "higher-first")
+#: Bound on a free-text setting (a metric name, a preset, an environment variable's name).
+MAX_SETTING_CHARS = 256
+# The free-text settings bounded by MAX_SETTING_CHARS.
+_TEXT_SETTINGS = (
+    "metrics_preset", "waiting_metric", "running_metric", "kv_usage_metric", "tpot_metric",
+    "priority_order", "api_key_env",
+)  # fmt: skip
 
 
 def check_base_url(base_url: str) -> SplitResult:
@@ -63,4 +84,26 @@ def check_backend(backend_id: str, kind: str, base_url: str, models: Sequence[st
         )
     for model in models:
         check_model(model, "backend model name")
+    return url
+
+
+def check_backend_config(cfg: BackendConfig) -> SplitResult:
+    """Check every rule of a backend definition; return its parsed URL.
+
+    Raises:
+        ValueError: the first problem found, naming the setting.
+
+    """
+    url = check_backend(cfg.id, cfg.kind, cfg.base_url, cfg.models)
+    for name in _TEXT_SETTINGS:
+        value = getattr(cfg, name)
+        if len(value) > MAX_SETTING_CHARS:
+            raise ValueError(f"backend {name} is longer than {MAX_SETTING_CHARS} characters")
+    if cfg.priority_order not in ("", *PRIORITY_ORDERS):
+        raise ValueError(f"backend priority_order must be one of {', '.join(PRIORITY_ORDERS)}")
+    if cfg.fair_share_priority and not cfg.priority_scheduling:
+        raise ValueError(
+            "backend fair_share_priority needs priority_scheduling (the backend must order "
+            "its queue by priority)"
+        )
     return url

@@ -19,6 +19,8 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from fairq_server.errors import ConfigError
+
 __all__ = ["ClusterConfig"]
 
 
@@ -61,9 +63,6 @@ class ClusterConfig:
     fairness_slack: float = 0.0
 
     def __post_init__(self) -> None:
-        # Imported here: config.py imports this module, and ConfigError lives there.
-        from fairq_server.config import ConfigError
-
         scheme = urlsplit(self.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(

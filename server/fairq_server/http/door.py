@@ -2,8 +2,8 @@
 
 Each request is authenticated like a gRPC call (the same keys; ``Authorization: Bearer``;
 in open mode ``x-fairq-user`` or the body's ``user``), parsed (:mod:`.parse`), and then run
-through the lifecycle the gRPC door uses (:mod:`fairq_server.api.lifecycle`): one queue and
-one fairness account per user whichever door a request comes through. Its backend stream is
+through the lifecycle both doors share (:mod:`fairq_server.requests.lifecycle`): one queue
+and one fairness account per user whichever door a request comes through. Its backend stream is
 read in relay mode (``BackendRequest.relay_chunks``): the outbox carries the backend's own
 chunks, framed as server-sent events, which are written as they are.
 
@@ -29,7 +29,6 @@ from typing import Any
 from aiohttp import web
 
 from fairq_server import loop_share
-from fairq_server.api.lifecycle import count_rejection, open_ticket, ticket_events
 from fairq_server.auth import Authenticator, Principal
 from fairq_server.backends.passthrough import BackendHttpError
 from fairq_server.config import Config
@@ -39,6 +38,7 @@ from fairq_server.http.aggregate import ChunkMerger
 from fairq_server.http.errors import HttpError, error_body, error_for, error_response
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
 from fairq_server.http.sse import DONE, SSE_HEADERS, comment, error_event
+from fairq_server.requests.lifecycle import count_rejection, open_ticket, ticket_events
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
 __all__ = ["OpenAIHandlers"]

@@ -4,11 +4,28 @@ The body is what the OpenAI API and its SDKs expect::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": null, "code": null}}
 
-fairq's errors are first mapped to their gRPC status (:func:`fairq_server.errors.status_for`,
-the single table of the gRPC door), then the status to an HTTP code here, so both doors
-always agree on what kind of failure a request met. Queue caps (429) and "no healthy backend"
-(503) carry ``Retry-After``. A backend's own HTTP error answer before its stream began is
-passed through unchanged (:class:`~fairq_server.backends.passthrough.BackendHttpError`).
+=========================  ======  ==========================  ===============
+error                      status  type                        code
+=========================  ======  ==========================  ===============
+InvalidRequestError        400     invalid_request_error
+UnauthenticatedError       401     authentication_error        invalid_api_key
+PermissionDeniedError      403     permission_error
+ModelNotFoundError         404     not_found_error             model_not_found
+QueueFullError             429     rate_limit_error            queue_full
+NoBackendError             503     service_unavailable_error
+QueueTimeoutError          504     timeout_error               queue_timeout
+ShuttingDownError          503     service_unavailable_error
+SlowClientError            429     rate_limit_error
+InternalError              500     internal_error
+BackendFailedError         by the backend's failure kind (``_BACKEND``)
+anything else              500     internal_error              ("internal error")
+=========================  ======  ==========================  ===============
+
+The gRPC door answers the same errors with the matching gRPC status
+(:mod:`fairq_server.api.status`), so both doors agree on what kind of failure a request met.
+Queue caps (429) and "no healthy backend" (503) carry ``Retry-After``. A backend's own HTTP
+error answer before its stream began is passed through unchanged
+(:class:`~fairq_server.backends.passthrough.BackendHttpError`).
 """
 
 from __future__ import annotations
@@ -16,25 +33,51 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import grpc
 from aiohttp import web
 
-from fairq_server.errors import QueueFullError, QueueTimeoutError, status_for
+from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.errors import (
+    BackendFailedError,
+    InternalError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    NoBackendError,
+    PermissionDeniedError,
+    QueueFullError,
+    QueueTimeoutError,
+    SchedulerError,
+    ShuttingDownError,
+    SlowClientError,
+    UnauthenticatedError,
+)
 
 __all__ = ["HttpError", "error_body", "error_for", "error_response"]
 
-# gRPC status -> (HTTP status, OpenAI error type).
-_HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
-    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
-    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable_error"),
-    grpc.StatusCode.FAILED_PRECONDITION: (503, "service_unavailable_error"),
-    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
-    grpc.StatusCode.CANCELLED: (499, "cancelled"),
-    grpc.StatusCode.INTERNAL: (500, "internal_error"),
+_BAD_REQUEST = (400, "invalid_request_error", None)
+_NOT_FOUND = (404, "not_found_error", "model_not_found")
+_TOO_MANY = (429, "rate_limit_error", None)
+_UNAVAILABLE = (503, "service_unavailable_error", None)
+_INTERNAL = (500, "internal_error", None)
+
+# fairq's error -> (HTTP status, OpenAI error type, OpenAI error code).
+_HTTP: dict[type[SchedulerError], tuple[int, str, str | None]] = {
+    InvalidRequestError: _BAD_REQUEST,
+    UnauthenticatedError: (401, "authentication_error", "invalid_api_key"),
+    PermissionDeniedError: (403, "permission_error", None),
+    ModelNotFoundError: _NOT_FOUND,
+    QueueFullError: (429, "rate_limit_error", "queue_full"),
+    NoBackendError: _UNAVAILABLE,
+    QueueTimeoutError: (504, "timeout_error", "queue_timeout"),
+    ShuttingDownError: _UNAVAILABLE,
+    SlowClientError: _TOO_MANY,
+    InternalError: _INTERNAL,
+}
+_BACKEND: dict[BackendFailure, tuple[int, str, str | None]] = {
+    BackendFailure.UNAVAILABLE: _UNAVAILABLE,
+    BackendFailure.OVERLOADED: _TOO_MANY,
+    BackendFailure.INVALID_REQUEST: _BAD_REQUEST,
+    BackendFailure.NOT_FOUND: _NOT_FOUND,
+    BackendFailure.FAILED: _INTERNAL,
 }
 _RETRY_AFTER = frozenset({429, 503})
 
@@ -74,22 +117,20 @@ def error_body(message: str, type_: str, *, param: str | None = None, code: Any 
     return json.dumps(doc).encode()
 
 
-def error_for(exc: BaseException) -> HttpError:
+def error_for(exc: Exception) -> HttpError:
     """Return the HTTP error of any exception a request met (unknown ones are 500)."""
     if isinstance(exc, HttpError):
         return exc
-    code, message = status_for(exc)
-    status, type_ = _HTTP.get(code, (500, "internal_error"))
-    error_code = None
-    if isinstance(exc, QueueFullError):
-        error_code = "queue_full"
-    elif isinstance(exc, QueueTimeoutError):
-        error_code = "queue_timeout"
-    elif status == 404:
-        error_code = "model_not_found"
-    elif status == 401:
-        error_code = "invalid_api_key"
-    return HttpError(status, message, type_, code=error_code)
+    if isinstance(exc, BackendFailedError | BackendError):
+        cause = exc.cause if isinstance(exc, BackendFailedError) else exc
+        status, type_, code = _BACKEND[cause.kind]
+        return HttpError(status, str(cause), type_, code=code)
+    for cls in type(exc).__mro__:
+        mapped = _HTTP.get(cls)
+        if mapped is not None:
+            status, type_, code = mapped
+            return HttpError(status, str(exc), type_, code=code)
+    return HttpError(500, "internal error", "internal_error")
 
 
 def error_response(error: HttpError, retry_after: int = 1) -> web.Response:

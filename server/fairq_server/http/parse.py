@@ -17,10 +17,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fairq_server.api.passthrough import check_extra
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
+from fairq_server.requests.passthrough import check_extra
 
 __all__ = ["Kind", "ParsedRequest", "parse_request"]
 

@@ -85,19 +85,11 @@ class Outbox:
         self._buffered = 0
         self._ready = asyncio.Event()
         self._last_taken = -window
-        self.closed = False  # a final event (finished or an error) was put
-
-    @property
-    def buffered(self) -> int:
-        """Characters of text put and not yet taken."""
-        return self._buffered
 
     def put(self, event: Queued | Started | Finished) -> None:
         """Append a lifecycle event."""
         self._flush_text()
         self._items.append(event)
-        if isinstance(event, Finished):
-            self.closed = True
         self._ready.set()
 
     def put_text(self, text: str, extra: tuple[Mapping[str, Any], ...] = ()) -> bool:
@@ -112,7 +104,6 @@ class Outbox:
         """End with ``error``, after what was put before it."""
         self._flush_text()
         self._items.append(error)
-        self.closed = True
         self._ready.set()
 
     def _flush_text(self) -> None:

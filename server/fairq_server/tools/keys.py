@@ -11,6 +11,8 @@ import secrets
 import sys
 
 from fairq_server.auth import hash_key
+from fairq_server.config import DEFAULT_TIERS, ConfigError
+from fairq_server.config_file import load_config
 
 __all__ = ["KEY_PREFIX", "key_entry", "main", "new_key"]
 
@@ -50,13 +52,42 @@ def key_entry(
     return "\n".join(lines) + "\n"
 
 
+def _tier_names(config_path: str | None) -> tuple[tuple[str, ...], str]:
+    """Return the tier names a key may name, and a sentence saying which they are."""
+    if config_path is None:
+        names = tuple(t.name for t in DEFAULT_TIERS)
+        return names, (
+            f"the default tiers are {', '.join(names)} (--config FILE checks against the "
+            "tiers of your configuration)"
+        )
+    names = tuple(t.name for t in load_config(config_path).tiers)
+    return names, f"the tiers of {config_path} are {', '.join(names)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``fairq keys``."""
     parser = argparse.ArgumentParser(prog="fairq keys", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
     new = sub.add_parser("new", help="print a fresh key once, and its [[keys]] entry")
     new.add_argument("--user", required=True, help="the user the key identifies")
-    new.add_argument("--tiers", default="", help="comma-separated tiers it may use (default: all)")
+    new.add_argument(
+        "--max-tier",
+        metavar="TIER",
+        help="the highest tier the key may use, and its default; every lower tier may be "
+        "requested too (default: the first tier)",
+    )
+    new.add_argument(
+        "--tiers",
+        default="",
+        metavar="A,B",
+        help="older spelling, comma-separated: the highest tier listed is the ceiling and "
+        "every lower tier may be used, listed or not (prefer --max-tier)",
+    )
+    new.add_argument(
+        "--config",
+        metavar="FILE",
+        help="fairq's configuration file: check tier names against its [[tiers]]",
+    )
     new.add_argument("--admin", action="store_true", help="may call the Admin service")
     new.add_argument("--weight", type=float, help="share of service under vtc fairness")
     new.add_argument("--group", help="metrics label for this user's traffic")
@@ -65,7 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     user = args.user.strip()
     if not user or len(user) > 128:
         parser.error("--user must be 1-128 characters")
+    if args.max_tier is not None and args.tiers:
+        parser.error("give --max-tier or --tiers, not both")
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+    if args.max_tier is not None:
+        tiers = [args.max_tier.strip()]
+    try:
+        known, source = _tier_names(args.config)
+    except (OSError, ConfigError) as exc:
+        parser.error(f"--config: {exc}")
+    unknown = [t for t in tiers if t not in known]
+    if unknown:
+        # The server refuses an entry naming a tier it does not have: say so now, not at load.
+        parser.error(f"unknown tier {', '.join(repr(t) for t in unknown)}: {source}")
     if args.weight is not None and not args.weight > 0:
         parser.error("--weight must be above 0")
     key = new_key()

@@ -13,23 +13,10 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from google.protobuf import struct_pb2
-
-from fairq.v1 import scheduler_pb2
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
-from fairq_server.scheduling.outbox import Text
 
-__all__ = ["GRPC_RESERVED", "check_extra", "chunk_message", "json_depth"]
-
-#: Keys of ``GenerateRequest.extra`` that fairq sets itself (or checks in ``sampling``).
-GRPC_RESERVED = frozenset(
-    {
-        "model", "prompt", "messages", "stream", "priority", "request_id",
-        "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed",
-        "ignore_eos",
-    }
-)  # fmt: skip
+__all__ = ["check_extra", "json_depth"]
 
 
 def json_depth(value: object) -> int:
@@ -68,7 +55,7 @@ def check_extra(
     limits: Limits,
     *,
     field: str,
-    reserved: Iterable[str] = GRPC_RESERVED,
+    reserved: Iterable[str],
     from_struct: bool = True,
 ) -> dict[str, Any]:
     """Validate pass-through parameters and return them ready to merge into a JSON body.
@@ -107,12 +94,3 @@ def check_extra(
         converted: dict[str, Any] = _whole_numbers(dict(extra))
         return converted
     return dict(extra)
-
-
-def chunk_message(delta: Text) -> scheduler_pb2.Chunk:
-    """Return the gRPC chunk of ``delta``: its text, and what came beside it in ``extra``."""
-    if not delta.extra:
-        return scheduler_pb2.Chunk(text=delta.text)
-    extra = struct_pb2.Struct()
-    extra.update({"choices": [dict(e) for e in delta.extra]})
-    return scheduler_pb2.Chunk(text=delta.text, extra=extra)

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from fairq_server.api.recent import RecentService
+from fairq_server.requests.recent import RecentService
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Started, Text
 
 __all__ = ["ACCESS_LOGGER", "RequestLog", "RequestTrace", "configure_access_log", "format_line"]

@@ -14,23 +14,24 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from fairq_server.api.validation import estimate_tokens, resolve_tier
 from fairq_server.auth import Principal
 from fairq_server.backends.request import BackendRequest
 from fairq_server.core import FairqCore
-from fairq_server.errors import SchedulerError, status_for
+from fairq_server.errors import SchedulerError
+from fairq_server.requests.estimate import estimate_tokens
+from fairq_server.requests.tier import resolve_tier
 from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
 from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.ticket import Ticket
 
-__all__ = ["count_rejection", "open_ticket", "outcome_of", "ticket_events"]
+__all__ = ["count_rejection", "open_ticket", "ticket_events"]
 
 log = logging.getLogger(__name__)
 
 
 def count_rejection(core: FairqCore, exc: SchedulerError) -> None:
     """Count a request refused before it was queued (unauthenticated, invalid, bad tier)."""
-    core.telemetry.requests.labels("none", outcome_of(exc)).inc()
+    core.telemetry.requests.labels("none", exc.outcome).inc()
 
 
 def open_ticket(
@@ -81,8 +82,8 @@ async def ticket_events(
 
     The ticket is cancelled when the caller stops iterating for any reason (the request
     leaves the queue, or its backend request is aborted), the outcome is counted, and
-    ``on_end`` is told it (``finished``, ``cancelled``, ``internal`` or a lower-case status
-    name).
+    ``on_end`` is told it (``finished``, ``cancelled``, ``internal`` or the error's
+    :attr:`~fairq_server.errors.SchedulerError.outcome`).
 
     Raises:
         SchedulerError: the request failed (after the events before the failure).
@@ -98,9 +99,8 @@ async def ticket_events(
             yield events
         outcome = "finished"
     except SchedulerError as exc:
-        outcome = outcome_of(exc)
-        code, message = status_for(exc)
-        log.info("request %s ended: %s %s", ticket.request.request_id, code.name, message)
+        outcome = exc.outcome
+        log.info("request %s ended: %s %s", ticket.request.request_id, outcome, exc)
         raise
     except Exception:
         # A bug or an unforeseen backend answer: logged once, here; the door tells the
@@ -112,8 +112,3 @@ async def ticket_events(
         core.dispatcher.cancel(ticket)
         core.telemetry.requests.labels(tier_name, outcome).inc()
         on_end(outcome)
-
-
-def outcome_of(exc: SchedulerError) -> str:
-    """Return the outcome label of a request that ended with ``exc``."""
-    return status_for(exc)[0].name.lower()

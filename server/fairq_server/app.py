@@ -1,0 +1,170 @@
+"""The fairq process, assembled above both doors.
+
+:class:`FairqServer` wires the configuration to the scheduling core (dispatcher, backends,
+cluster), the gRPC door (:mod:`fairq_server.api`), the OpenAI-compatible HTTP door
+(:mod:`fairq_server.http`), the request log, the metrics endpoint and the collector, and owns
+their order at start, reload and stop. The doors know nothing of each other or of this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from prometheus_client import start_http_server
+
+from fairq_server.api.server import GrpcDoor
+from fairq_server.auth import Authenticator
+from fairq_server.collector import Collector
+from fairq_server.config import Config
+from fairq_server.core import FairqCore
+from fairq_server.errors import ConfigError
+from fairq_server.http import HttpDoor
+from fairq_server.listening import listening
+from fairq_server.requests.access_log import RequestLog
+from fairq_server.telemetry import Telemetry
+
+__all__ = ["FairqServer"]
+
+log = logging.getLogger(__name__)
+
+
+class FairqServer:
+    """A running fairq: the core, the gRPC door, the HTTP door and the metrics endpoint.
+
+    Use as an async context manager, or call :meth:`start` and :meth:`stop`::
+
+        async with FairqServer(config) as server:
+            print(server.port)
+
+    Attributes:
+        config: the configuration in force (replaced by :meth:`reload`).
+        core: the scheduling core both doors share.
+        auth: the authenticator both doors share.
+        request_log: where finished requests are reported.
+        port: the gRPC port once started.
+        http_port: the HTTP door's port once started (0 without ``[http]``).
+        metrics_port: the metrics endpoint's port once started (0 without it).
+
+    """
+
+    def __init__(self, config: Config, telemetry: Telemetry | None = None) -> None:
+        self.config = config
+        self.core = FairqCore(config, telemetry, on_health=self._scheduling_health)
+        self.auth = Authenticator(config.keys, self.core.tier_names)
+        self.request_log = RequestLog(config.access_log)
+        self.port = 0
+        self.metrics_port = 0
+        self.http_port = 0
+        self._grpc = GrpcDoor(config, self.core, self.auth, self.request_log)
+        self._http: HttpDoor | None = None
+        self._metrics_http: object | None = None
+        self._collector = Collector(
+            self.core.live_requests,
+            lambda generation, seconds: self.core.telemetry.gc_pause.labels(
+                str(generation)
+            ).observe(seconds),
+        )
+
+    def _scheduling_health(self, serving: bool) -> None:
+        self._grpc.scheduling_health(serving)
+
+    async def __aenter__(self) -> FairqServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(grace=1.0)
+
+    async def start(self) -> None:
+        """Register configured backends, bind the ports and start serving."""
+        await self.core.start()
+        await self._grpc.start()
+        self.port = self._grpc.port
+        if self.config.http.listen:
+            self._http = HttpDoor(self.core, self.auth, self.config.http.listen)
+            with listening("http.listen", self.config.http.listen):
+                await self._http.start()
+            self.http_port = self._http.port
+        if self.config.metrics_listen:
+            host, _, port = self.config.metrics_listen.rpartition(":")
+            with listening("metrics_listen", self.config.metrics_listen):
+                httpd, _thread = start_http_server(
+                    int(port), addr=host or "127.0.0.1", registry=self.core.telemetry.registry
+                )
+            self._metrics_http = httpd
+            self.metrics_port = httpd.server_port
+        # Last: what exists now lives as long as the server and is frozen out of collections.
+        self._collector.start()
+        log.info("fairq listening on %s (port %d)", self.config.listen, self.port)
+        _warn_open_mode(self.config)
+
+    async def reload(self, config: Config) -> None:
+        """Apply a new configuration without dropping queued or running requests.
+
+        See :meth:`FairqCore.reconfigure` for what may change. Listening addresses are kept;
+        a change to them is logged and ignored.
+
+        Raises:
+            ConfigError: the configuration cannot be applied live; nothing was changed.
+
+        """
+        if (config.listen, config.metrics_listen, config.http.listen) != (
+            self.config.listen,
+            self.config.metrics_listen,
+            self.config.http.listen,
+        ):
+            log.warning("listen addresses cannot change on reload; restart to apply them")
+        try:
+            keys = self.auth.prepare(config.keys)
+        except ValueError as exc:  # parse_config checks digests; this is the backstop
+            raise ConfigError(f"keys: {exc}") from None
+        # Everything that can refuse the file has run; from here on it is applied whole.
+        await self.core.reconfigure(config)
+        self.auth.install(keys)
+        self.request_log.set_enabled(config.access_log)
+        self.config = config
+        _warn_open_mode(config)
+        log.info("configuration reloaded")
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, answer queued requests UNAVAILABLE, let running ones finish.
+
+        Running streams get ``grace`` seconds before they are cancelled.
+        """
+        await self._grpc.not_serving()
+        await asyncio.gather(
+            self.core.close_queues(), self._grpc.stop(grace), self._stop_http(grace)
+        )
+        await self.core.close()
+        await self._collector.stop()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()  # type: ignore[attr-defined]
+
+    async def _stop_http(self, grace: float) -> None:
+        """Give running HTTP streams ``grace`` seconds, then close the door."""
+        if self._http is None:
+            return
+        # Queued requests are answered by close_queues; running ones end with their backend.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await asyncio.gather(*(b.idle.wait() for b in self.core.backends()))
+        await self._http.stop()
+
+    async def wait_for_termination(self) -> None:
+        """Block until the gRPC door stops."""
+        await self._grpc.wait_for_termination()
+
+
+def _warn_open_mode(config: Config) -> None:
+    """Say loudly that without keys every caller is trusted, and an admin."""
+    if config.keys:
+        return
+    log.warning(
+        "OPEN MODE: no [[keys]] are configured, so fairq trusts every caller: the "
+        "x-fairq-user metadata names the user, every tier is allowed, every caller may call "
+        "Admin (register, deregister backends), and API keys sent are ignored. Add [[keys]] "
+        "(`fairq keys new --user NAME`) before exposing %s beyond this machine.",
+        config.listen,
+    )

@@ -1,0 +1,90 @@
+"""The two doors' tables from fairq's errors to their wire, and the outcome label they share."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from fairq_server import errors
+from fairq_server.api.status import status_for
+from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.http.errors import error_for
+
+# Every error a request can end with, as the gRPC and HTTP doors answer it.
+_ANSWERS: list[tuple[errors.SchedulerError, grpc.StatusCode, tuple[int, str, str | None]]] = [
+    (errors.InvalidRequestError("bad"), grpc.StatusCode.INVALID_ARGUMENT,
+     (400, "invalid_request_error", None)),
+    (errors.UnauthenticatedError("who"), grpc.StatusCode.UNAUTHENTICATED,
+     (401, "authentication_error", "invalid_api_key")),
+    (errors.PermissionDeniedError("no"), grpc.StatusCode.PERMISSION_DENIED,
+     (403, "permission_error", None)),
+    (errors.ModelNotFoundError("none"), grpc.StatusCode.NOT_FOUND,
+     (404, "not_found_error", "model_not_found")),
+    (errors.QueueFullError("full"), grpc.StatusCode.RESOURCE_EXHAUSTED,
+     (429, "rate_limit_error", "queue_full")),
+    (errors.NoBackendError("down"), grpc.StatusCode.UNAVAILABLE,
+     (503, "service_unavailable_error", None)),
+    (errors.QueueTimeoutError("late"), grpc.StatusCode.DEADLINE_EXCEEDED,
+     (504, "timeout_error", "queue_timeout")),
+    (errors.ShuttingDownError("bye"), grpc.StatusCode.UNAVAILABLE,
+     (503, "service_unavailable_error", None)),
+    (errors.SlowClientError("slow"), grpc.StatusCode.RESOURCE_EXHAUSTED,
+     (429, "rate_limit_error", None)),
+    (errors.InternalError(), grpc.StatusCode.INTERNAL, (500, "internal_error", None)),
+]  # fmt: skip
+_BACKEND: dict[BackendFailure, tuple[grpc.StatusCode, tuple[int, str, str | None]]] = {
+    BackendFailure.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE,
+                                 (503, "service_unavailable_error", None)),
+    BackendFailure.OVERLOADED: (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                (429, "rate_limit_error", None)),
+    BackendFailure.INVALID_REQUEST: (grpc.StatusCode.INVALID_ARGUMENT,
+                                     (400, "invalid_request_error", None)),
+    BackendFailure.NOT_FOUND: (grpc.StatusCode.NOT_FOUND,
+                               (404, "not_found_error", "model_not_found")),
+    BackendFailure.FAILED: (grpc.StatusCode.INTERNAL, (500, "internal_error", None)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("exc,code,http", _ANSWERS, ids=lambda v: type(v).__name__)
+def test_each_door_answers_an_error_in_its_own_terms(
+    exc: errors.SchedulerError, code: grpc.StatusCode, http: tuple[int, str, str | None]
+) -> None:
+    assert status_for(exc) == (code, str(exc))
+    answer = error_for(exc)
+    assert (answer.status, answer.type, answer.code, answer.message) == (*http, str(exc))
+    # The outcome label (metrics, access log) is the gRPC status name, whichever door.
+    assert exc.outcome == code.name.lower()
+
+
+@pytest.mark.parametrize("kind", list(BackendFailure))
+def test_a_failed_backend_is_answered_by_its_failure_kind(kind: BackendFailure) -> None:
+    code, http = _BACKEND[kind]
+    cause = BackendError("backend b failed: out of memory", kind)
+    for exc in (errors.BackendFailedError(cause), cause):
+        assert status_for(exc) == (code, str(cause))
+        answer = error_for(exc)
+        assert (answer.status, answer.type, answer.code) == http
+        assert answer.message == str(cause)
+    assert errors.BackendFailedError(cause).outcome == code.name.lower()
+
+
+@pytest.mark.parametrize(
+    "exc", [ValueError("secret detail"), errors.SchedulerError("x"), errors.EvictedError("y")]
+)
+def test_anything_unmapped_is_internal_and_tells_nothing(exc: Exception) -> None:
+    assert status_for(exc) == (grpc.StatusCode.INTERNAL, "internal error")
+    answer = error_for(exc)
+    assert (answer.status, answer.type, answer.message) == (500, "internal_error", "internal error")
+
+
+def test_every_error_class_is_in_the_tables() -> None:
+    """A new subclass of SchedulerError must be given an answer in both doors."""
+    mapped = {type(exc) for exc, _, _ in _ANSWERS} | {errors.BackendFailedError}
+    leaves = {
+        cls
+        for cls in vars(errors).values()
+        if isinstance(cls, type)
+        and issubclass(cls, errors.SchedulerError)
+        and cls not in (errors.SchedulerError, errors.RejectedError, errors.EvictedError)
+    }
+    assert leaves == mapped

@@ -1,0 +1,75 @@
+"""The service's layers point one way: the doors do not import each other, nor what is above them.
+
+Read from the code's own imports (with the ``ast`` module), so a new import that runs back up
+fails here before a reviewer has to spot it; and checked at run time for the one dependency
+that matters most: below the gRPC door nothing loads gRPC.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fairq_server
+
+PACKAGE = Path(fairq_server.__file__).parent
+
+# Folder (or module) -> packages of fairq_server it must never import.
+_FORBIDDEN = {
+    "api": ("http", "app", "cli"),
+    "http": ("api", "app", "cli"),
+    "requests": ("api", "http", "app", "cli"),
+    "scheduling": ("api", "http", "requests", "app", "cli"),
+    "backends": ("api", "http", "requests", "scheduling", "cluster", "app", "cli"),
+    "errors.py": ("api", "http", "requests", "scheduling", "cluster", "app", "cli"),
+    "config.py": ("api", "http", "requests", "scheduling", "app", "cli"),
+    "core.py": ("api", "http", "requests", "app", "cli"),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """Return the ``fairq_server`` modules a file imports (relative imports resolved)."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            found.add(base)
+    return {name for name in found if name.startswith("fairq_server")}
+
+
+@pytest.mark.parametrize("where", sorted(_FORBIDDEN))
+def test_no_arrow_runs_back_up(where: str) -> None:
+    root = PACKAGE / where
+    files = [root] if root.suffix == ".py" else sorted(root.rglob("*.py"))
+    assert files
+    wrong = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in files
+        for name in sorted(_imports(path))
+        for banned in _FORBIDDEN[where]
+        if name == f"fairq_server.{banned.removesuffix('.py')}"
+        or name.startswith(f"fairq_server.{banned}.")
+    ]
+    assert wrong == []
+
+
+def test_below_the_grpc_door_nothing_loads_grpc() -> None:
+    """Errors, scheduling, the shared request handling and the HTTP door are transport-free."""
+    code = (
+        "import sys, fairq_server.errors, fairq_server.core, fairq_server.config_file, "
+        "fairq_server.requests.lifecycle, fairq_server.http;"
+        "loaded = [m for m in sys.modules if m == 'grpc' or m.startswith('grpc.')];"
+        "print(sorted(loaded)[:3]); sys.exit(1 if loaded else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
