@@ -119,8 +119,9 @@ backend, Redis and the load generator to the other. fairq's cost is its own CPU 
   each path minus those of straight to the backend (same HTTP client as the HTTP door; the
   gRPC door's figure includes the difference between the two clients), median over rounds.
   Straight to the backend: {fig.direct[0] * ms:.2f} ms p50, {fig.direct[1] * ms:.2f} ms p99.
-- Loaded: each door with closed-loop streams sized to 80 % of the tokens per core-second it
-  was measured at, probes alternating with direct ones.
+- Loaded: each door with closed-loop streams sized to 80 % of the tokens per second it relayed
+  under the throughput load (what the process did with the share of its core it got),
+  probes alternating with direct ones.
 - Redis: {fig.replicas} replica(s) with a `[cluster]` section on one redis-server, all on
   fairq's core; probes to one of them against the same probes to the process alone.
 

@@ -89,7 +89,12 @@ async def _throughput(st: Stack, rounds: int, streams: int, seconds: float) -> d
 async def _loaded(
     st: Stack, capacity: Mapping[str, float], probes: int
 ) -> dict[str, tuple[float, float, int]]:
-    """Per door at ~80 % of its capacity: (added p99 s, fairq cores, streams)."""
+    """Per door at ~80 % of its capacity: (added p99 s, fairq cores, streams).
+
+    Capacity is the tokens per second the door relayed under the throughput load: what the
+    process could do with the share of its core it was given (on a shared machine, less than
+    the core), not tokens per core-second.
+    """
     sends = door_streams(st.session, st.alone)
     doors = door_probes(st.session, st.alone)
     direct = http_probe(st.session, st.backend)
@@ -150,9 +155,9 @@ async def hot_path(args: argparse.Namespace, url: str, out: Path) -> bool:
         low = await _latency(paths, rounds, per_round)
         print(f"  throughput: {t_rounds} rounds, {streams} streams, {seconds:g} s", flush=True)
         tput = await _throughput(st, t_rounds, streams, seconds)
-        capacity = {door: rate.per_core_second for door, rate in tput.items()}
+        capacity = {door: rate.tokens_per_second for door, rate in tput.items()}
         print(f"  at 80 % of capacity {capacity} ({time.monotonic() - started:.0f} s)", flush=True)
-        loaded = await _loaded(st, capacity, 5 if quick else 200)
+        loaded = await _loaded(st, capacity, 5 if quick else 100)
         print(f"  loaded done ({time.monotonic() - started:.0f} s)", flush=True)
         flames = await _flames(st, out, streams, 8) if getattr(args, "flame", False) else []
     figures = Figures(
