@@ -13,12 +13,12 @@ The usage chunk fairq asks for is dropped unless the caller asked for it too
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.errors import BackendError, BackendFailure
@@ -121,7 +121,7 @@ async def openai_stream(
                         continue  # the usage fairq asked for, not the caller
                     if obj.get("model") != request.model and "model" in obj:
                         obj["model"] = request.model
-                        payload = json.dumps(obj, separators=(",", ":"))
+                        payload = orjson.dumps(obj).decode()
                     data.append(payload)
                     objects.append(obj)
                 if data:
