@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import abc
 import functools
-import json
 import ssl
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import aiohttp
+import orjson
 
 from fairq_server.backends.credentials import check_served_models, read_api_key
 from fairq_server.backends.errors import BackendError, BackendFailure
@@ -283,9 +283,14 @@ class Backend(abc.ABC):
         )
 
     def decode_event(self, data: str) -> dict[str, Any]:
-        """Parse one SSE payload into a JSON object; an error event raises its error."""
+        """Parse one SSE payload into a JSON object; an error event raises its error.
+
+        Every event of every stream passes here: orjson parses one in a fraction of the
+        standard library's time (docs/design/hot-path.md), and refuses what JSON does not
+        allow (NaN, Infinity) as malformed.
+        """
         try:
-            obj = json.loads(data)
+            obj = orjson.loads(data)
         except ValueError as exc:
             raise BackendError(
                 f"backend {self.id}: malformed stream event: {data[:200]!r}",

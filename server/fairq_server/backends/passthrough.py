@@ -13,12 +13,12 @@ The usage chunk fairq asks for is dropped unless the caller asked for it too
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import relay_payload, resumed_usage
@@ -125,7 +125,7 @@ async def openai_stream(
                         continue  # the usage fairq asked for, not the caller
                     if obj.get("model") != request.model and "model" in obj:
                         obj["model"] = request.model
-                        payload = json.dumps(obj, separators=(",", ":"))
+                        payload = orjson.dumps(obj).decode()
                     if rewrite:
                         relayed = relay_payload(obj, payload, request.resume, strip_ids)
                         objects.append(obj)
