@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,7 +23,15 @@ from fairq_server.identity.jwt import JwtVerifier, looks_like_jwt
 from fairq_server.identity.keyset import JwksError
 from fairq_server.identity.settings import JwtConfig
 
-__all__ = ["ANONYMOUS_USER", "Authenticator", "KeySource", "Principal", "hash_key"]
+__all__ = [
+    "ANONYMOUS_USER",
+    "KEY_PREFIX",
+    "Authenticator",
+    "KeySource",
+    "Principal",
+    "hash_key",
+    "new_key",
+]
 
 ANONYMOUS_USER = "anonymous"
 _MAX_USER_CHARS = 128
@@ -80,6 +89,14 @@ class KeySource(Protocol):
 def hash_key(api_key: str) -> str:
     """Return the hex SHA-256 digest under which ``api_key`` is configured."""
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+KEY_PREFIX = "fq_"
+
+
+def new_key() -> str:
+    """Return a fresh API key: the prefix and 256 random bits, URL-safe base64."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 class Authenticator:

@@ -26,11 +26,10 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from fairq_server.auth import Principal, hash_key
+from fairq_server.auth import Principal, hash_key, new_key
 from fairq_server.errors import InvalidRequestError
 from fairq_server.store.engine import short_error
 from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
-from fairq_server.tools.keys import new_key
 
 __all__ = ["MAX_NAME_CHARS", "KeyStore", "StoredKey"]
 

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import sys
 
-from fairq_server.auth import hash_key
+from fairq_server.auth import KEY_PREFIX, hash_key, new_key
 from fairq_server.config import DEFAULT_TIERS, ConfigError
 from fairq_server.config_file import load_config
 
 __all__ = ["KEY_PREFIX", "key_entry", "main", "new_key"]
 
 # A recognisable prefix lets secret scanners and people spot a leaked fairq key.
-KEY_PREFIX = "fq_"
 # Keys in fairq's store (fairq_server.tools.stored_keys), rather than in the file.
 STORE_ACTIONS = {
     "create": "make a key in the store",
@@ -25,11 +23,6 @@ STORE_ACTIONS = {
     "revoke": "revoke a stored key on every replica",
     "rotate": "replace a stored key",
 }
-
-
-def new_key() -> str:
-    """Return a fresh API key: the prefix and 256 random bits, URL-safe base64."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 def _toml_string(value: str) -> str:
