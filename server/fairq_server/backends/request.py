@@ -44,6 +44,8 @@ class BackendRequest:
             each delta's text (the HTTP door), instead of the generated text (gRPC).
         relay_usage: with ``relay_chunks``, keep the final usage chunk (the caller asked
             for it too).
+        prompt_token_ids: the prompt as token ids (completions), sent instead of ``prompt``
+            to engines that take them (:attr:`~fairq_server.backends.base.Backend.token_prompts`).
 
     """
 
@@ -56,6 +58,7 @@ class BackendRequest:
     raw_messages: tuple[Mapping[str, Any], ...] | None = None
     relay_chunks: bool = False
     relay_usage: bool = False
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,12 @@ def open_ticket(
         prompt_tokens=estimate_tokens(request),
         max_tokens=max_tokens or request.sampling.max_tokens or 0,
         arrival=time.monotonic() if arrival is None else arrival,
-        prefix=prefix_hashes(request.prompt, request.messages, config.scheduler.prefix_block_chars),
+        prefix=prefix_hashes(
+            request.prompt,
+            request.messages,
+            config.scheduler.prefix_block_chars,
+            token_ids=request.prompt_token_ids,
+        ),
         outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
     )
     core.dispatcher.submit(ticket)
