@@ -7,7 +7,9 @@ too (``temperature``, ``top_p``, ``stop``, ``seed``, ``ignore_eos``), and ``user
 identity in open mode, passed on as well). ``priority`` is refused: the tier decides it.
 Everything else (``tools``, ``response_format``, ``logprobs``, ``n``, penalties, engine
 options) is passed through unchanged, bounded in size and depth. Chat messages are passed
-on exactly as sent (content parts, tool calls); fairq reads only their role and text.
+on exactly as sent (content parts, tool calls); fairq reads only their role and text. A
+completions ``prompt`` may be token ids, or a list of prompts: each becomes its own request
+(:attr:`ParsedRequest.batch`, answered by :mod:`fairq_server.http.fanout`).
 """
 
 from __future__ import annotations
