@@ -145,8 +145,12 @@ async def test_token_ids_refused_at_admission_for_a_model_served_by_tgi(
     status, _, doc = await post(f"{door.url}/v1/completions", {"model": "sim", "prompt": [1, 2, 3]})
     assert status == 400
     assert_openai_error(doc, "invalid_request_error", "this model's backends do not take token-id")
-    assert doc["error"]["param"] == "prompt"
     assert "(tgi)" in doc["error"]["message"]
+    # In a list too.
+    body = {"model": "sim", "prompt": ["text", [1, 2, 3]], "max_tokens": 2}
+    status, _, doc = await post(f"{door.url}/v1/completions", body)
+    assert status == 400
+    assert_openai_error(doc, "invalid_request_error", "this model's backends do not take token-id")
 
 
 async def test_the_bounds_of_a_list(sim: SimServer, fairq_factory: FairqFactory) -> None:

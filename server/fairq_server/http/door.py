@@ -120,7 +120,6 @@ class OpenAIHandlers:
             trace.request_id, trace.model = parsed.request.request_id, parsed.request.model
             if principal is None:
                 principal = await self._authenticate(request, parsed.user)
-            self._check_token_prompts(parsed)
             if parsed.batch:
                 caller = principal
                 return await answer_batch(
@@ -175,26 +174,6 @@ class OpenAIHandlers:
         except ConnectionResetError:
             # The client went away while fairq wrote to it: the ticket is cancelled already.
             return web.Response(status=499)
-
-    def _check_token_prompts(self, parsed: ParsedRequest) -> None:
-        """Refuse token-id prompts for a model served by a backend that does not take them.
-
-        Every backend of the model must take them: the dispatcher may pick any of them.
-        """
-        requests = parsed.batch or (parsed.request,)
-        if all(r.prompt_token_ids is None for r in requests):
-            return
-        model = parsed.request.model
-        serving = [b.backend for b in self._core.backends() if model in b.backend.models]
-        refusing = sorted({b.kind for b in serving if not b.token_prompts})
-        if refusing:
-            raise HttpError(
-                400,
-                f"this model's backends do not take token-id prompts ({', '.join(refusing)}); "
-                "send the prompt as text",
-                param="prompt",
-                code="token_prompts_unsupported",
-            )
 
     async def _authenticate(self, request: web.Request, body_user: str | None) -> Principal:
         headers = [(k.lower(), v) for k, v in request.headers.items()]
