@@ -193,3 +193,22 @@ async def test_a_failing_prompt_fails_the_list_and_cancels_the_others(
     # No half answer: the other prompts were cancelled and their engine requests aborted.
     await until(lambda: sim.engine.running_count == 0)
     assert outcomes(door, "cancelled") - before == 2
+
+
+async def test_a_caller_leaving_a_streamed_list_cancels_every_prompt(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    door = await start(fairq_factory, sim)
+    sim.config.speed = 0.5  # 500 tokens take far longer than the test
+    body = {"model": "sim", "prompt": PROMPTS, "max_tokens": 500, "stream": True}
+    before = outcomes(door, "cancelled")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{door.url}/v1/completions", json=body) as resp,
+    ):
+        assert resp.status == 200
+        assert (await resp.content.readline()).startswith(b"data: ")
+        await until(lambda: sim.engine.running_count == 3)
+    # The connection is closed: fairq cancels all three and aborts their engine requests.
+    await until(lambda: sim.engine.running_count == 0)
+    await until(lambda: outcomes(door, "cancelled") - before == 3)
