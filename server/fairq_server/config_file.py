@@ -40,7 +40,7 @@ _POSITIVE = frozenset(
         "max_metrics_bytes", "max_error_body_bytes", "max_poll_backoff_seconds",
         "head_timeout_seconds", "idle_timeout_seconds", "max_connections",
         "max_connections_per_peer", "max_grpc_connections", "max_answer_chars",
-        "max_sequences",
+        "max_sequences", "max_prompts",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})

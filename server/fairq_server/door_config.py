@@ -34,6 +34,8 @@ class Limits:
             limit ``max_tokens`` itself), so a backend's own default never applies.
         max_sequences: the largest ``n`` / ``best_of`` a request may ask for; each sequence
             is generated in the one backend slot fairq admitted the request to.
+        max_prompts: the longest list of prompts one completions request may carry; each
+            prompt is scheduled as its own request.
 
     """
 
@@ -52,6 +54,7 @@ class Limits:
     request_receive_seconds: float = 10.0
     default_max_tokens: int = 0
     max_sequences: int = 1
+    max_prompts: int = 64
 
 
 @dataclass(frozen=True)

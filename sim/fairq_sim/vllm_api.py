@@ -24,6 +24,7 @@ from fairq_sim.http_common import (
 from fairq_sim.request import SimRequest
 from fairq_sim.runner import EngineClosedError, RequestStream
 from fairq_sim.state import SimState
+from fairq_sim.vllm_batch import collect_batch, stream_batch
 from fairq_sim.vllm_protocol import (
     VERSION,
     CompletionParams,
@@ -72,31 +73,43 @@ async def _generate(request: Request, kind: Kind) -> Response:
         return refused
     try:
         body = await read_json_object(request)
-        params = parse_params(body, kind, state.config.model, state.profile.max_model_len)
+        prompts = _batch(body, kind)
+        bodies = [{**body, "prompt": p} for p in prompts] if prompts else [body]
+        max_len = state.profile.max_model_len
+        all_params = [parse_params(b, kind, state.config.model, max_len) for b in bodies]
     except BodyError as exc:
         return VllmError(400, "Bad Request", str(exc)).response()
     except VllmError as exc:
         return exc.response()
     if state.inject_error():
         return VllmError(500, "InternalServerError", "Simulated engine failure.").response()
-    number = state.next_number()
+    params = all_params[0]
     external_id = request.headers.get("x-request-id") or params.request_id or uuid.uuid4().hex[:16]
-    sim_request = SimRequest(
-        request_id=f"{external_id}#{number}",  # client ids may repeat; engine ids may not
-        prompt_token_ids=params.prompt_ids,
-        max_tokens=params.max_tokens,
-        # vLLM 0.32 running fcfs accepts the field and ignores it.
-        priority=_engine_priority(state, params.priority),
-        ignore_eos=params.ignore_eos,
-        stop=params.stop,
-        seed=params.seed if params.seed is not None else state.default_seed(number),
-    )
-    try:
-        stream = state.runner.submit(sim_request)
-    except EngineClosedError as exc:
-        return VllmError(500, "InternalServerError", str(exc)).response()
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-    reply = _Reply(state, params, stream, prefix + external_id)
+    replies: list[_Reply] = []
+    for i, each in enumerate(all_params):
+        number = state.next_number()
+        engine_id = f"{external_id}-{i}" if prompts else external_id
+        sim_request = SimRequest(
+            request_id=f"{engine_id}#{number}",  # client ids may repeat; engine ids may not
+            prompt_token_ids=each.prompt_ids,
+            max_tokens=each.max_tokens,
+            # vLLM 0.32 running fcfs accepts the field and ignores it.
+            priority=_engine_priority(state, each.priority),
+            ignore_eos=each.ignore_eos,
+            stop=each.stop,
+            seed=each.seed if each.seed is not None else state.default_seed(number),
+        )
+        try:
+            stream = state.runner.submit(sim_request)
+        except EngineClosedError as exc:
+            for reply in replies:
+                reply.close()
+            return VllmError(500, "InternalServerError", str(exc)).response()
+        replies.append(_Reply(state, each, stream, prefix + engine_id))
+    if prompts:
+        return await _answer_batch(request, replies, prefix + external_id, params)
+    reply = replies[0]
     if params.stream:
         return EventStreamResponse(reply.events(), on_close=reply.close)
     result = await until_disconnect(request, reply.collect())
@@ -104,6 +117,31 @@ async def _generate(request: Request, kind: Kind) -> Response:
     if result is None:
         return Response(status_code=499)  # nobody is listening any more
     return result
+
+
+def _batch(body: dict[str, Any], kind: Kind) -> list[object]:
+    """Return the prompts of a completions request's list of several, else ``[]``."""
+    prompt = body.get("prompt")
+    if kind != "completion" or not isinstance(prompt, list) or len(prompt) < 2:
+        return []
+    if all(isinstance(p, str | list) for p in prompt):
+        return list(prompt)
+    return []  # token ids, or something parse_params refuses
+
+
+async def _answer_batch(
+    request: Request, replies: list[_Reply], response_id: str, params: CompletionParams
+) -> Response:
+    def close() -> None:
+        for reply in replies:
+            reply.close()
+
+    if params.stream:
+        events = stream_batch(replies, response_id, params.include_usage)
+        return EventStreamResponse(events, on_close=close)
+    result = await until_disconnect(request, collect_batch(replies, response_id))
+    close()
+    return Response(status_code=499) if result is None else result
 
 
 def _engine_priority(state: SimState, priority: int) -> int:

@@ -203,7 +203,7 @@ def _prompt_ids(body: dict[str, Any], kind: Kind) -> list[int]:
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return [int(t) for t in prompt]
     if isinstance(prompt, list) and len(prompt) > 1:
-        raise _bad_request("The simulator does not support batched prompts.", "prompt")
+        raise _bad_request("A list of prompts holds strings or lists of token ids.", "prompt")
     raise _bad_request("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
 
 

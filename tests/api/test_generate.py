@@ -69,7 +69,7 @@ async def test_chat_messages(sim: SimServer, fairq_factory: FairqFactory) -> Non
             scheduler_pb2.GenerateRequest(model="sim"),
             (),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "one of prompt or messages",
+            "one of prompt, messages or prompt_token_ids is required",
         ),
         (
             request(messages=scheduler_pb2.ChatMessages()),

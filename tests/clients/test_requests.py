@@ -34,6 +34,12 @@ def test_empty_prompt_is_still_a_prompt() -> None:
     assert build("").WhichOneof("input") == "prompt"
 
 
+def test_token_ids_select_the_token_input() -> None:
+    request = _calls.generate("m", [101, 7, 0]).request
+    assert request.WhichOneof("input") == "prompt_token_ids"
+    assert list(request.prompt_token_ids.ids) == [101, 7, 0]
+
+
 def test_messages_accept_pairs_and_mappings() -> None:
     request = build(None, messages=[("system", "s"), {"role": "user", "content": "u"}])
     assert [(m.role, m.content) for m in request.messages.messages] == [

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -164,6 +165,51 @@ async def test_tool_call_same_as_direct(vllm_fcfs: VllmProcess) -> None:
             assert "tool-call-parser" in a[2] and "tool-call-parser" in b[2], (a, b)
         else:
             assert a[1] == "lookup" and a[2] == b[2]
+        await via.close()
+        await direct.close()
+
+
+async def test_token_ids_and_prompt_lists_same_as_direct(vllm_fcfs: VllmProcess) -> None:
+    """A token-id prompt passes through; a list is scheduled prompt by prompt and joined as
+    vLLM joins it (a choice per prompt, in order; usage summed; streamed with each index)."""
+    model = vllm_fcfs.model
+    async with (
+        fairq_door(vllm_fcfs.url, model) as door,
+        httpx.AsyncClient(base_url=vllm_fcfs.url, timeout=60) as http,
+    ):
+        via, direct = clients(door, vllm_fcfs.url)
+        tokenized = await http.post("/tokenize", json={"model": model, "prompt": "Once upon"})
+        ids = tokenized.json()["tokens"]
+        assert ids and all(isinstance(t, int) for t in ids)
+        single = [
+            await c.completions.create(model=model, prompt=ids, max_tokens=8, **GREEDY)
+            for c in (via, direct)
+        ]
+        assert single[0].choices[0].text == single[1].choices[0].text
+        assert single[0].usage == single[1].usage
+
+        prompts: list[Any] = ["Once upon", ids, "The colour of the sky is"]
+        both = [
+            await c.completions.create(model=model, prompt=prompts, max_tokens=8, **GREEDY)
+            for c in (via, direct)
+        ]
+        assert [c.index for c in both[0].choices] == [c.index for c in both[1].choices] == [0, 1, 2]
+        assert [c.text for c in both[0].choices] == [c.text for c in both[1].choices]
+        assert both[0].usage is not None and both[1].usage is not None
+        assert both[0].usage.prompt_tokens == both[1].usage.prompt_tokens
+        assert both[0].usage.completion_tokens == both[1].usage.completion_tokens
+
+        stream = await via.completions.create(
+            model=model, prompt=prompts, max_tokens=8, stream=True,
+            stream_options={"include_usage": True}, **GREEDY,
+        )  # fmt: skip
+        texts, usage = ["", "", ""], None
+        async for chunk in stream:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                texts[choice.index] += choice.text
+        assert texts == [c.text for c in both[1].choices]
+        assert usage is not None and usage.total_tokens == both[1].usage.total_tokens
         await via.close()
         await direct.close()
 

@@ -259,3 +259,39 @@ async def test_unknown_route_and_method_as_fastapi_answers() -> None:
         wrong = await client.get("/v1/completions")
     assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
     assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+
+
+async def test_a_list_of_prompts_gets_a_choice_per_prompt_as_vllm_answers() -> None:
+    prompts = ["Hello", [5, 6, 7, 8], "A longer prompt here"]
+    async with SimServer(FAST) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        base = {"model": "tiny", "max_tokens": 4, "seed": 3}
+        singles = [
+            (await client.post("/v1/completions", json={**base, "prompt": p})).json()
+            for p in prompts
+        ]
+        joined = (await client.post("/v1/completions", json={**base, "prompt": prompts})).json()
+        body = {**base, "prompt": prompts, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        streamed = await client.post("/v1/completions", json=body)
+    assert [c["index"] for c in joined["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in joined["choices"]] == [s["choices"][0]["text"] for s in singles]
+    assert joined["usage"]["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in singles)
+    assert joined["usage"]["total_tokens"] == sum(s["usage"]["total_tokens"] for s in singles)
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts = ["", "", ""]
+    for chunk in chunks[:-1]:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["text"]
+    assert texts == [c["text"] for c in joined["choices"]]
+    assert len({c["id"] for c in chunks}) == 1
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert chunks[-1]["choices"] == []
+    assert {k: chunks[-1]["usage"][k] for k in counts} == {k: joined["usage"][k] for k in counts}
+
+
+async def test_a_list_of_prompts_with_a_bad_one_is_refused() -> None:
+    async with SimServer(FAST) as sim, httpx.AsyncClient(base_url=sim.url) as client:
+        resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": ["a", 3]})
+    assert resp.status_code == 400

@@ -55,7 +55,7 @@ class UnaryCall(Generic[_T]):
 
 def generate(
     model: str,
-    prompt: str | None = None,
+    prompt: str | Sequence[int] | None = None,
     *,
     messages: ChatMessages | None = None,
     max_tokens: int | None = None,
@@ -79,7 +79,9 @@ def generate(
 
     Args:
         model: Model name, as registered by a backend.
-        prompt: Plain-text prompt (completions API).
+        prompt: Plain-text prompt (completions API), or the prompt as token
+            ids of the model's tokenizer (for engines that take them: vLLM and
+            the ``openai`` kind; the server refuses them for TGI).
         messages: Chat messages as ``(role, content)`` pairs or mappings with
             ``role`` and ``content`` keys. Exactly one of ``prompt`` and
             ``messages`` must be given.

@@ -59,9 +59,11 @@ def build_sampling(
 
 
 def set_input(
-    request: scheduler_pb2.GenerateRequest, prompt: str | None, messages: ChatMessages | None
+    request: scheduler_pb2.GenerateRequest,
+    prompt: str | Sequence[int] | None,
+    messages: ChatMessages | None,
 ) -> None:
-    """Set the request's input: the prompt, or the chat messages.
+    """Set the request's input: the prompt (text or token ids), or the chat messages.
 
     Raises:
         ValueError: Neither or both were given, or a message mapping lacks
@@ -71,8 +73,11 @@ def set_input(
     """
     if (prompt is None) == (messages is None):
         raise ValueError("pass exactly one of prompt or messages")
-    if prompt is not None:
+    if isinstance(prompt, str):
         request.prompt = prompt
+    elif prompt is not None:
+        request.prompt_token_ids.SetInParent()
+        request.prompt_token_ids.ids.extend(prompt)
     elif messages is not None:
         # SetInParent selects the oneof even for an empty list, so the server
         # reports the empty conversation instead of a missing input.

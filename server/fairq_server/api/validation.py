@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from google.protobuf import json_format
 
@@ -13,6 +13,7 @@ from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
 from fairq_server.names import check_model, check_request_id
+from fairq_server.requests.estimate import CHARS_PER_TOKEN
 from fairq_server.requests.passthrough import check_extra, output_bound
 
 __all__ = ["GRPC_RESERVED", "models_hint", "to_backend_request"]
@@ -61,6 +62,7 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
     which = req.WhichOneof("input")
     prompt: str | None = None
     messages: tuple[tuple[str, str], ...] | None = None
+    token_ids: tuple[int, ...] | None = None
     if which == "prompt":
         if not req.prompt.strip():
             raise InvalidRequestError("prompt is empty")
@@ -86,8 +88,10 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
                 f"messages have {total} characters; the limit is {limits.max_prompt_chars}"
             )
         messages = tuple((m.role, m.content) for m in msgs)
+    elif which == "prompt_token_ids":
+        token_ids = _token_ids(req.prompt_token_ids.ids, limits)
     else:
-        raise InvalidRequestError("one of prompt or messages is required")
+        raise InvalidRequestError("one of prompt, messages or prompt_token_ids is required")
     if req.request_id:
         try:
             check_request_id(req.request_id)
@@ -107,7 +111,23 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
         sampling=_sampling(req.sampling, limits),
         request_id=req.request_id or uuid.uuid4().hex,
         extra=extra,
+        prompt_token_ids=token_ids,
     )
+
+
+def _token_ids(ids: Sequence[int], limits: Limits) -> tuple[int, ...]:
+    """Check a token-id prompt as the HTTP door does (a token counts as 4 characters)."""
+    if not ids:
+        raise InvalidRequestError("prompt_token_ids is empty")
+    limit = limits.max_prompt_chars // CHARS_PER_TOKEN
+    if len(ids) > limit:
+        raise InvalidRequestError(
+            f"prompt_token_ids has {len(ids)} ids; the limit is {limit} "
+            f"(max_prompt_chars / {CHARS_PER_TOKEN})"
+        )
+    if max(ids) >= 2**31:
+        raise InvalidRequestError("prompt_token_ids: every id must be below 2^31")
+    return tuple(ids)
 
 
 def _sampling(s: scheduler_pb2.SamplingParams, limits: Limits) -> Sampling:

@@ -47,7 +47,8 @@ class Backend(abc.ABC):
 
     Attributes:
         id: unique id used in routing, logs and metrics.
-        kind: "vllm" or "tgi".
+        kind: "vllm", "tgi" or "openai".
+        token_prompts: the backend's completions API takes a prompt as token ids.
         base_url: e.g. ``http://127.0.0.1:8000``.
         models: models this backend serves.
         priority_scheduling: the backend orders its queue by the request's priority.
@@ -58,6 +59,7 @@ class Backend(abc.ABC):
     """
 
     kind: str = ""
+    token_prompts: bool = False
 
     def __init__(
         self,

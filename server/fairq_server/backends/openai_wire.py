@@ -35,7 +35,8 @@ def openai_body(request: BackendRequest) -> tuple[str, dict[str, Any]]:
         )
     else:
         path = "/v1/completions"
-        body["prompt"] = request.prompt
+        ids = request.prompt_token_ids
+        body["prompt"] = list(ids) if ids is not None else request.prompt
     optional = {
         "max_tokens": s.max_tokens,
         "temperature": s.temperature,

@@ -75,6 +75,8 @@ class BackendRequest:
             for it too).
         resume: set on the continuation of a preempted request (see
             :mod:`~fairq_server.backends.continuation`).
+        prompt_token_ids: the prompt as token ids (completions), sent instead of ``prompt``
+            to engines that take them (:attr:`~fairq_server.backends.base.Backend.token_prompts`).
 
     """
 
@@ -88,6 +90,7 @@ class BackendRequest:
     relay_chunks: bool = False
     relay_usage: bool = False
     resume: Resume | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

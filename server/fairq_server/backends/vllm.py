@@ -43,6 +43,8 @@ class VllmBackend(Backend):
     """Adapter for vLLM; passes the tier as ``priority`` when the backend schedules by it."""
 
     kind = "vllm"
+    # vLLM's completions API (and the OpenAI API it follows) takes ``prompt`` as token ids.
+    token_prompts = True
 
     def parse_metrics(self, text: str) -> MetricsSample:
         """Read waiting/running, KV usage and the TPOT histogram from vLLM's metrics."""

@@ -30,15 +30,22 @@ from aiohttp import web
 
 from fairq_server import loop_share
 from fairq_server.auth import Authenticator, Principal
-from fairq_server.backends.passthrough import BackendHttpError
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
-from fairq_server.errors import BackendFailedError, ModelNotFoundError, SchedulerError
+from fairq_server.errors import SchedulerError
 from fairq_server.http import json_body
 from fairq_server.http.aggregate import ChunkMerger
-from fairq_server.http.errors import HttpError, error_body, error_for, error_response
+from fairq_server.http.answers import (
+    answer_too_large,
+    error_answer,
+    error_json,
+    parse_frames,
+    prepare,
+)
+from fairq_server.http.errors import HttpError, error_for, error_response
+from fairq_server.http.fanout import answer_batch
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
-from fairq_server.http.sse import DONE, SSE_HEADERS, comment, error_event
+from fairq_server.http.sse import DONE, comment, error_event
 from fairq_server.requests.access_log import RequestLog, RequestTrace
 from fairq_server.requests.lifecycle import count_rejection, open_ticket, ticket_events
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
@@ -113,6 +120,17 @@ class OpenAIHandlers:
             trace.request_id, trace.model = parsed.request.request_id, parsed.request.model
             if principal is None:
                 principal = await self._authenticate(request, parsed.user)
+            if parsed.batch:
+                caller = principal
+                return await answer_batch(
+                    self._core,
+                    self._request_log,
+                    request,
+                    principal,
+                    parsed,
+                    arrival,
+                    lambda: _model_not_found(parsed.request.model, self._models_for(caller)),
+                )
             backend_request = replace(
                 parsed.request,
                 relay_chunks=True,
@@ -183,15 +201,15 @@ class OpenAIHandlers:
                         if isinstance(event, Text):
                             size += len(event.text)
                             if size > limit:
-                                raise _answer_too_large(limit)
+                                raise answer_too_large(limit)
                             # Merged as it comes: a batch's parse is short, one at the end
                             # of a long answer would stall the loop.
-                            merger.add(_parse_frames(event.text))
+                            merger.add(parse_frames(event.text))
                         elif isinstance(event, Started):
                             # A retry on another backend starts afresh.
                             merger, size = ChunkMerger(chat), 0
         except SchedulerError as exc:
-            return _error_answer(exc, retry_after, not_found)
+            return error_answer(exc, retry_after, not_found)
         except HttpError as exc:
             return error_response(exc, retry_after)
         body = json.dumps(merger.result(), separators=(",", ":"))
@@ -214,7 +232,7 @@ class OpenAIHandlers:
                     for event in batch:
                         if isinstance(event, Queued):
                             if want_comments:
-                                resp = resp or await _prepare(request, request_id)
+                                resp = resp or await prepare(request, request_id)
                                 await resp.write(comment(f"fairq queued position={event.position}"))
                                 interval = self._core.config.http.queue_comment_seconds
                                 keepalive = asyncio.create_task(_keepalive(resp, interval))
@@ -234,46 +252,25 @@ class OpenAIHandlers:
                             # The backend's chunks, already framed as server-sent events. The
                             # response starts with the first of them, so a failure before it
                             # still gets its own HTTP status.
-                            resp = resp or await _prepare(request, request_id)
+                            resp = resp or await prepare(request, request_id)
                             # Writing to clients is bulk work (see loop_share).
                             await loop_share.turn()
                             await resp.write(event.text.encode())
                         elif isinstance(event, Finished):
-                            resp = resp or await _prepare(request, request_id)
+                            resp = resp or await prepare(request, request_id)
                             await resp.write(DONE)
         except SchedulerError as exc:
             if resp is None:
-                answer = _error_answer(exc, retry_after, not_found)
+                answer = error_answer(exc, retry_after, not_found)
                 answer.headers["x-request-id"] = request_id
                 return answer
-            await resp.write(error_event(_error_json(exc)))
+            await resp.write(error_event(error_json(exc)))
         finally:
             if keepalive is not None:
                 keepalive.cancel()
         assert resp is not None
         await resp.write_eof()
         return resp
-
-
-async def _observed(
-    events: AsyncIterator[list[OutboxEvent]], trace: RequestTrace
-) -> AsyncIterator[list[OutboxEvent]]:
-    """Relay ``events``, noting in ``trace`` what the request log reports when it ends."""
-    async with contextlib.aclosing(events):  # type: ignore[type-var]
-        async for batch in events:
-            now = time.monotonic()
-            for event in batch:
-                trace.observe(event, now)
-            yield batch
-
-
-def _parse_frames(text: str) -> list[dict[str, Any]]:
-    """Parse relayed ``data:`` frames back into chunks (for a merged answer)."""
-    chunks = []
-    for frame in text.split("\n\n"):
-        if frame.startswith("data: "):
-            chunks.append(json.loads(frame[6:]))
-    return chunks
 
 
 def _model_not_found(name: str, served: list[str]) -> HttpError:
@@ -287,57 +284,9 @@ def _model_not_found(name: str, served: list[str]) -> HttpError:
     )
 
 
-def _answer_too_large(limit: int) -> HttpError:
-    return HttpError(
-        400,
-        f"the answer is larger than {limit} characters (http.max_answer_chars); ask for it "
-        'streamed ("stream": true), or for fewer tokens or logprobs',
-        code="answer_too_large",
-    )
-
-
-def _backend_http_error(exc: SchedulerError) -> BackendHttpError | None:
-    cause = exc.cause if isinstance(exc, BackendFailedError) else None
-    return cause if isinstance(cause, BackendHttpError) else None
-
-
-def _error_json(exc: SchedulerError) -> bytes:
-    """Return the OpenAI error object for ``exc``: the backend's own if it sent one."""
-    backend = _backend_http_error(exc)
-    if backend is not None and _is_json(backend):
-        return backend.body
-    error = error_for(exc)
-    return error_body(error.message, error.type, code=error.code)
-
-
-def _error_answer(
-    exc: SchedulerError, retry_after: int, not_found: Callable[[], HttpError]
-) -> web.Response:
-    """Return the answer to a request that failed before its response began.
-
-    An unknown model's answer names the models served (those ``GET /v1/models`` lists to the
-    same caller).
-    """
-    if isinstance(exc, ModelNotFoundError):
-        return error_response(not_found())
-    backend = _backend_http_error(exc)
-    if backend is not None:
-        # The backend refused the request itself: its status and body, unchanged.
-        return web.Response(
-            status=backend.status, body=_error_json(exc), content_type="application/json"
-        )
-    return error_response(error_for(exc), retry_after)
-
-
 def _output_bound(parsed: ParsedRequest) -> int | None:
     value = parsed.request.extra.get("max_completion_tokens")
     return value if isinstance(value, int) else None
-
-
-async def _prepare(request: web.Request, request_id: str) -> web.StreamResponse:
-    resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, "x-request-id": request_id})
-    await resp.prepare(request)
-    return resp
 
 
 async def _keepalive(resp: web.StreamResponse, interval: float) -> None:
@@ -385,7 +334,3 @@ def _closing(resp: web.Response) -> web.Response:
     """Close the connection after an answer sent before the body was read to its end."""
     resp.force_close()
     return resp
-
-
-def _is_json(exc: BackendHttpError) -> bool:
-    return exc.content_type == "application/json" and exc.body.lstrip().startswith(b"{")

@@ -7,23 +7,26 @@ too (``temperature``, ``top_p``, ``stop``, ``seed``, ``ignore_eos``), and ``user
 identity in open mode, passed on as well). ``priority`` is refused: the tier decides it.
 Everything else (``tools``, ``response_format``, ``logprobs``, ``n``, penalties, engine
 options) is passed through unchanged, bounded in size and depth. Chat messages are passed
-on exactly as sent (content parts, tool calls); fairq reads only their role and text.
+on exactly as sent (content parts, tool calls); fairq reads only their role and text. A
+completions ``prompt`` may be token ids, or a list of prompts: each becomes its own request
+(:attr:`ParsedRequest.batch`, answered by :mod:`fairq_server.http.fanout`).
 """
 
 from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
 from fairq_server.names import check_request_id
+from fairq_server.requests.estimate import CHARS_PER_TOKEN
 from fairq_server.requests.passthrough import check_extra, output_bound, string_chars
 
-__all__ = ["Kind", "ParsedRequest", "parse_request"]
+__all__ = ["Kind", "ParsedRequest", "Prompt", "parse_request"]
 
 Kind = Literal["chat", "completion"]
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
@@ -46,6 +49,8 @@ class ParsedRequest:
         stream: the caller wants server-sent events.
         include_usage: the caller asked for the usage chunk (fairq always asks the backend).
         user: the body's ``user`` field, if a string.
+        batch: for a list of prompts, one request per prompt (``request`` is the first);
+            empty for a single prompt or a chat.
 
     """
 
@@ -54,6 +59,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     user: str | None
+    batch: tuple[BackendRequest, ...] = ()
 
 
 def _bad(message: str) -> InvalidRequestError:
@@ -126,18 +132,60 @@ def _messages(
     return tuple(pairs), tuple(raw)
 
 
-def _prompt(raw: object, limits: Limits) -> str:
-    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
-        raw = raw[0]  # a batch of one
-    if isinstance(raw, list):
-        raise _bad("prompt must be one string: fairq schedules one prompt per request")
-    if not isinstance(raw, str):
-        raise _bad("prompt must be a string")
+Prompt = str | tuple[int, ...]
+_TOKEN_LIMIT = 2**31
+
+
+def _prompts(raw: object, limits: Limits) -> tuple[Prompt, ...]:
+    """Return the prompts of a completions body: a string, token ids, or a list of either.
+
+    Each prompt is bounded by ``max_prompt_chars`` (a token id counting as
+    :data:`~fairq_server.requests.estimate.CHARS_PER_TOKEN` characters, the figure fairq
+    estimates by), the list by ``max_prompts``.
+    """
+    if isinstance(raw, str):
+        return (_text_prompt(raw, "prompt", limits),)
+    if not isinstance(raw, list):
+        raise _bad("prompt must be a string, a list of strings, token ids or a list of token ids")
+    if not raw:
+        raise _bad("prompt is an empty list")
+    if isinstance(raw[0], int):  # token ids (each checked by _token_prompt)
+        return (_token_prompt(raw, "prompt", limits),)
+    if len(raw) > limits.max_prompts:
+        raise _bad(f"prompt is a list of {len(raw)} prompts; the limit is {limits.max_prompts}")
+    prompts: list[Prompt] = []
+    for i, item in enumerate(raw):
+        where = f"prompt[{i}]"
+        if isinstance(item, str):
+            prompts.append(_text_prompt(item, where, limits))
+        elif isinstance(item, list):
+            prompts.append(_token_prompt(item, where, limits))
+        else:
+            raise _bad(f"{where} must be a string or a list of token ids")
+    return tuple(prompts)
+
+
+def _text_prompt(raw: str, where: str, limits: Limits) -> str:
     if not raw.strip():
-        raise _bad("prompt is empty")
+        raise _bad(f"{where} is empty")
     if len(raw) > limits.max_prompt_chars:
-        raise _bad(f"prompt has {len(raw)} characters; the limit is {limits.max_prompt_chars}")
+        raise _bad(f"{where} has {len(raw)} characters; the limit is {limits.max_prompt_chars}")
     return raw
+
+
+def _token_prompt(raw: list[Any], where: str, limits: Limits) -> tuple[int, ...]:
+    if not raw:
+        raise _bad(f"{where} is an empty list of token ids")
+    limit = limits.max_prompt_chars // CHARS_PER_TOKEN
+    if len(raw) > limit:
+        raise _bad(
+            f"{where} has {len(raw)} token ids; the limit is {limit} "
+            f"(max_prompt_chars / {CHARS_PER_TOKEN})"
+        )
+    for j, t in enumerate(raw):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < _TOKEN_LIMIT:
+            raise _bad(f"{where}[{j}] must be a token id, an integer in [0, 2^31)")
+    return tuple(raw)
 
 
 def _stop(raw: object, limits: Limits) -> tuple[str, ...]:
@@ -205,7 +253,7 @@ def parse_request(body: object, kind: Kind, limits: Limits) -> ParsedRequest:
     include_usage = bool(options and options.get("include_usage") is True)
     messages: tuple[tuple[str, str], ...] | None = None
     raw_messages: tuple[dict[str, Any], ...] | None = None
-    prompt: str | None = None
+    prompts: tuple[Prompt, ...] = ()
     if kind == "chat":
         if "prompt" in body:
             raise _bad("prompt belongs to /v1/completions; chat takes messages")
@@ -213,7 +261,7 @@ def parse_request(body: object, kind: Kind, limits: Limits) -> ParsedRequest:
     else:
         if "messages" in body:
             raise _bad("messages belong to /v1/chat/completions; completions take a prompt")
-        prompt = _prompt(body.get("prompt"), limits)
+        prompts = _prompts(body.get("prompt"), limits)
     request_id = body.get("request_id")
     if request_id is not None:
         if not isinstance(request_id, str):
@@ -229,18 +277,29 @@ def parse_request(body: object, kind: Kind, limits: Limits) -> ParsedRequest:
     extra = {k: v for k, v in body.items() if k not in _INTERPRETED}
     extra = check_extra(extra, limits, field="the request's other fields", reserved=(),
                         from_struct=False)  # fmt: skip
+    first = BackendRequest(
+        model=model,
+        messages=messages,
+        raw_messages=raw_messages,
+        sampling=sampling,
+        request_id=request_id or uuid.uuid4().hex,
+        extra=extra,
+    )
+    requests = [_with_prompt(first, p) for p in prompts] or [first]
+    if len(requests) > 1:
+        # Each prompt of a list is its own request, with its own id (for logs and engines).
+        requests = [replace(r, request_id=f"{r.request_id}-{i}") for i, r in enumerate(requests)]
     return ParsedRequest(
-        request=BackendRequest(
-            model=model,
-            prompt=prompt,
-            messages=messages,
-            raw_messages=raw_messages,
-            sampling=sampling,
-            request_id=request_id or uuid.uuid4().hex,
-            extra=extra,
-        ),
+        request=requests[0],
         kind=kind,
         stream=bool(stream),
         include_usage=include_usage,
         user=user,
+        batch=tuple(requests) if len(requests) > 1 else (),
     )
+
+
+def _with_prompt(request: BackendRequest, prompt: Prompt) -> BackendRequest:
+    if isinstance(prompt, str):
+        return replace(request, prompt=prompt)
+    return replace(request, prompt_token_ids=prompt)

@@ -14,7 +14,9 @@ CHARS_PER_TOKEN = 4
 
 
 def estimate_tokens(request: BackendRequest) -> int:
-    """Estimate the prompt's length in tokens."""
+    """Estimate the prompt's length in tokens (a token-id prompt's is its length)."""
+    if request.prompt_token_ids is not None:
+        return max(1, len(request.prompt_token_ids))
     if request.messages is not None:
         chars = sum(len(c) + len(r) + 4 for r, c in request.messages)
     else:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from fairq_server.auth import Principal
 from fairq_server.backends.request import BackendRequest
 from fairq_server.core import FairqCore
-from fairq_server.errors import SchedulerError
+from fairq_server.errors import InvalidRequestError, SchedulerError
 from fairq_server.requests.access_log import RequestTrace
 from fairq_server.requests.estimate import estimate_tokens
 from fairq_server.requests.tier import resolve_tier
@@ -25,7 +25,7 @@ from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
 from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.ticket import Ticket
 
-__all__ = ["count_rejection", "open_ticket", "ticket_events"]
+__all__ = ["check_token_prompt", "count_rejection", "open_ticket", "ticket_events"]
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,12 @@ def open_ticket(
         max_tokens: the output bound for cost estimates, if not ``request.sampling``'s.
 
     Raises:
-        SchedulerError: unknown tier or one above the caller's ceiling.
+        SchedulerError: unknown tier or one above the caller's ceiling, or a token-id
+            prompt for a model whose backends do not all take them.
 
     """
     config = core.config
+    check_token_prompt(core, request)
     tier = resolve_tier(requested_tier, principal, core.tier_names)
     ticket = Ticket(
         request=request,
@@ -69,11 +71,36 @@ def open_ticket(
         prompt_tokens=estimate_tokens(request),
         max_tokens=max_tokens or request.sampling.max_tokens or 0,
         arrival=time.monotonic() if arrival is None else arrival,
-        prefix=prefix_hashes(request.prompt, request.messages, config.scheduler.prefix_block_chars),
+        prefix=prefix_hashes(
+            request.prompt,
+            request.messages,
+            config.scheduler.prefix_block_chars,
+            token_ids=request.prompt_token_ids,
+        ),
         outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
     )
     core.dispatcher.submit(ticket)
     return ticket
+
+
+def check_token_prompt(core: FairqCore, request: BackendRequest) -> None:
+    """Refuse a token-id prompt for a model a backend serves that does not take them.
+
+    Every backend of the model must take them: the dispatcher may pick any of them.
+
+    Raises:
+        InvalidRequestError: naming the backend kinds that do not.
+
+    """
+    if request.prompt_token_ids is None:
+        return
+    serving = [b.backend for b in core.backends() if request.model in b.backend.models]
+    refusing = sorted({b.kind for b in serving if not b.token_prompts})
+    if refusing:
+        raise InvalidRequestError(
+            f"this model's backends do not take token-id prompts ({', '.join(refusing)}); "
+            "send the prompt as text"
+        )
 
 
 async def ticket_events(

@@ -6,7 +6,9 @@ tokens because fairq has no tokenizer for the backend's model (and must not need
 prompts that share a textual prefix share their leading character blocks exactly, which is all
 grouping needs; the backend's own KV blocks are then shared too, up to the last partial block.
 
-Chat messages are hashed over a role-tagged serialisation, so equal system prompts group.
+Chat messages are hashed over a role-tagged serialisation, so equal system prompts group. A
+prompt given as token ids is cut into blocks of ``block_chars / 4`` ids (the ~4 characters per
+token of :mod:`fairq_server.requests.estimate`), so its blocks cover about as much of the prompt.
 """
 
 from __future__ import annotations
@@ -22,12 +24,24 @@ def prefix_hashes(
     messages: Sequence[tuple[str, str]] | None,
     block_chars: int,
     max_blocks: int = 256,
+    token_ids: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
     """Return the chained block hashes of the prompt's complete leading blocks.
 
     Only complete blocks count (a trailing partial block is unique to the request anyway),
-    and at most ``max_blocks`` so a huge prompt costs bounded work.
+    and at most ``max_blocks`` so a huge prompt costs bounded work. ``token_ids``, if given,
+    is the prompt (as token ids) instead of ``prompt``.
     """
+    if token_ids is not None:
+        size = max(1, block_chars // 4)
+        count = min(len(token_ids) // size, max_blocks)
+        chain = []
+        acc = 0
+        for i in range(count):
+            # Tagged, so a block of ids never hashes like a block of text.
+            acc = hash((acc, "ids", tuple(token_ids[i * size : (i + 1) * size])))
+            chain.append(acc)
+        return tuple(chain)
     if messages is not None:
         text = "".join(f"\x1e{role}\x1f{content}" for role, content in messages)
     else:

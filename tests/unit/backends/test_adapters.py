@@ -97,6 +97,14 @@ async def test_payload_sends_priority_only_to_priority_backends() -> None:
     assert seen[0]["max_tokens"] == 4
 
 
+def test_a_token_id_prompt_goes_as_the_list_of_ids() -> None:
+    backend = VllmBackend("v", "http://127.0.0.1:1", ("m",))
+    request = BackendRequest(model="m", prompt_token_ids=(5, 0, 7))
+    path, body = backend.payload(request, 0)
+    assert path == "/v1/completions" and body["prompt"] == [5, 0, 7]
+    assert VllmBackend.token_prompts and not TgiBackend.token_prompts
+
+
 @pytest.mark.parametrize(
     ("fixture", "status", "code", "needle"),
     [

@@ -41,7 +41,15 @@ def test_pass_through_and_interpreted_fields() -> None:
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ({"model": "m", "prompt": ["a", "b"]}, "one prompt per request"),
+        ({"model": "m", "prompt": ["a"] * 65}, "a list of 65 prompts; the limit is 64"),
+        ({"model": "m", "prompt": []}, "prompt is an empty list"),
+        ({"model": "m", "prompt": ["a", 3]}, "prompt[1] must be a string or a list of token ids"),
+        ({"model": "m", "prompt": ["a", " "]}, "prompt[1] is empty"),
+        ({"model": "m", "prompt": [1, -1]}, "prompt[1] must be a token id"),
+        ({"model": "m", "prompt": [1, 2**31]}, "prompt[1] must be a token id"),
+        ({"model": "m", "prompt": [1, True]}, "prompt[1] must be a token id"),
+        ({"model": "m", "prompt": [[1], []]}, "prompt[1] is an empty list of token ids"),
+        ({"model": "m", "prompt": [[1], [0.5]]}, "prompt[1][0] must be a token id"),
         ({"model": "m", "prompt": 5}, "prompt must be a string"),
         ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens must be an integer"),
         ({"model": "m", "prompt": "x", "top_p": 0}, "top_p must be in (0, 1]"),
@@ -95,3 +103,35 @@ def test_message_nesting_bounded_by_max_extra_depth() -> None:
     )
     with pytest.raises(InvalidRequestError, match="nested deeper than 2 levels"):
         parse_request(shallow, "chat", Limits(max_extra_depth=2))
+
+
+def test_prompt_shapes() -> None:
+    limits = Limits()
+    one = parse_request({"model": "m", "prompt": ["only"], "request_id": "r"}, "completion", limits)
+    assert one.batch == () and one.request.prompt == "only" and one.request.request_id == "r"
+    ids = parse_request({"model": "m", "prompt": [5, 0, 2**31 - 1]}, "completion", limits)
+    assert ids.batch == () and ids.request.prompt is None
+    assert ids.request.prompt_token_ids == (5, 0, 2**31 - 1)
+    body = {"model": "m", "prompt": ["a", [7, 8], "c"], "request_id": "r", "max_tokens": 3}
+    many = parse_request(body, "completion", limits)
+    assert [r.request_id for r in many.batch] == ["r-0", "r-1", "r-2"]
+    assert [(r.prompt, r.prompt_token_ids) for r in many.batch] == [
+        ("a", None), (None, (7, 8)), ("c", None)
+    ]  # fmt: skip
+    assert all(r.sampling.max_tokens == 3 for r in many.batch)
+    assert many.request is many.batch[0]
+
+
+def test_every_prompt_of_a_list_is_bounded() -> None:
+    limits = Limits(max_prompt_chars=40, max_prompts=3)
+    parse_request({"model": "m", "prompt": ["x" * 40] * 3}, "completion", limits)
+    with pytest.raises(
+        InvalidRequestError, match=r"prompt\[2\] has 41 characters; the limit is 40"
+    ):
+        parse_request({"model": "m", "prompt": ["a", "b", "x" * 41]}, "completion", limits)
+    # A token id counts as 4 characters: 10 ids fit in 40, 11 do not.
+    parse_request({"model": "m", "prompt": [1] * 10}, "completion", limits)
+    with pytest.raises(InvalidRequestError, match=r"has 11 token ids; the limit is 10"):
+        parse_request({"model": "m", "prompt": [[1], [1] * 11]}, "completion", limits)
+    with pytest.raises(InvalidRequestError, match="a list of 4 prompts; the limit is 3"):
+        parse_request({"model": "m", "prompt": ["a"] * 4}, "completion", limits)

@@ -206,3 +206,17 @@ def test_a_shared_head_outlives_the_tails_that_use_it() -> None:
     cache.add((10,))  # next to go is tail 4
     assert cache.match((1, 2, 4)) == 2
     assert cache.match((1,)) == 1
+
+
+def test_token_id_prompts_group_by_their_leading_ids() -> None:
+    # 16-character blocks are 4-id blocks.
+    a = prefix_hashes(None, None, 16, token_ids=list(range(10)))
+    b = prefix_hashes(None, None, 16, token_ids=[*range(8), 99, 98, 97, 96])
+    assert len(a) == 2 and len(b) == 3
+    assert a == b[:2]
+    assert prefix_hashes(None, None, 16, token_ids=[9, *range(1, 10)])[0] != a[0]
+    # Ids are not text: the ids of "0123" do not group with the text "0123".
+    assert (
+        prefix_hashes("0123" * 4, None, 16)[0]
+        != prefix_hashes(None, None, 16, token_ids=[0, 1, 2, 3])[0]
+    )

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61irq/v1/scheduler.proto\x12\x08\x66\x61irq.v1\x1a\x1cgoogle/protobuf/struct.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"7\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.fairq.v1.ChatMessage\"\xbe\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xdd\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12*\n\x08messages\x18\x03 \x01(\x0b\x32\x16.fairq.v1.ChatMessagesH\x00\x12*\n\x08sampling\x18\x04 \x01(\x0b\x32\x18.fairq.v1.SamplingParams\x12\x0c\n\x04tier\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12&\n\x05\x65xtra\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructB\x07\n\x05input\"\x1a\n\x06Queued\x12\x10\n\x08position\x18\x01 \x01(\r\"V\n\x07Started\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x15\n\rqueue_seconds\x18\x02 \x01(\x01\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"=\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12&\n\x05\x65xtra\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"M\n\x07Timings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x14\n\x0cttft_seconds\x18\x02 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x03 \x01(\x01\"e\n\x08\x46inished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x1e\n\x05usage\x18\x02 \x01(\x0b\x32\x0f.fairq.v1.Usage\x12\"\n\x07timings\x18\x03 \x01(\x0b\x32\x11.fairq.v1.Timings\"\xaf\x01\n\x10GenerateResponse\x12\"\n\x06queued\x18\x01 \x01(\x0b\x32\x10.fairq.v1.QueuedH\x00\x12$\n\x07started\x18\x02 \x01(\x0b\x32\x11.fairq.v1.StartedH\x00\x12 \n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x0f.fairq.v1.ChunkH\x00\x12&\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x12.fairq.v1.FinishedH\x00\x42\x07\n\x05\x65vent2P\n\tScheduler\x12\x43\n\x08Generate\x12\x19.fairq.v1.GenerateRequest\x1a\x1a.fairq.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61irq/v1/scheduler.proto\x12\x08\x66\x61irq.v1\x1a\x1cgoogle/protobuf/struct.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"7\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.fairq.v1.ChatMessage\"\xbe\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\x8d\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12*\n\x08messages\x18\x03 \x01(\x0b\x32\x16.fairq.v1.ChatMessagesH\x00\x12.\n\x10prompt_token_ids\x18\x08 \x01(\x0b\x32\x12.fairq.v1.TokenIdsH\x00\x12*\n\x08sampling\x18\x04 \x01(\x0b\x32\x18.fairq.v1.SamplingParams\x12\x0c\n\x04tier\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12&\n\x05\x65xtra\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructB\x07\n\x05input\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x1a\n\x06Queued\x12\x10\n\x08position\x18\x01 \x01(\r\"V\n\x07Started\x12\x12\n\nbackend_id\x18\x01 \x01(\t\x12\x15\n\rqueue_seconds\x18\x02 \x01(\x01\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"=\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12&\n\x05\x65xtra\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"M\n\x07Timings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x14\n\x0cttft_seconds\x18\x02 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x03 \x01(\x01\"e\n\x08\x46inished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x1e\n\x05usage\x18\x02 \x01(\x0b\x32\x0f.fairq.v1.Usage\x12\"\n\x07timings\x18\x03 \x01(\x0b\x32\x11.fairq.v1.Timings\"\xaf\x01\n\x10GenerateResponse\x12\"\n\x06queued\x18\x01 \x01(\x0b\x32\x10.fairq.v1.QueuedH\x00\x12$\n\x07started\x18\x02 \x01(\x0b\x32\x11.fairq.v1.StartedH\x00\x12 \n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x0f.fairq.v1.ChunkH\x00\x12&\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x12.fairq.v1.FinishedH\x00\x42\x07\n\x05\x65vent2P\n\tScheduler\x12\x43\n\x08Generate\x12\x19.fairq.v1.GenerateRequest\x1a\x1a.fairq.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,21 +39,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=172
   _globals['_SAMPLINGPARAMS']._serialized_end=362
   _globals['_GENERATEREQUEST']._serialized_start=365
-  _globals['_GENERATEREQUEST']._serialized_end=586
-  _globals['_QUEUED']._serialized_start=588
-  _globals['_QUEUED']._serialized_end=614
-  _globals['_STARTED']._serialized_start=616
-  _globals['_STARTED']._serialized_end=702
-  _globals['_CHUNK']._serialized_start=704
-  _globals['_CHUNK']._serialized_end=765
-  _globals['_USAGE']._serialized_start=767
-  _globals['_USAGE']._serialized_end=824
-  _globals['_TIMINGS']._serialized_start=826
-  _globals['_TIMINGS']._serialized_end=903
-  _globals['_FINISHED']._serialized_start=905
-  _globals['_FINISHED']._serialized_end=1006
-  _globals['_GENERATERESPONSE']._serialized_start=1009
-  _globals['_GENERATERESPONSE']._serialized_end=1184
-  _globals['_SCHEDULER']._serialized_start=1186
-  _globals['_SCHEDULER']._serialized_end=1266
+  _globals['_GENERATEREQUEST']._serialized_end=634
+  _globals['_TOKENIDS']._serialized_start=636
+  _globals['_TOKENIDS']._serialized_end=659
+  _globals['_QUEUED']._serialized_start=661
+  _globals['_QUEUED']._serialized_end=687
+  _globals['_STARTED']._serialized_start=689
+  _globals['_STARTED']._serialized_end=775
+  _globals['_CHUNK']._serialized_start=777
+  _globals['_CHUNK']._serialized_end=838
+  _globals['_USAGE']._serialized_start=840
+  _globals['_USAGE']._serialized_end=897
+  _globals['_TIMINGS']._serialized_start=899
+  _globals['_TIMINGS']._serialized_end=976
+  _globals['_FINISHED']._serialized_start=978
+  _globals['_FINISHED']._serialized_end=1079
+  _globals['_GENERATERESPONSE']._serialized_start=1082
+  _globals['_GENERATERESPONSE']._serialized_end=1257
+  _globals['_SCHEDULER']._serialized_start=1259
+  _globals['_SCHEDULER']._serialized_end=1339
 # @@protoc_insertion_point(module_scope)
