@@ -102,8 +102,9 @@ def short_error(exc: BaseException) -> str:
 
 
 def _alembic_config(conn: Connection | None) -> AlembicConfig:
-    # Alembic logs a line per plugin it sets up, at import: not worth an operator's attention.
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    # Alembic logs a line per plugin it sets up and per migration context at INFO: not worth
+    # an operator's attention (fairq logs the store it opened and the revisions it applied).
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     from alembic.config import Config as AlembicConfig
 
     cfg = AlembicConfig()
