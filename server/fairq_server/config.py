@@ -46,6 +46,7 @@ from typing import Any
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig
+from fairq_server.teams import TeamConfig
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -406,6 +407,7 @@ class Config:
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
+    teams: tuple[TeamConfig, ...] = ()
     jwt: JwtConfig | None = None
 
     def __post_init__(self) -> None:

@@ -313,7 +313,7 @@ class AttemptBook:
     def _charge(self, ticket: Ticket, cost: Cost) -> None:
         model = self._models.get(ticket.request.model)
         if model is not None:
-            model.queue.tiers[ticket.tier].fairness.charge(ticket.user, cost, ticket.weight)
+            model.queue.tiers[ticket.tier].charge(ticket, cost)
 
 
 def _caller_error(ticket: Ticket, error: Exception) -> SchedulerError:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fairq_server.config import SchedulerConfig
 from fairq_server.scheduling.counters import LocalCounters
+from fairq_server.scheduling.fairness.hierarchy import TeamFairness
 from fairq_server.scheduling.interfaces import (
     FairnessPolicy,
     Gate,
@@ -54,7 +55,9 @@ class Policies:
     """The plugins in use.
 
     Attributes:
-        fairness: makes one tier's fairness policy, given the tier's service counters.
+        fairness: makes one tier's fairness policy, given the tier's service counters (the
+            configured policy, between teams and within each: see
+            :mod:`fairq_server.scheduling.fairness.hierarchy`).
         ordering: orders one user's requests.
         gate: the saturation check.
         router: chooses among the backends whose gate is open.
@@ -79,8 +82,13 @@ class Policies:
         """
         options: Mapping[str, Any] = dict(config.fairness_options)
         make_fairness(config.fairness, options)  # fail now, not at the first request
+
+        def level(counters: ServiceCounters) -> FairnessPolicy:
+            return make_fairness(config.fairness, options, counters)
+
         return cls(
-            fairness=lambda counters: make_fairness(config.fairness, options, counters),
+            # The configured policy between teams, and between each team's users.
+            fairness=lambda counters: TeamFairness(level, counters),
             ordering=make_ordering(config.ordering, config.ordering_options),
             gate=make_gate(config.gate, config.gate_options),
             router=make_router(config.routing, routing_options(config)),
