@@ -23,6 +23,7 @@ from fairq_bench.scenarios import (
     prefix,
     priority,
     short_long,
+    teams,
 )
 
 __all__ = ["SCENARIOS", "TITLES"]
@@ -38,6 +39,7 @@ SCENARIOS: dict[str, Scenario] = {
     "on-off": onoff.on_off,
     "overhead": overhead.overhead,
     "http-overhead": http_overhead.http_overhead,
+    "teams": teams.teams,
 }
 
 TITLES: dict[str, str] = {
@@ -49,4 +51,5 @@ TITLES: dict[str, str] = {
     "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
     "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
     "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
+    "teams": "10. Teams (weights 2:1, hierarchical vtc, one replica and three)",
 }
