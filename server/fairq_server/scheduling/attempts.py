@@ -229,6 +229,9 @@ class AttemptBook:
         t = self._telemetry
         t.tokens.labels(ticket.group, "prompt").inc(max(prompt, 0))
         t.tokens.labels(ticket.group, "completion").inc(max(completion, 0))
+        team = t.team_labels.label(ticket.team)
+        t.team_tokens.labels(team, "prompt").inc(max(prompt, 0))
+        t.team_tokens.labels(team, "completion").inc(max(completion, 0))
         now = time.monotonic()
         ticket.outbox.put(
             Finished(
