@@ -32,7 +32,7 @@ TEAMS = {"A": 2.0, "B": 1.0}
 #: User -> (team, replica it sends to when there are three).
 USERS = {"a1": ("A", 0), "a2": ("A", 1), "a3": ("A", 2), "b1": ("B", 1)}
 TOKENS = 40
-OUTSTANDING = 6
+OUTSTANDING = 12  # well above the backend's 7 slots: every user stays queued in fairq
 TEAM_BOUND = {1: 0.02, 3: 0.03}  # the promised bound on a team's share, by replica count
 JAIN_BOUND = 0.99
 ERRORS: collections.Counter[str] = collections.Counter()
