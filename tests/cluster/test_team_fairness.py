@@ -50,14 +50,15 @@ async def first_tokens(replicas: list[FairqServer]) -> list[tuple[float, str]]:
     async def one(channel: grpc.aio.Channel, user: str, i: int) -> None:
         call = generate(
             channel,
-            gen_request(f"{user} {i:02}", max_tokens=16),
+            gen_request(f"{user} {i:02}", max_tokens=6),
             metadata=[("authorization", f"Bearer {user}-key")],
         )
         async for response in call:
             if response.WhichOneof("event") == "chunk":
                 out.append((time.monotonic(), user))
-                call.cancel()  # the slot frees at once: a fast, steady turnover
-                return
+                break
+        async for _ in call:  # to the end: a request's charge is settled before the next
+            pass
 
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{r.port}") for r in replicas]
     try:

@@ -21,6 +21,7 @@ from fairq_bench.cluster.fairness import jain
 from fairq_bench.cluster.setup import running_cluster
 from fairq_bench.report import markdown_table
 from fairq_bench.scenarios.common import api_key
+from fairq_bench.scenarios.docs import RESULT_PREFIX
 from fairq_bench.targets import keyed_sender
 from fairq_bench.workload import RequestSpec, SendFn
 from fairq_server.auth import hash_key
@@ -203,7 +204,16 @@ async def teams(args: argparse.Namespace, url: str, out: Path) -> bool:
         "simulated vLLM (max_num_seqs 4, tier threshold 3). With three replicas they share "
         "Redis; a1 sends to replica 0, a2 and b1 to replica 1, a3 to replica 2.\n\n"
         + teams_markdown(runs)
-        + "\n\n![team A's share over time, and each user's share](teams.png)\n"
+        + "\n\n![team A's share over time, and each user's share](teams.png)\n\n"
+        + f"{RESULT_PREFIX} "
+        + "; ".join(
+            f"{run.replicas} replica(s): team shares "
+            + " / ".join(f"{v:.3f}" for v in run.team_shares().values())
+            + f" (owed 0.667 / 0.333, bound ±{TEAM_BOUND[run.replicas]:g}), "
+            f"Jain of team A's users {run.jain_a():.4f}, {len(run.done)} requests"
+            for run in runs
+        )
+        + ".\n\nReproduce: `uv run fairq bench teams --write-docs` (`--quick`: 15 s runs).\n"
     )
     (out / "teams.md").write_text(page)
     print(page, flush=True)
