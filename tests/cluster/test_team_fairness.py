@@ -1,9 +1,9 @@
 """Team shares across replicas: two replicas sharing Redis serve teams as one scheduler would.
 
-Team A (weight 2) has a1 on replica 0 and a2, a3 on replica 1; team B (weight 1) has b1 on
-replica 0. Both replicas share one backend with few slots, under vtc. Alone, each replica
-takes about half of the backend, and replica 0 splits its half 2:1 between a1 and b1: team B
-gets about 1/6. Sharing Redis, the team counters are the cluster's: B gets its 1/3.
+Team A (weight 2) has a1, a2 and a3 on replica 1; team B (weight 1) has b1 on replica 0.
+Both replicas share one backend with few slots, under vtc. Alone, each replica takes about
+half of the backend: team B gets about 1/2. Sharing Redis, the team counters are the
+cluster's: B gets its 1/3.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import gen_request, generate, until
 
 TIERS = (TierConfig("standard", max_backend_waiting=1, tpot_limit_seconds=None),)
-USERS = {"a1": ("A", 0), "a2": ("A", 1), "a3": ("A", 1), "b1": ("B", 0)}
+USERS = {"a1": ("A", 1), "a2": ("A", 1), "a3": ("A", 1), "b1": ("B", 0)}
 PER_USER = 16
 FIRST = 36  # judged on the first requests started, while every user is still backlogged
 
@@ -91,6 +91,8 @@ async def test_team_shares_hold_across_replicas(
         await until(lambda: sim.engine.num_running == 0, what="backend idle")
         shared = [await fairq_factory(config(sim, redis_server.url, r)) for r in "ab"]
         shared_share = team_b_share(await first_tokens(shared))
-    # One scheduler gives team B 1/3 of the turns; two replicas alone give it about 1/6.
-    assert alone_share <= 0.23, (alone_share, shared_share)
-    assert 0.26 <= shared_share <= 0.42, (alone_share, shared_share)
+    # One scheduler gives team B 1/3 of the turns; two replicas alone give it about 1/2;
+    # fairness between users only (no teams) would give b1 1/4.
+    print(f"team B's share: alone {alone_share:.3f}, sharing Redis {shared_share:.3f}")
+    assert alone_share >= 0.42, (alone_share, shared_share)
+    assert 0.28 <= shared_share <= 0.40, (alone_share, shared_share)
