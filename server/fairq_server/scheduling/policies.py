@@ -55,8 +55,8 @@ class Policies:
     """The plugins in use.
 
     Attributes:
-        fairness: makes one tier's fairness policy, given the tier's service counters (the
-            configured policy, between teams and within each: see
+        fairness: makes one tier's fairness policy, given the tier's service counters; a
+            tier's queue applies it between teams and within each (see
             :mod:`fairq_server.scheduling.fairness.hierarchy`).
         ordering: orders one user's requests.
         gate: the saturation check.
@@ -82,18 +82,18 @@ class Policies:
         """
         options: Mapping[str, Any] = dict(config.fairness_options)
         make_fairness(config.fairness, options)  # fail now, not at the first request
-
-        def level(counters: ServiceCounters) -> FairnessPolicy:
-            return make_fairness(config.fairness, options, counters)
-
         return cls(
-            # The configured policy between teams, and between each team's users.
-            fairness=lambda counters: TeamFairness(level, counters),
+            fairness=lambda counters: make_fairness(config.fairness, options, counters),
             ordering=make_ordering(config.ordering, config.ordering_options),
             gate=make_gate(config.gate, config.gate_options),
             router=make_router(config.routing, routing_options(config)),
         )
 
     def new_queue(self, num_tiers: int) -> ModelQueue:
-        """Return an empty queue with these policies."""
-        return ModelQueue(num_tiers, self.fairness, self.ordering, self.counters)
+        """Return an empty queue with these policies (the fairness policy, per team)."""
+        level = self.fairness
+
+        def hierarchical(counters: ServiceCounters) -> FairnessPolicy:
+            return TeamFairness(level, counters)
+
+        return ModelQueue(num_tiers, hierarchical, self.ordering, self.counters)
