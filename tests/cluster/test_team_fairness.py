@@ -94,5 +94,5 @@ async def test_team_shares_hold_across_replicas(
     # One scheduler gives team B 1/3 of the turns; two replicas alone give it about 1/2;
     # fairness between users only (no teams) would give b1 1/4.
     print(f"team B's share: alone {alone_share:.3f}, sharing Redis {shared_share:.3f}")
-    assert alone_share >= 0.42, (alone_share, shared_share)
+    assert alone_share >= 0.38, (alone_share, shared_share)
     assert 0.28 <= shared_share <= 0.40, (alone_share, shared_share)
