@@ -49,6 +49,7 @@ from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig
 from fairq_server.preempt_config import PreemptConfig
 from fairq_server.store.settings import PriceConfig, StoreConfig
+from fairq_server.teams import TeamConfig
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -324,6 +325,7 @@ class Config:
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
+    teams: tuple[TeamConfig, ...] = ()
     jwt: JwtConfig | None = None
 
     def __post_init__(self) -> None:

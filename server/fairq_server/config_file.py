@@ -20,6 +20,7 @@ from fairq_server.config import Config, ConfigError, SchedulerConfig
 from fairq_server.config_reader import read_table
 from fairq_server.identity.settings import MAX_NAME_CHARS, check_jwt, check_name
 from fairq_server.store.settings import PriceConfig, StoreConfig, StoreError, check_prices
+from fairq_server.teams import check_teams
 
 __all__ = ["load_config", "parse_config"]
 
@@ -95,6 +96,13 @@ def parse_config(raw: dict[str, Any]) -> Config:
         if _SHA256_HEX.fullmatch(key.sha256) is None:
             raise ConfigError(f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)")
         _check_team(key.team, f"keys[{i}].team")
+    try:
+        for i, team in enumerate(config.teams):
+            check_name(team.name, f"teams[{i}].name", MAX_NAME_CHARS)
+        keyed = [(f"keys[{i}].team", k.team) for i, k in enumerate(config.keys) if k.team]
+        check_teams(config.teams, keyed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     config = _with_store_sections(config, store, prices)
     _check_policies(config.scheduler)
     if config.jwt is not None:

@@ -21,6 +21,8 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from fairq_server.team_labels import TeamLabels
+
 if TYPE_CHECKING:
     from fairq_server.backends.request import MetricsSample
 
@@ -140,6 +142,13 @@ class Telemetry:
             "fairq_tokens_total", "Tokens served, by user group and kind (prompt, completion).",
             ["group", "kind"], registry=r,
         )  # fmt: skip
+        self.team_tokens = Counter(
+            "fairq_team_tokens_total",
+            "Tokens served, by team (a bounded set: past it, 'other'; no team: 'none') and "
+            "kind (prompt, completion).",
+            ["team", "kind"], registry=r,
+        )  # fmt: skip
+        self.team_labels = TeamLabels()
         self.backend_waiting = Gauge(
             "fairq_backend_waiting", "Last scraped backend waiting queue.", ["backend"], registry=r
         )

@@ -20,6 +20,7 @@ _VALID_ITEM: dict[str, dict[str, object]] = {
     "backends": {"id": "b", "kind": "vllm", "base_url": "http://127.0.0.1:1", "models": ["m"]},
     "keys": {"user": "u", "sha256": "0" * 64},
     "tiers": {"name": "t"},
+    "teams": {"name": "t"},
     "cluster": {"redis_url": "redis://127.0.0.1:1"},
     "tls": {"cert_file": "c.pem", "key_file": "k.pem"},
 }

@@ -25,6 +25,7 @@ from fairq_bench.scenarios import (
     prefix,
     priority,
     short_long,
+    teams,
 )
 
 __all__ = ["SCENARIOS", "TITLES"]
@@ -42,6 +43,7 @@ SCENARIOS: dict[str, Scenario] = {
     "http-overhead": http_overhead.http_overhead,
     "ledger": ledger.ledger,
     "preemption": preemption.preemption,
+    "teams": teams.teams,
 }
 
 TITLES: dict[str, str] = {
@@ -55,4 +57,5 @@ TITLES: dict[str, str] = {
     "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
     "ledger": "10. Usage ledger (a replica killed, PostgreSQL restarted, SIGTERM)",
     "preemption": "11. Preemption by continuation (light user under several power users)",
+    "teams": "13. Teams (weights 2:1, hierarchical vtc, one replica and three)",
 }

@@ -24,6 +24,7 @@ from fairq_server.requests.tier import resolve_tier
 from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
 from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.ticket import Ticket
+from fairq_server.teams import team_weights
 
 __all__ = ["check_token_prompt", "count_rejection", "open_ticket", "ticket_events"]
 
@@ -62,11 +63,14 @@ def open_ticket(
     config = core.config
     check_token_prompt(core, request)
     tier = resolve_tier(requested_tier, principal, core.tier_names)
+    team, team_weight = team_weights(config.teams).resolve(principal.team)
     ticket = Ticket(
         request=request,
         user=principal.user,
         tier=tier,
         weight=principal.weight,
+        team=team,
+        team_weight=team_weight,
         group=principal.group,
         prompt_tokens=estimate_tokens(request),
         max_tokens=max_tokens or request.sampling.max_tokens or 0,

@@ -240,6 +240,9 @@ class AttemptBook:
         t = self._telemetry
         t.tokens.labels(ticket.group, "prompt").inc(max(prompt, 0))
         t.tokens.labels(ticket.group, "completion").inc(max(completion, 0))
+        team = t.team_labels.label(ticket.team)
+        t.team_tokens.labels(team, "prompt").inc(max(prompt, 0))
+        t.team_tokens.labels(team, "completion").inc(max(completion, 0))
         now = time.monotonic()
         ticket.outbox.put(
             Finished(
@@ -325,7 +328,7 @@ class AttemptBook:
     def _charge(self, ticket: Ticket, cost: Cost) -> None:
         model = self._models.get(ticket.request.model)
         if model is not None:
-            model.queue.tiers[ticket.tier].fairness.charge(ticket.user, cost, ticket.weight)
+            model.queue.tiers[ticket.tier].charge(ticket, cost)
 
 
 def _caller_error(ticket: Ticket, error: Exception) -> SchedulerError:

@@ -103,6 +103,13 @@ class LocalCounters:
     def backlogged(self, user: str, active: bool) -> None:
         """Note that ``user``'s queue here became non-empty (``active``) or empty."""
 
+    def tracked(self, name: str, active: bool) -> None:
+        """Note that counter ``name`` is (``active``) or no longer is read back from a cluster.
+
+        For counters that are not a tier's unit of fairness between replicas (a team
+        member's, inside its team): read back like a backlogged user's, never a head.
+        """
+
     def may_serve(self, user: str) -> bool:
         """Whether ``user`` may be served here now (always, on one process)."""
         return True
@@ -138,6 +145,7 @@ class JournaledCounters(LocalCounters):
         self.peer_heads = PeerHeads()
         self._on_backlogged = on_backlogged
         self._active: dict[str, None] = {}  # backlogged here, in order of becoming so
+        self._tracked: dict[str, None] = {}  # read back too, never heads
 
     def lift(self, user: str, floor: float) -> None:
         """Raise ``user`` to ``floor``; a raise is journaled (a new record is not)."""
@@ -164,6 +172,13 @@ class JournaledCounters(LocalCounters):
         if self._on_backlogged is not None:
             self._on_backlogged()
 
+    def tracked(self, name: str, active: bool) -> None:
+        """See :meth:`LocalCounters.tracked`."""
+        if active:
+            self._tracked[name] = None
+        else:
+            self._tracked.pop(name, None)
+
     def may_serve(self, user: str) -> bool:
         """Whether ``user`` is within the slack of anyone else's counter on the other replicas."""
         floor = self.peer_heads.floor(user)
@@ -181,7 +196,7 @@ class JournaledCounters(LocalCounters):
         ranked = heapq.nsmallest(
             2, ((v, u) for u in active if (v := self._values.get(u)) is not None)
         )
-        return journal, active, tuple((u, v) for v, u in ranked[:2])
+        return journal, active + list(self._tracked), tuple((u, v) for v, u in ranked[:2])
 
     def adopt(self, counters: Mapping[str, float], heads: PeerHeads) -> None:
         """Take the shared counters (plus what was journaled since), and the peers' heads.

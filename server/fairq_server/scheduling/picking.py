@@ -106,7 +106,7 @@ class Picker:
                 return False  # only a waiting retry: strict tiers keep lower ones behind it
         else:
             user, route = self._pick(model, tier, candidates)
-            if not tier_queue.counters.may_serve(user):
+            if not tier_queue.may_serve(user):
                 # Cluster: a user backlogged on another replica is further behind; that
                 # replica takes this slot (the shared gate gives it out).
                 return False

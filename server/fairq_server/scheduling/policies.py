@@ -15,6 +15,7 @@ from typing import Any
 
 from fairq_server.config import SchedulerConfig
 from fairq_server.scheduling.counters import LocalCounters
+from fairq_server.scheduling.fairness.hierarchy import TeamFairness
 from fairq_server.scheduling.interfaces import (
     FairnessPolicy,
     Gate,
@@ -54,7 +55,9 @@ class Policies:
     """The plugins in use.
 
     Attributes:
-        fairness: makes one tier's fairness policy, given the tier's service counters.
+        fairness: makes one tier's fairness policy, given the tier's service counters; a
+            tier's queue applies it between teams and within each (see
+            :mod:`fairq_server.scheduling.fairness.hierarchy`).
         ordering: orders one user's requests.
         gate: the saturation check.
         router: chooses among the backends whose gate is open.
@@ -87,5 +90,10 @@ class Policies:
         )
 
     def new_queue(self, num_tiers: int) -> ModelQueue:
-        """Return an empty queue with these policies."""
-        return ModelQueue(num_tiers, self.fairness, self.ordering, self.counters)
+        """Return an empty queue with these policies (the fairness policy, per team)."""
+        level = self.fairness
+
+        def hierarchical(counters: ServiceCounters) -> FairnessPolicy:
+            return TeamFairness(level, counters)
+
+        return ModelQueue(num_tiers, hierarchical, self.ordering, self.counters)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from fairq_server.scheduling.counters import LocalCounters
+from fairq_server.scheduling.fairness.hierarchy import TeamFairness
 from fairq_server.scheduling.interfaces import Cost, FairnessPolicy, OrderingPolicy, SortKey
 from fairq_server.scheduling.ticket import Ticket, TicketState
 
@@ -43,6 +44,11 @@ class TierQueue:
     ) -> None:
         self.fairness = fairness
         self.counters = counters if counters is not None else LocalCounters()
+        # Hierarchical fairness is told each request's team, and reports the team-level
+        # entries backlogged to the counters itself.
+        self._teams = fairness if isinstance(fairness, TeamFairness) else None
+        if self._teams is not None:
+            self._teams.report_to(self.counters)
         self._ordering = ordering
         self._flows: dict[str, _Flow] = {}
         self._front: deque[Ticket] = deque()
@@ -72,8 +78,13 @@ class TierQueue:
         flow = self._flows.get(ticket.user)
         if flow is None:
             flow = self._flows[ticket.user] = _Flow()
-            self.fairness.activate(ticket.user, ticket.weight, resume=resume)
-            self.counters.backlogged(ticket.user, True)
+            if self._teams is not None:
+                self._teams.activate_in(
+                    ticket.user, ticket.weight, ticket.team, ticket.team_weight, resume=resume
+                )
+            else:
+                self.fairness.activate(ticket.user, ticket.weight, resume=resume)
+                self.counters.backlogged(ticket.user, True)
         heapq.heappush(flow.heap, (self._ordering.key(ticket), ticket.seq, ticket))
         flow.live += 1
         self._len += 1
@@ -96,8 +107,7 @@ class TierQueue:
             for _, seq, _ in flow.heap:
                 self._removed.discard(seq)
             del self._flows[ticket.user]
-            self.fairness.deactivate(ticket.user)
-            self.counters.backlogged(ticket.user, False)
+            self._deactivate(ticket.user)
 
     def peek_retry(self) -> Ticket:
         """Return the first retried ticket without removing it."""
@@ -135,16 +145,33 @@ class TierQueue:
                 continue
             break
         flow.live -= 1
-        self.fairness.charge(
-            ticket.user, Cost(requests=1, prompt_tokens=ticket.prompt_tokens), ticket.weight
-        )
+        self.charge(ticket, Cost(requests=1, prompt_tokens=ticket.prompt_tokens))
         if flow.live == 0:
             for _, seq, _ in flow.heap:
                 self._removed.discard(seq)
             del self._flows[user]
-            self.fairness.deactivate(user)
-            self.counters.backlogged(user, False)
+            self._deactivate(user)
         return ticket
+
+    def _deactivate(self, user: str) -> None:
+        self.fairness.deactivate(user)
+        if self._teams is None:
+            self.counters.backlogged(user, False)
+
+    def charge(self, ticket: Ticket, cost: Cost) -> None:
+        """Charge ``cost`` to ``ticket``'s user (and team) in this tier's fairness."""
+        if self._teams is not None:
+            self._teams.charge_in(ticket.user, cost, ticket.weight, ticket.team, ticket.team_weight)
+        else:
+            self.fairness.charge(ticket.user, cost, ticket.weight)
+
+    def may_serve(self, user: str) -> bool:
+        """Whether ``user`` may be served here now (cluster: see ``LocalCounters.may_serve``).
+
+        With teams, the question is asked of the user's team-level entry.
+        """
+        key = self._teams.level_key(user) if self._teams is not None else user
+        return self.counters.may_serve(key)
 
     def head_of(self, user: str) -> Ticket:
         """Return the ticket ``user`` would dispatch next, without removing it."""

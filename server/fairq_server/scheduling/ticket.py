@@ -50,7 +50,9 @@ class Ticket:
         request: what to send to the backend.
         user: fairness identity.
         tier: index into the configured tiers (0 is served first).
-        weight: the user's fairness weight.
+        weight: the user's fairness weight (against the other users of its team).
+        team: the user's team (None: the user is its own team).
+        team_weight: the team's weight against the other teams of the tier.
         prompt_tokens: estimated prompt length in tokens.
         max_tokens: requested output bound (0 if unset).
         seq: global arrival order, the final tie-break everywhere.
@@ -64,6 +66,8 @@ class Ticket:
     user: str
     tier: int
     weight: float = 1.0
+    team: str | None = None
+    team_weight: float = 1.0
     prompt_tokens: int = 0
     max_tokens: int = 0
     group: str = "default"

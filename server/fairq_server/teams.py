@@ -1,0 +1,127 @@
+"""Teams: who shares a weighted part of each tier, and how a caller's team is resolved.
+
+A user belongs to at most one team (from its key's ``team`` or its token's team claim); a
+team's weight says how much of a tier's service it is owed against the other teams (see
+``docs/design/tenancy.md``). A user without a team is its own team of weight 1, which is how
+fairq shared service before teams existed.
+
+Configuration::
+
+    [[teams]]
+    name = "research"
+    weight = 2
+
+A team named by a key or a token but not configured has weight 1; when ``[[teams]]`` is given,
+a key naming a team not in it is refused at start and at reload (a typo would otherwise put
+the key's user in a team of its own at weight 1, silently).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_TEAM_WEIGHT",
+    "TeamConfig",
+    "TeamError",
+    "TeamWeights",
+    "check_teams",
+    "team_weights",
+]
+
+#: The weight of a team that is not configured (and of a user without a team).
+DEFAULT_TEAM_WEIGHT = 1.0
+
+
+class TeamError(ValueError):
+    """The ``[[teams]]`` table, or a key's team, is not usable."""
+
+
+@dataclass(frozen=True)
+class TeamConfig:
+    """A team and its share of each tier.
+
+    Attributes:
+        name: the team's name, as keys and tokens give it (verbatim).
+        weight: service owed against the other teams (> 0); 2 is twice a team of weight 1.
+
+    """
+
+    name: str
+    weight: float = DEFAULT_TEAM_WEIGHT
+
+
+class TeamWeights:
+    """The configured teams' weights: resolves a caller's team to the weight it is owed.
+
+    Args:
+        teams: the configured teams (names are unique; checked by :func:`check_teams`).
+
+    """
+
+    def __init__(self, teams: Iterable[TeamConfig] = ()) -> None:
+        self._weights: Mapping[str, float] = {t.name: t.weight for t in teams}
+
+    @property
+    def configured(self) -> bool:
+        """Whether any team is configured (then a key's team must be one of them)."""
+        return bool(self._weights)
+
+    def __contains__(self, team: object) -> bool:
+        return team in self._weights
+
+    def weight(self, team: str | None) -> float:
+        """Return ``team``'s weight: configured, else 1 (also for no team)."""
+        if team is None:
+            return DEFAULT_TEAM_WEIGHT
+        return self._weights.get(team, DEFAULT_TEAM_WEIGHT)
+
+    def resolve(self, team: str | None) -> tuple[str | None, float]:
+        """Return ``(team, weight)`` for a principal's team (None: the user is its own team)."""
+        return team, self.weight(team)
+
+    def names(self) -> list[str]:
+        """Return the configured team names, in configuration order."""
+        return list(self._weights)
+
+
+@functools.lru_cache(maxsize=4)
+def team_weights(teams: tuple[TeamConfig, ...]) -> TeamWeights:
+    """Return the :class:`TeamWeights` of ``teams`` (cached: asked on every request)."""
+    return TeamWeights(teams)
+
+
+def check_teams(teams: Iterable[TeamConfig], key_teams: Iterable[tuple[str, str]]) -> None:
+    """Refuse unusable teams, and keys naming a team that is not configured.
+
+    Args:
+        teams: the ``[[teams]]`` entries.
+        key_teams: ``(what, team)`` for every key with a team; ``what`` names the key in the
+            error (``keys[3].team``). Only checked when some team is configured.
+
+    Raises:
+        TeamError: naming the entry or key at fault.
+
+    """
+    seen: set[str] = set()
+    for i, team in enumerate(teams):
+        if not isinstance(team.weight, int | float) or isinstance(team.weight, bool):
+            raise TeamError(f"teams[{i}].weight must be a number, not {team.weight!r}")
+        if not (math.isfinite(team.weight) and team.weight > 0):
+            raise TeamError(
+                f"teams[{i}].weight must be a finite number above 0, not {team.weight!r}"
+            )
+        if team.name in seen:
+            raise TeamError(f"teams[{i}]: team {team.name!r} is configured twice")
+        seen.add(team.name)
+    if not seen:
+        return
+    for what, name in key_teams:
+        if name not in seen:
+            raise TeamError(
+                f"{what}: team {name!r} is not configured in [[teams]] "
+                f"(configured: {', '.join(sorted(map(repr, seen)))})"
+            )
