@@ -46,6 +46,7 @@ from typing import Any
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig
+from fairq_server.observe.settings import ConsoleConfig
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -55,6 +56,7 @@ __all__ = [
     "ClusterConfig",
     "Config",
     "ConfigError",
+    "ConsoleConfig",
     "HttpConfig",
     "JwtConfig",
     "KeyConfig",
@@ -373,6 +375,7 @@ class Config:
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
     jwt: JwtConfig | None = None
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
     def __post_init__(self) -> None:
         if not self.tiers:

@@ -37,6 +37,7 @@ _POSITIVE = frozenset(
         "max_extra_depth", "max_body_bytes", "body_timeout_seconds", "queue_comment_seconds",
         "max_streams_per_connection", "request_receive_seconds", "max_backends",
         "max_metrics_bytes", "max_error_body_bytes", "max_poll_backoff_seconds",
+        "refresh_seconds", "session_seconds", "starved_after_seconds", "max_users",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})
@@ -89,6 +90,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
         if _SHA256_HEX.fullmatch(key.sha256) is None:
             raise ConfigError(f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)")
         _check_team(key.team, f"keys[{i}].team")
+    if config.console.enabled and not config.http.listen:
+        raise ConfigError("console.enabled needs the HTTP door: set http.listen")
     _check_policies(config.scheduler)
     if config.jwt is not None:
         try:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
+from fairq_server.http.console import ConsoleRoutes
 from fairq_server.http.door import OpenAIHandlers
 from fairq_server.http.errors import HttpError, error_response
 
@@ -48,14 +49,22 @@ class HttpDoor:
         core: the scheduling core (shared with the gRPC door).
         auth: the authenticator (shared with the gRPC door).
         listen: ``host:port``; port 0 picks a free one.
+        console: the operator's console, served under ``/console`` (None: not served).
 
     Attributes:
         port: the bound port once started.
 
     """
 
-    def __init__(self, core: FairqCore, auth: Authenticator, listen: str) -> None:
+    def __init__(
+        self,
+        core: FairqCore,
+        auth: Authenticator,
+        listen: str,
+        console: ConsoleRoutes | None = None,
+    ) -> None:
         self._listen = listen
+        self._console = console
         self.port = 0
         handlers = OpenAIHandlers(core, auth)
         app = web.Application(
@@ -66,6 +75,8 @@ class HttpDoor:
         app.router.add_post("/v1/chat/completions", handlers.chat)
         app.router.add_post("/v1/completions", handlers.completions)
         app.router.add_get("/v1/models", handlers.models)
+        if console is not None:
+            console.add_to(app.router)
         # A client that disconnects cancels its handler: that is how a queued or running
         # request learns that nobody waits for it any more.
         # At stop, running streams have had the server's grace period already.
@@ -84,9 +95,13 @@ class HttpDoor:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host.strip("[]") or "127.0.0.1", int(port), backlog=2048)
         await site.start()
+        if self._console is not None:
+            await self._console.start()
         self.port = int(self._runner.addresses[0][1])
         log.info("fairq HTTP door on %s (port %d)", self._listen, self.port)
 
     async def stop(self) -> None:
         """Stop accepting and close every connection (queued requests were answered)."""
+        if self._console is not None:
+            await self._console.stop()
         await self._runner.cleanup()
