@@ -35,7 +35,12 @@ def _num(value: object, default: float = 0.0) -> float:
 
 
 def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
+    # Tuples in this replica's own view, lists once a view went through JSON (Redis).
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _pair(value: object, size: int = 2) -> bool:
+    return isinstance(value, list | tuple) and len(value) == size
 
 
 def _head(title: str) -> str:
@@ -131,7 +136,7 @@ def _queues(views: list[View]) -> str:
                 str(m.get("model", "")), {"tiers": {}, "users": 0, "rows": []}
             )
             for pair in _list(m.get("tiers")):
-                if isinstance(pair, list) and len(pair) == 2:
+                if _pair(pair):
                     tier = str(pair[0])
                     entry["tiers"][tier] = entry["tiers"].get(tier, 0) + int(_num(pair[1]))
             entry["users"] += int(_num(m.get("users")))
@@ -209,7 +214,7 @@ def _backends(views: list[View]) -> str:
         tpot = b.get("tpot_seconds")
         gates = []
         for g in _list(b.get("gates")):
-            if isinstance(g, list) and len(g) == 3:
+            if _pair(g, 3):
                 limit = f" ({_num(g[2]) * 1000:.0f} ms)" if g[2] is not None else ""
                 verdict = str(g[1])
                 gates.append(
@@ -252,7 +257,7 @@ def _cluster(views: list[View], here: str) -> str:
             for m in _list(v.get("models"))
             if isinstance(m, dict)
             for p in _list(m.get("tiers"))
-            if isinstance(p, list) and len(p) == 2
+            if _pair(p)
         )
         flight = sum(
             int(_num(b.get("in_flight"))) for b in _list(v.get("backends")) if isinstance(b, dict)
