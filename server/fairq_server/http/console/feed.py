@@ -66,7 +66,7 @@ class LiveFeed:
 
     async def current(self) -> list[dict[str, Any]]:
         """Return the views now (read afresh, for a page being loaded)."""
-        return await self._views()
+        return await self._views(everyone=True)
 
     async def wait(self, after: int) -> int:
         """Wait for a refresh later than ``after``; return its number."""
@@ -81,12 +81,13 @@ class LiveFeed:
             cached = self._html[view] = fragment(view, self.views, self.here)
         return cached
 
-    async def _views(self) -> list[dict[str, Any]]:
+    async def _views(self, *, everyone: bool = False) -> list[dict[str, Any]]:
+        """Return this replica's view (published), and the others' if a page is open."""
         mine = self._read().to_json()
         if self._replicas is None:
             return [mine]
         await self._replicas.publish(mine)
-        if not self.watchers:
+        if not (self.watchers or everyone):
             return [mine]
         others = [v for v in await self._replicas.read() if v.get("replica") != self.here]
         return sorted(
