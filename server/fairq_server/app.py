@@ -88,7 +88,9 @@ class FairqServer:
             console = None
             if self.config.console.enabled:
                 console = build_console(self.core, self.auth, self.request_log.recent)
-            self._http = HttpDoor(self.core, self.auth, self.config.http.listen, console)
+            self._http = HttpDoor(
+                self.core, self.auth, self.config.http.listen, self.request_log, console
+            )
             with listening("http.listen", self.config.http.listen):
                 await self._http.start()
             self.http_port = self._http.port

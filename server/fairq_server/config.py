@@ -186,8 +186,14 @@ class Limits:
         max_streams_per_connection: HTTP/2 ``MAX_CONCURRENT_STREAMS`` advertised to clients;
             a client's further calls wait in its own gRPC library for a free stream. A queued
             request holds its stream: keep it at or above ``max_queued_per_user``.
+        max_grpc_connections: connections open on the gRPC port at most; gRPC closes one
+            more before its handshake.
         request_receive_seconds: a call whose complete request message has not arrived this
             long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
+        default_max_tokens: the output bound sent for a request that gives none (0: the
+            limit ``max_tokens`` itself), so a backend's own default never applies.
+        max_sequences: the largest ``n`` / ``best_of`` a request may ask for; each sequence
+            is generated in the one backend slot fairq admitted the request to.
 
     """
 
@@ -202,7 +208,10 @@ class Limits:
     max_extra_depth: int = 32
     max_body_bytes: int = 8_388_608
     max_streams_per_connection: int = 10_000
+    max_grpc_connections: int = 4096
     request_receive_seconds: float = 10.0
+    default_max_tokens: int = 0
+    max_sequences: int = 1
 
 
 DEFAULT_BACKEND_ALLOWLIST = (
@@ -261,6 +270,18 @@ class HttpConfig:
             (``x-fairq-queue-events: true``) gets an SSE comment with its position at once
             and a keep-alive comment at this interval while it stays queued.
         retry_after_seconds: ``Retry-After`` sent with 429 (queue caps) and 503.
+        head_timeout_seconds: a request's line and headers must be complete this long after
+            their first byte (408 and the connection closed otherwise).
+        idle_timeout_seconds: a connection with no request in progress that sends nothing
+            for this long is closed (new and kept-alive connections alike).
+        max_connections: connections open on the door at most; one more is answered 503
+            and closed.
+        max_connections_per_peer: connections open from one peer address at most (behind a
+            proxy every caller shares its address: raise it there).
+        max_answer_chars: a non-streamed answer is built from the backend's stream; beyond
+            this many characters of it the request is aborted and answered 400
+            (``answer_too_large``). A streamed answer is bounded by
+            ``limits.max_unread_chars`` instead (text the caller has not read).
 
     """
 
@@ -268,6 +289,11 @@ class HttpConfig:
     body_timeout_seconds: float = 30.0
     queue_comment_seconds: float = 5.0
     retry_after_seconds: int = 1
+    head_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 30.0
+    max_connections: int = 1024
+    max_connections_per_peer: int = 256
+    max_answer_chars: int = 16_777_216
 
 
 @dataclass(frozen=True)
@@ -290,14 +316,18 @@ class SchedulerConfig:
         prefix_block_chars: characters per prefix block.
         prefix_cache_blocks: prefix blocks remembered per backend (LRU).
         prefix_candidates: at most this many users are compared per pick (bounds the work).
-        routing_slack: with several backends, prefix affinity may send a request to a backend
-            with at most this many more requests in flight than the least loaded one.
+        routing_slack: deprecated alias of ``routing_options.slack`` (prefix affinity only).
         stream_coalesce_seconds: text of a fast stream is relayed at most once per this
             window, merged (the first token is never held; 0 relays every event at once).
         fairness_options: options of the fairness policy (vtc: ``lift``, ``output_weight``).
+        ordering_options: options of the ordering policy.
         gate: the saturation check deciding whether a backend may take more work.
+        gate_options: options of the gate.
         routing: how a request's backend is chosen among those whose gate is open
-            (``prefix-affinity`` uses ``routing_slack``; ``least-loaded``).
+            (``prefix-affinity``; ``least-loaded``).
+        routing_options: options of the router (prefix-affinity: ``slack``, how many more
+            requests in flight than the least loaded backend a backend may have and still be
+            chosen for its prefix; 2 by default).
         max_retries: a request that fails on a backend before its first token, for a reason
             that says nothing about the request (unreachable, 5xx, overloaded), is sent to
             another backend at most this many times.
@@ -316,8 +346,11 @@ class SchedulerConfig:
     fairness: str = "round-robin"
     fairness_options: Mapping[str, Any] = field(default_factory=dict)
     ordering: str = "fifo"
+    ordering_options: Mapping[str, Any] = field(default_factory=dict)
     gate: str = "threshold"
+    gate_options: Mapping[str, Any] = field(default_factory=dict)
     routing: str = "prefix-affinity"
+    routing_options: Mapping[str, Any] = field(default_factory=dict)
     max_retries: int = 1
     poll_interval_seconds: float = 0.5
     stale_after_seconds: float = 2.0
@@ -330,7 +363,7 @@ class SchedulerConfig:
     prefix_block_chars: int = 128
     prefix_cache_blocks: int = 20_000
     prefix_candidates: int = 8
-    routing_slack: int = 2
+    routing_slack: int | None = None
     stream_coalesce_seconds: float = 0.02
     max_metrics_bytes: int = 4 * 1024 * 1024
     max_error_body_bytes: int = 16_384
@@ -338,8 +371,9 @@ class SchedulerConfig:
     no_backend_grace_seconds: float = 5.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.fairness_options, Mapping):
-            raise ConfigError("scheduler.fairness_options must be a table")
+        for plugin in ("fairness", "ordering", "gate", "routing"):
+            if not isinstance(getattr(self, f"{plugin}_options"), Mapping):
+                raise ConfigError(f"scheduler.{plugin}_options must be a table")
         n = self.unhealthy_after_failures
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(

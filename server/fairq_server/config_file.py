@@ -37,6 +37,9 @@ _POSITIVE = frozenset(
         "max_extra_depth", "max_body_bytes", "body_timeout_seconds", "queue_comment_seconds",
         "max_streams_per_connection", "request_receive_seconds", "max_backends",
         "max_metrics_bytes", "max_error_body_bytes", "max_poll_backoff_seconds",
+        "head_timeout_seconds", "idle_timeout_seconds", "max_connections",
+        "max_connections_per_peer", "max_grpc_connections", "max_answer_chars",
+        "max_sequences",
         "refresh_seconds", "session_seconds", "starved_after_seconds", "max_users",
     }
 )  # fmt: skip

@@ -4,6 +4,11 @@
 each poller reports its scrapes to the dispatcher, and the dispatcher reads backend streams
 through its launcher. The core owns the lifecycles the dispatcher does not: poller tasks, and
 closing a backend's connections once it has left and gone idle.
+
+The scheduling part of the configuration (tiers, ``[scheduler]``, the plugins) has one owner
+at run time, the dispatcher: the core reads it there (:attr:`FairqCore.policies`, the pollers'
+intervals), and a reload becomes the core's :attr:`FairqCore.config` only once the dispatcher
+has applied it.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ class FairqCore:
         telemetry: Telemetry | None = None,
         on_health: Callable[[bool], None] = lambda serving: None,
     ) -> None:
-        self.config = config
+        self._config = config
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.tier_names = tuple(t.name for t in config.tiers)
         self.cluster: ClusterNode | None = None
@@ -83,12 +88,12 @@ class FairqCore:
                 lambda event: self.dispatcher.post(event),
                 config.scheduler.stream_coalesce_seconds,
                 self.cluster,
-                lambda: self.dispatcher.tiers,
+                lambda: self.dispatcher.settings,
+                lambda: self.dispatcher.now(),
             )
         # Fail at start-up on unknown policy names, not at the first request.
-        self.policies = self._policies(config)
         self.dispatcher = Dispatcher(
-            config.tiers, config.scheduler, self.telemetry, self.policies, launcher,
+            config.tiers, config.scheduler, self.telemetry, self._policies(config), launcher,
             on_health=on_health,
         )  # fmt: skip
         if self.cluster is not None:
@@ -109,6 +114,16 @@ class FairqCore:
         self._adapters: set[Backend] = set()
         self._loop_monitor = LoopMonitor(self.telemetry.loop_lag.observe)
 
+    @property
+    def config(self) -> Config:
+        """The configuration in use (its scheduling part as the dispatcher applied it)."""
+        return self._config
+
+    @property
+    def policies(self) -> Policies:
+        """The plugins in use (the dispatcher's)."""
+        return self.dispatcher.policies
+
     async def start(self) -> None:
         """Start the dispatcher, measure event-loop lag, register the configured backends."""
         self._loop_monitor.start()
@@ -126,7 +141,7 @@ class FairqCore:
     async def close(self) -> None:
         """Close the queues, stop polling and close backend connections (aborting streams)."""
         if self._watcher is not None:
-            from fairq_server.cluster.node import cancel_all
+            from fairq_server.cluster.tasks import cancel_all
 
             await cancel_all([self._watcher])
         await self.close_queues()
@@ -163,11 +178,8 @@ class FairqCore:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         s, o = config.scheduler, old.scheduler
-        rebuild = (s.fairness, dict(s.fairness_options), s.ordering) != (
-            o.fairness,
-            dict(o.fairness_options),
-            o.ordering,
-        )
+        queue_plugins = ("fairness", "fairness_options", "ordering", "ordering_options")
+        rebuild = any(getattr(s, k) != getattr(o, k) for k in queue_plugins)
         # Build every new backend before changing anything: a file that cannot be applied
         # whole is refused whole.
         added: list[tuple[BackendConfig, Backend]] = []
@@ -189,12 +201,13 @@ class FairqCore:
                 f"backends: {total} would be registered; admin.max_backends is "
                 f"{config.admin.max_backends}"
             )
-        self.config = config
-        self.policies = policies
+        # Nothing has changed yet; from here on the whole file applies. The dispatcher owns
+        # the scheduling part: it applies it, then the rest of the process follows.
+        await self.dispatcher.reconfigure(config.tiers, s, policies, rebuild=rebuild)
+        self._config = config
         for polled in self._polled.values():
             polled.poller.interval = s.poll_interval_seconds  # from its next scrape on
             polled.poller.max_backoff = s.max_poll_backoff_seconds
-        self.dispatcher.reconfigure(config.tiers, s, policies, rebuild=rebuild)
         wanted = {b.id: b for b in config.backends}
         for backend_id in [b.id for b in old.backends if b.id not in wanted]:
             await self.deregister_backend(backend_id, drain=False)
@@ -208,7 +221,7 @@ class FairqCore:
         from fairq_server.cluster.fairness import shared_policies
 
         slack = self.cluster.config.fairness_slack
-        return shared_policies(policies, slack, self.cluster.dispatched)
+        return shared_policies(policies, slack, self.cluster.fair.wake)
 
     def live_requests(self) -> int:
         """Count the requests queued or running, over all models."""
@@ -287,8 +300,8 @@ class FairqCore:
             self._close_when_idle(old)
         poller = MetricsPoller(
             backend,
-            interval=self.config.scheduler.poll_interval_seconds,
-            max_backoff=self.config.scheduler.max_poll_backoff_seconds,
+            interval=self.dispatcher.config.poll_interval_seconds,
+            max_backoff=self.dispatcher.config.max_poll_backoff_seconds,
             on_sent=self.dispatcher.scrape_sent,
             on_result=self.dispatcher.scrape_landed,
         )

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_MODEL_CHARS",
     "TOKEN_ALPHABET",
     "check_model",
+    "check_request_id",
     "check_token",
     "escape",
 ]
@@ -42,6 +43,19 @@ def check_token(value: str, what: str, max_chars: int = MAX_ID_CHARS) -> None:
         raise ValueError(f"{what} must be 1-{max_chars} characters")
     if _TOKEN.fullmatch(value) is None:
         raise ValueError(f"{what} may contain only {TOKEN_ALPHABET}")
+
+
+def check_request_id(value: str) -> None:
+    """Refuse a caller's request id unless it is a token (:func:`check_token`); both doors.
+
+    The id reaches the backend (vLLM's ``request_id``), log lines and the ``x-request-id``
+    header, where a newline, a quote or U+2028 would forge or break a line.
+
+    Raises:
+        ValueError: naming ``request_id``.
+
+    """
+    check_token(value, "request_id")
 
 
 def check_model(name: str, what: str = "model name") -> None:

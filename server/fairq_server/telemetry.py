@@ -7,6 +7,7 @@ request id or a user name.
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING
 
@@ -141,6 +142,12 @@ class Telemetry:
             "fairq_backend_healthy", "0 while failed scrapes have marked the backend unhealthy.",
             ["backend"], registry=r,
         )  # fmt: skip
+        self.metric_missing = Gauge(
+            "fairq_backend_metric_missing",
+            "1 for each metric the configuration relies on that a backend's /metrics lacks "
+            "(the limit reading it does nothing on that backend).",
+            ["backend", "metric"], registry=r,
+        )  # fmt: skip
         self.scrape_failures = Counter(
             "fairq_backend_scrape_failures_total", "Failed scrapes of a backend's /metrics.",
             ["backend"], registry=r,
@@ -148,10 +155,16 @@ class Telemetry:
 
     def scraped(
         self, backend_id: str, sample: MetricsSample | None, tpot: float | None,
-        *, healthy: bool, failed: bool,
+        *, healthy: bool, failed: bool, gaps: Sequence[tuple[str, str]] = (),
     ) -> None:  # fmt: skip
-        """Record a scrape's outcome: health, a failure, or the backend's fresh figures."""
+        """Record a scrape's outcome: health, a failure, or the backend's fresh figures.
+
+        ``gaps`` are the ``(figure, metric)`` the backend's metrics lack (one series each).
+        """
         self.backend_healthy.labels(backend_id).set(1 if healthy else 0)
+        self.metric_missing.remove_by_labels({"backend": backend_id})
+        for figure, name in gaps:
+            self.metric_missing.labels(backend_id, name or figure).set(1)
         if failed:
             self.scrape_failures.labels(backend_id).inc()
         elif sample is not None:
@@ -168,7 +181,7 @@ class Telemetry:
         for metric in (
             self.backend_waiting, self.backend_running, self.backend_tpot,
             self.backend_in_flight, self.backend_healthy, self.scrape_failures,
-            self.dispatches, self.gate_refusals, self.retries,
+            self.metric_missing, self.dispatches, self.gate_refusals, self.retries,
         ):  # fmt: skip
             metric.remove_by_labels({"backend": backend_id})
 

@@ -10,7 +10,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.config_file import parse_config
 from fairq_server.errors import ConfigError
-from fairq_sim import SimServer
+from fairq_sim import SimConfig, SimServer
 
 from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
 
@@ -181,3 +181,39 @@ async def test_file_and_register_backend_refuse_alike(
         assert (info.value.details() or "").startswith(needle)
         listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)
         assert list(listed.backends) == []
+
+
+async def test_register_cannot_send_fairqs_own_secrets(
+    fairq_factory: FairqFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The backend accepts exactly the Redis password: were it sent, the registration would
+    # succeed and the backend would be healthy.
+    monkeypatch.setenv("FAIRQ_REDIS_PASSWORD", "redis-secret")
+    monkeypatch.setenv("FAIRQ_BACKEND_KEY_SIM", "redis-secret")
+    config = SimConfig(mode="vllm", model="sim", speed=20.0, api_key="redis-secret")
+    server = await fairq_factory(make_config(keys=list(KEYS.values())))
+    async with (
+        SimServer(config) as sim,
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch,
+    ):
+        admin = admin_pb2_grpc.AdminStub(ch)
+        details = set()
+        for name in ("FAIRQ_REDIS_PASSWORD", "FAIRQ_UNSET_NAME", "FAIRQ_BACKEND_KEY_UNSET"):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await admin.RegisterBackend(
+                    admin_pb2.RegisterBackendRequest(backend=backend(sim, api_key_env=name)),
+                    metadata=ROOT,
+                )
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details.add(info.value.details())
+        assert len(details) == 1, details  # no oracle for which variables exist
+        assert "FAIRQ_BACKEND_KEY_" in details.pop()
+        listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)
+        assert list(listed.backends) == []
+        reg = await admin.RegisterBackend(
+            admin_pb2.RegisterBackendRequest(
+                backend=backend(sim, api_key_env="FAIRQ_BACKEND_KEY_SIM")
+            ),
+            metadata=ROOT,
+        )
+        assert reg.status.healthy

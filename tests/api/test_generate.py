@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -186,6 +187,39 @@ async def test_queue_cap_is_resource_exhausted(sim: SimServer, fairq_factory: Fa
             c.cancel()
     # Cancelled queued requests leave the queue.
     await _until(lambda: len(dispatcher.queue) == 0)
+
+
+async def test_queue_caps_count_every_model(sim: SimServer, fairq_factory: FairqFactory) -> None:
+    # One backend serving three models: a cap per model let one user hold 9 requests here.
+    backend = sim_backend(sim, verify_models=False)
+    backend = replace(backend, models=("sim", "m2", "m3"))
+    config = make_config([backend], max_queued_per_user=3, max_queued_total=5)
+    server = await fairq_factory(config)
+    await freeze_gate(server)
+    dave, erin = (("x-fairq-user", "dave"),), (("x-fairq-user", "erin"),)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        held = []
+
+        async def queue(*calls: tuple[str, tuple[tuple[str, str], ...]]) -> None:
+            for model, md in calls:
+                held.append(stub.Generate(request(model=model), metadata=md))
+                assert (await held[-1].read()).WhichOneof("event") == "queued"
+
+        async def refused(model: str, md: tuple[tuple[str, str], ...], needle: str) -> None:
+            attempt = stub.Generate(request(model=model), metadata=md)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await attempt.read()  # "queued" without the caps
+                attempt.cancel()
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert needle in (info.value.details() or "")
+
+        await queue(("sim", dave), ("m2", dave), ("m3", dave))
+        await refused("m3", dave, "user 'dave' already has 3 queued requests")
+        await queue(("m2", erin), ("m3", erin))
+        await refused("sim", (("x-fairq-user", "fay"),), "queues are full (5 requests queued")
+        for c in held:
+            c.cancel()
 
 
 async def test_no_healthy_backend_is_unavailable(fairq_factory: FairqFactory) -> None:

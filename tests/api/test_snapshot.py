@@ -6,11 +6,13 @@ import json
 import logging
 from dataclasses import replace
 
+import aiohttp
 import grpc
 import pytest
 
 import fairq
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from fairq_server.config import HttpConfig
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
@@ -117,6 +119,40 @@ async def test_access_log_writes_one_json_line_per_finished_request(
     assert "alice" not in json.dumps(ok)
     assert missing["outcome"] == "not_found" and missing["model"] == "nope"
     assert missing["backend"] == "" and missing["queue_seconds"] is None
+
+
+async def test_http_requests_in_the_access_log_and_the_snapshot(
+    sim: SimServer, fairq_factory: FairqFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = replace(make_config([sim_backend(sim)], keys=list(KEYS.values())), access_log=True)
+    server = await fairq_factory(replace(config, http=HttpConfig(listen="127.0.0.1:0")))
+    url = f"http://127.0.0.1:{server.http_port}/v1/chat/completions"
+    chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    headers = {"authorization": "Bearer alice-key", "x-fairq-tier": "standard"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(url, json={**chat, "stream": True}) as resp:
+            assert resp.status == 200
+            await resp.read()
+        async with session.post(url, json=chat) as resp:
+            assert resp.status == 200
+            answer = await resp.json()
+        async with session.post(url, json={**chat, "model": "nope"}) as resp:
+            assert resp.status == 404
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    streamed, merged, missing = lines
+    for line in (streamed, merged):
+        assert line["outcome"] == "finished" and line["backend"] == "sim-a"
+        assert (line["user_group"], line["tier"], line["model"]) == ("default", "standard", "sim")
+        assert line["completion_tokens"] == 5 and line["prompt_tokens"] > 0
+        assert line["queue_seconds"] <= line["ttft_seconds"] <= line["total_seconds"]
+    assert merged["prompt_tokens"] == answer["usage"]["prompt_tokens"]
+    assert missing["outcome"] == "not_found" and missing["model"] == "nope"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        admin = admin_pb2_grpc.AdminStub(ch)
+        snap = await admin.GetQueueSnapshot(admin_pb2.GetQueueSnapshotRequest(), metadata=ROOT)
+    [alice] = snap.users
+    assert alice.user == "alice"
+    assert alice.recent_tokens > 0.5 * (streamed["prompt_tokens"] + 10)
 
 
 async def test_access_log_is_off_by_default(

@@ -186,12 +186,23 @@ async def test_api_key_file_and_rpc_restrictions(
     assert read_api_key(cfg) == "abc123"
     with pytest.raises(InvalidRequestError, match="configuration file"):
         read_api_key(cfg, from_rpc=True)
+    # Over the Admin API only FAIRQ_BACKEND_KEY_* may be read, and every refusal reads the
+    # same: fairq's own secrets stay home, and the error does not tell which variables exist.
     monkeypatch.setenv("HOME_SECRET", "x")
-    with pytest.raises(InvalidRequestError, match="FAIRQ_"):
-        read_api_key(
-            BackendConfig("v", "vllm", "http://h:1", ("m",), api_key_env="HOME_SECRET"),
-            from_rpc=True,
-        )
+    monkeypatch.setenv("FAIRQ_REDIS_PASSWORD", "redis-secret")
+    monkeypatch.setenv("FAIRQ_BACKEND_KEY_EMPTY", " ")
+    monkeypatch.setenv("FAIRQ_BACKEND_KEY_A", "backend-a-key")
+    refusals = set()
+    for name in (
+        "HOME_SECRET", "FAIRQ_REDIS_PASSWORD", "FAIRQ_BACKEND_KEY_UNSET", "FAIRQ_BACKEND_KEY_EMPTY",
+    ):  # fmt: skip
+        rpc_cfg = BackendConfig("v", "vllm", "http://h:1", ("m",), api_key_env=name)
+        with pytest.raises(InvalidRequestError, match="FAIRQ_BACKEND_KEY_") as info:
+            read_api_key(rpc_cfg, from_rpc=True)
+        refusals.add(str(info.value))
+    assert len(refusals) == 1
+    allowed = BackendConfig("v", "vllm", "http://h:1", ("m",), api_key_env="FAIRQ_BACKEND_KEY_A")
+    assert read_api_key(allowed, from_rpc=True) == "backend-a-key"
     with pytest.raises(InvalidRequestError, match="not set"):
         read_api_key(BackendConfig("v", "vllm", "http://h:1", ("m",), api_key_env="FAIRQ_NOPE"))
 
@@ -294,7 +305,7 @@ def test_grpc_extra_whole_numbers_reach_the_backend_as_integers() -> None:
         model="sim", prompt="hi",
         extra=struct({"n": 2, "top_k": 5, "frequency_penalty": 0.5, "stream_options": {"x": 1}}),
     )  # fmt: skip
-    backend_request = to_backend_request(req, Limits())
+    backend_request = to_backend_request(req, Limits(max_sequences=2))
     _, body = VllmBackend("v", "http://h:1", ["sim"]).payload(backend_request, 0)
     # A Struct holds 2 as 2.0; vLLM's n must be an integer.
     assert type(body["n"]) is int and body["n"] == 2

@@ -164,7 +164,9 @@ async def test_fresh_server_without_series_reads_as_idle(
 ) -> None:
     # TGI exports a series only after first use; an idle server is not a broken endpoint.
     sample = await backend.scrape(5.0)
-    assert sample == MetricsSample(waiting=0.0, running=0.0, kv_usage=None)
+    assert sample == MetricsSample(
+        waiting=0.0, running=0.0, kv_usage=None, missing=(("kv_usage", ""),)
+    )
 
 
 async def test_queue_and_batch_gauges_while_busy(tgi: SimServer, backend: TgiBackend) -> None:

@@ -143,3 +143,45 @@ async def test_a_tls_redis_with_an_unknown_ca_is_refused_and_the_replica_runs_al
             outcome = await run_call(generate(channel, gen_request()))
         assert outcome.code is grpc.StatusCode.OK, outcome
         assert cluster.metrics.redis_errors._value.get() >= 1
+
+
+async def test_a_wrong_redis_password_is_said_plainly(caplog: pytest.LogCaptureFixture) -> None:
+    """Not an outage: an error naming the credentials at start, and its own metric state."""
+    from prometheus_client import CollectorRegistry
+
+    from fairq_server.cluster.node import ClusterNode
+
+    with RedisProcess.running(password="s3cret") as server:
+        bare = f"127.0.0.1:{server.port}/0"
+        for url, state in (
+            (f"redis://:wrong@{bare}", "credentials_refused"),
+            (f"redis://{bare}", "credentials_refused"),  # no password at all
+            (server.url, "up"),
+        ):
+            caplog.clear()
+            registry = CollectorRegistry()
+            node = ClusterNode(ClusterConfig(url, replica_id="t"), registry)
+            await node.start()
+            try:
+                states = {
+                    s: registry.get_sample_value("fairq_cluster_redis_state", {"state": s})
+                    for s in ("up", "unreachable", "credentials_refused")
+                }
+                assert states == {s: float(s == state) for s in states}
+                errors = [r for r in caplog.records if r.levelname == "ERROR"]
+                if state == "up":
+                    assert node.connected and not errors
+                    continue
+                assert not node.connected
+                assert registry.get_sample_value("fairq_cluster_redis_up") == 0
+                # One error at start (not one per failed beat), naming the problem and the
+                # keys to fix; the password itself is not logged.
+                [error] = errors
+                message = error.getMessage()
+                assert "refused fairq's credentials" in message
+                assert "password_env" in message and "wrong" not in message
+                assert not any("unreachable" in r.getMessage() for r in caplog.records)
+                await node.heartbeat()
+                assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+            finally:
+                await node.close()

@@ -15,7 +15,7 @@ from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.fairness.counter import Journal
+from fairq_server.scheduling.counters import Journal
 
 
 @contextlib.asynccontextmanager
@@ -116,3 +116,27 @@ async def test_renewing_sets_every_member_held_again_after_an_empty_restart(
         assert await gate.counts(["sim"]) == {"sim": GlobalCounts(awaiting=2, in_flight=3)}
         await gate.renew({"sim": {"a|1": False, "a|2": False, "a|3": False}})  # tokens came
         assert (await gate.counts(["sim"]))["sim"].awaiting == 0
+
+
+async def test_counters_of_users_idle_for_an_hour_are_deleted(redis_url: str) -> None:
+    client = connect(ClusterConfig(redis_url, replica_id="a"))
+    try:
+        counters = SharedCounters(client, "t", "a", lease_seconds=5.0)
+        users = [f"u{i}" for i in range(100)]
+        journal = Journal(deltas=dict.fromkeys(users, 1.0))
+        await counters.sync([ev.JournalEntry("m", 0, journal, [], ())])
+        assert await client.hlen("t:fair:m:0:counters") == 100
+        # Half of them were last seen over an hour ago (by Redis's clock, as the script
+        # stamps them): the next sync, for anyone, deletes their counters.
+        seconds, micros = await client.time()
+        long_ago = seconds * 1000 + micros // 1000 - 3_600_001
+        await client.zadd("t:fair:m:0:seen", {u: long_ago for u in users[:50]})
+        fresh = Journal(deltas={"new": 1.0})
+        (result,) = await counters.sync([ev.JournalEntry("m", 0, fresh, ["u60"], ())])
+        assert result.counters == {"u60": 1.0}
+        fields = {f.decode() for f in await client.hkeys("t:fair:m:0:counters")}
+        assert fields == {*users[50:], "new"}
+        assert await client.zcard("t:fair:m:0:seen") == 51
+        assert 0 < await client.pttl("t:fair:m:0:counters") <= 3_600_000
+    finally:
+        await client.aclose()

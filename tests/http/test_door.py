@@ -286,9 +286,9 @@ async def test_backend_errors_passed_on(sim: SimServer, fairq_factory: FairqFact
     door = await start_door(fairq_factory, sim)
     url = f"{door.url}/v1/chat/completions"
     # Refused by the backend before streaming: its status and its own error body.
-    status, _, doc = await post(url, {**CHAT, "n": 3})
+    status, _, doc = await post(url, {**CHAT, "max_tokens": 1000})
     assert status == 400
-    assert doc["error"]["message"] == "The simulator supports n=1 only."
+    assert doc["error"]["message"].startswith("max_tokens=1000 cannot be greater than")
     # Failing mid-stream: the stream ends with an error event the SDK raises.
     sim.config.drop_after_tokens = 2
     client = openai.AsyncOpenAI(base_url=f"{door.url}/v1", api_key="x", max_retries=0)

@@ -31,7 +31,10 @@ from .helpers import Outcome, generate, run_call, send_raw
 
 CALL_TIMEOUT = 15.0  # a call still running after this is a hang, and fails the test
 FAULT_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
-LIMITS = Limits(max_prompt_chars=2_000, max_messages=8, max_tokens=400, max_stop_chars=20)
+# A request without max_tokens is sent default_max_tokens: as short as the bounded ones.
+LIMITS = Limits(
+    max_prompt_chars=2_000, max_messages=8, max_tokens=400, max_stop_chars=20, default_max_tokens=16
+)
 ROOT = ("authorization", "Bearer root-key")
 
 FUZZ = settings(

@@ -135,7 +135,7 @@ def _status(state: BackendState, stale_after: float, now: float) -> admin_pb2.Ba
             max_in_flight=b.max_in_flight,
             **_settings(b),
         ),
-        reason=state.last_error[:1000] if state.healthy is not True else "",
+        reason=state.reason[:1000],
         healthy=state.healthy is True and fresh,
         in_flight=state.in_flight,
         waiting=sample.waiting if sample else 0.0,

@@ -71,12 +71,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._core,
                 ticket,
                 on_end=lambda outcome: self._request_log.finished(trace, outcome),
+                trace=trace,
             ):
                 for event in events:
                     # Writing to the client is bulk work: the tokens of all streams on a
                     # backend arrive in the same engine step (see loop_share).
                     await loop_share.turn()
-                    trace.observe(event, time.monotonic())
                     yield _response(event, backend_request.request_id)
         except SchedulerError as exc:
             code, message = status_for(exc)

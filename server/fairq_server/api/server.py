@@ -71,6 +71,9 @@ def server_options(config: Config) -> list[tuple[str, int]]:
         # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: without it a client may open streams
         # without bound on one connection.
         ("grpc.max_concurrent_streams", config.limits.max_streams_per_connection),
+        # Connections per port: without it each silent connection holds a descriptor until
+        # the idle bound below, and enough of them exhaust the process's descriptors.
+        ("grpc.max_allowed_incoming_connections", config.limits.max_grpc_connections),
         # Connections: ping an idle client every minute and drop it if the ping is not
         # answered in 20 s (a peer gone without a FIN); close a connection that has had no
         # call for 5 minutes (the client reconnects transparently when it needs to).

@@ -12,8 +12,8 @@ from fairq.v1 import scheduler_pb2
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
-from fairq_server.names import check_model, check_token
-from fairq_server.requests.passthrough import check_extra
+from fairq_server.names import check_model, check_request_id
+from fairq_server.requests.passthrough import check_extra, output_bound
 
 __all__ = ["GRPC_RESERVED", "models_hint", "to_backend_request"]
 
@@ -90,7 +90,7 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
         raise InvalidRequestError("one of prompt or messages is required")
     if req.request_id:
         try:
-            check_token(req.request_id, "request_id")
+            check_request_id(req.request_id)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
     extra = (
@@ -131,7 +131,7 @@ def _sampling(s: scheduler_pb2.SamplingParams, limits: Limits) -> Sampling:
             f"sampling.stop strings must be 1-{limits.max_stop_chars} characters"
         )
     return Sampling(
-        max_tokens=max_tokens,
+        max_tokens=output_bound(limits, max_tokens),
         # float32 on the wire: round so 0.7 reaches the backend as 0.7, not 0.699999988.
         temperature=round(temperature, 6) if temperature is not None else None,
         top_p=round(top_p, 6) if top_p is not None else None,

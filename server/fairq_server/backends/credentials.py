@@ -4,8 +4,10 @@ A backend started with an API key (``vllm serve --api-key``, ``sglang --api-key`
 ``llama-server --api-key``) refuses requests without ``Authorization: Bearer``. The key is
 never written in fairq's configuration: it is read from an environment variable or a file
 when the backend is registered. Over the Admin API only environment variables whose name
-starts with ``FAIRQ_`` may be named, so an admin call cannot make fairq send an unrelated
-secret of its environment (or any file it can read) to a host of the caller's choosing.
+starts with ``FAIRQ_BACKEND_KEY_`` may be named, so an admin call cannot make fairq send
+another secret of its environment (``FAIRQ_REDIS_PASSWORD``, a database URL, any file it can
+read) to a host of the caller's choosing. Every refusal of such a name gets one and the same
+error, so the answer does not tell which variables exist either.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RPC_ENV_PREFIX = "FAIRQ_"
+RPC_ENV_PREFIX = "FAIRQ_BACKEND_KEY_"
 _MAX_KEY_BYTES = 4096
 _MAX_MODELS_BYTES = 1024 * 1024
 
@@ -95,10 +97,8 @@ def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
         key = raw.decode("ascii", "replace").splitlines()[0] if raw.strip() else ""
         source = f"api_key_file {cfg.api_key_file}"
     elif cfg.api_key_env:
-        if from_rpc and not cfg.api_key_env.startswith(RPC_ENV_PREFIX):
-            raise InvalidRequestError(
-                f"api_key_env set over the Admin API must start with {RPC_ENV_PREFIX}"
-            )
+        if from_rpc:
+            return _rpc_key(cfg.api_key_env)
         value = os.environ.get(cfg.api_key_env)
         if value is None:
             raise InvalidRequestError(
@@ -108,10 +108,31 @@ def read_api_key(cfg: BackendConfig, *, from_rpc: bool = False) -> str | None:
     else:
         return None
     key = key.strip()
-    if not key or len(key) > _MAX_KEY_BYTES or not all(0x21 <= ord(c) < 0x7F for c in key):
+    if not _valid_key(key):
         raise InvalidRequestError(
             f"backend {cfg.id}: the key in {source} must be 1-{_MAX_KEY_BYTES} printable "
             "ASCII characters"
+        )
+    return key
+
+
+def _valid_key(key: str) -> bool:
+    return 0 < len(key) <= _MAX_KEY_BYTES and all(0x21 <= ord(c) < 0x7F for c in key)
+
+
+def _rpc_key(name: str) -> str:
+    """Return the key in variable ``name``, named over the Admin API.
+
+    A name outside the prefix, an unset variable and an unusable value get the same error:
+    which variables exist in fairq's environment is none of an admin caller's business.
+    """
+    value = os.environ.get(name) if name.startswith(RPC_ENV_PREFIX) else None
+    key = (value or "").strip()
+    if not _valid_key(key):
+        raise InvalidRequestError(
+            f"api_key_env set over the Admin API must name a set environment variable "
+            f"starting with {RPC_ENV_PREFIX} holding 1-{_MAX_KEY_BYTES} printable ASCII "
+            "characters"
         )
     return key
 

@@ -111,14 +111,30 @@ def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
 async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
     """Yield the body as text, one piece per network read (all that arrived by then)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    async for chunk in body.iter_any():
-        # Parsing and relaying what arrived is bulk work: every stream of a backend gets its
-        # token in the same instant (one engine step), so reads come in bursts.
-        await loop_share.turn()
-        if text := decoder.decode(chunk):
+    try:
+        async for chunk in body.iter_any():
+            # Parsing and relaying what arrived is bulk work: every stream of a backend gets
+            # its token in the same instant (one engine step), so reads come in bursts.
+            await loop_share.turn()
+            if text := decoder.decode(chunk):
+                yield text
+    except aiohttp.ClientError:
+        # aiohttp raises a lost connection's error before handing over what had arrived
+        # before the loss (its reader checks for an error first): tokens the backend sent
+        # and the caller is owed. They are read from its buffer, then the error goes on.
+        if text := decoder.decode(_unread(body), final=True):
             yield text
+        raise
     if tail := decoder.decode(b"", final=True):
         yield tail
+
+
+def _unread(body: aiohttp.StreamReader) -> bytes:
+    """Return what ``body`` holds unread, though an error was set on it (aiohttp's own read)."""
+    try:
+        return body._read_nowait(-1)
+    except Exception:  # another aiohttp's internals: the text is lost, as before
+        return b""
 
 
 def token_count(value: object) -> int:

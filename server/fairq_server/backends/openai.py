@@ -15,9 +15,11 @@ Presets name the metrics of the servers users pick beside vLLM:
   ``--enable-priority-scheduling``, higher values first unless started with
   ``--schedule-low-priority-values-first``; hence ``priority_order``.
 - ``llamacpp``: ``llamacpp:requests_deferred`` (waiting for a slot),
-  ``llamacpp:requests_processing``, ``llamacpp:kv_cache_usage_ratio``, and time per token
-  from the counters ``llamacpp:tokens_predicted_seconds_total`` /
-  ``llamacpp:tokens_predicted_total`` (llama-server ``--metrics``).
+  ``llamacpp:requests_processing``, and time per token from the counters
+  ``llamacpp:tokens_predicted_seconds_total`` / ``llamacpp:tokens_predicted_total``
+  (llama-server ``--metrics``). Current llama-server exports no KV-cache usage (older
+  releases had ``llamacpp:kv_cache_usage_ratio``), so a tier's ``kv_usage_limit`` cannot
+  apply to it; fairq says so at the first scrape.
 """
 
 from __future__ import annotations
@@ -77,7 +79,6 @@ METRIC_PRESETS: Mapping[str, MetricMap] = {
     "llamacpp": MetricMap(
         waiting="llamacpp:requests_deferred",
         running="llamacpp:requests_processing",
-        kv_usage="llamacpp:kv_cache_usage_ratio",
         tpot_sum="llamacpp:tokens_predicted_seconds_total",
         tpot_count="llamacpp:tokens_predicted_total",
     ),
@@ -173,12 +174,14 @@ class OpenAIBackend(VllmBackend):
         sums = sample_sums(text, m.wanted())
         if m.waiting and m.waiting not in sums:
             raise ValueError(f"no {m.waiting} in the metrics")
+        figures = (("running", m.running), ("kv_usage", m.kv_usage), ("tpot", m.tpot_count))
         return MetricsSample(
             waiting=sums.get(m.waiting, 0.0),
             running=sums.get(m.running, 0.0),
             kv_usage=sums.get(m.kv_usage) if m.kv_usage else None,
             tpot_sum=sums.get(m.tpot_sum, 0.0),
             tpot_count=sums.get(m.tpot_count, 0.0),
+            missing=tuple((f, name) for f, name in figures if not name or name not in sums),
         )
 
     def payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:

@@ -94,6 +94,9 @@ class MetricsSample:
         kv_usage: KV-cache usage 0-1, if reported.
         tpot_sum: cumulative seconds of the time-per-output-token histogram.
         tpot_count: cumulative count of that histogram.
+        missing: ``(figure, sample name)`` of each figure (``running``, ``kv_usage``,
+            ``tpot``) the adapter could not read: the name it looked for and did not find,
+            or ``""`` when the backend's mapping names none.
 
     """
 
@@ -102,3 +105,4 @@ class MetricsSample:
     kv_usage: float | None = None
     tpot_sum: float = 0.0
     tpot_count: float = 0.0
+    missing: tuple[tuple[str, str], ...] = ()

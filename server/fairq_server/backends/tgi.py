@@ -69,6 +69,7 @@ class TgiBackend(Backend):
             running=sums.get(_BATCH, 0.0),
             tpot_sum=sums.get(f"{_TPOT}_sum", 0.0),
             tpot_count=sums.get(f"{_TPOT}_count", 0.0),
+            missing=(("kv_usage", ""),),  # TGI exports no KV-cache usage
         )
 
     def payload(self, request: BackendRequest) -> tuple[str, dict[str, Any]]:

@@ -49,12 +49,17 @@ class VllmBackend(Backend):
         if _WAITING not in sums or _RUNNING not in sums:
             raise ValueError(f"no {_WAITING} / {_RUNNING} in the metrics")
         kv = next((sums[k] for k in _KV if k in sums), None)
+        missing = [] if kv is not None else [("kv_usage", _KV[0])]
         tpot_sum = tpot_count = 0.0
         for hist in TPOT_HISTOGRAMS:
             if f"{hist}_count" in sums:
                 tpot_sum, tpot_count = sums[f"{hist}_sum"], sums[f"{hist}_count"]
                 break
-        return MetricsSample(sums[_WAITING], sums[_RUNNING], kv, tpot_sum, tpot_count)
+        else:
+            missing.append(("tpot", f"{TPOT_HISTOGRAMS[0]}_count"))
+        return MetricsSample(
+            sums[_WAITING], sums[_RUNNING], kv, tpot_sum, tpot_count, missing=tuple(missing)
+        )
 
     def payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
         """Return the path and JSON body for ``request`` (pass-through fields included)."""

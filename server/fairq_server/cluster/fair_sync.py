@@ -1,6 +1,6 @@
 """A replica's fairness sync: its counter journals to Redis, the shared counters back.
 
-One background task (never the dispatcher loop) takes every counter policy's journal from the
+One background task (never the dispatcher loop) takes every tier's counter journal from the
 dispatcher (:class:`~fairq_server.scheduling.events.TakeJournals`), flushes it with
 :class:`~.fairness.SharedCounters` and posts the shared counters and the other replicas'
 heads back (:class:`~fairq_server.scheduling.events.FairnessSync`). It runs after a dispatch
@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from fairq_server.cluster.connection import REDIS_ERRORS
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.fairness.counter import PeerHeads
+from fairq_server.scheduling.counters import PeerHeads
 
 __all__ = ["COALESCE_SECONDS", "FairSync"]
 

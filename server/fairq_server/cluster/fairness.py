@@ -21,51 +21,55 @@ import redis.asyncio as aioredis
 
 from fairq_server.cluster.connection import ScriptCall, run_scripts
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.fairness.counter import CounterFairness, Journal, PeerHeads
-from fairq_server.scheduling.interfaces import FairnessPolicy
+from fairq_server.scheduling.counters import JournaledCounters, PeerHeads
 from fairq_server.scheduling.policies import Policies
 
-__all__ = ["SharedCounters", "SyncResult", "shared_policies"]
+__all__ = ["IDLE_SECONDS", "SharedCounters", "SyncResult", "shared_policies"]
 
 
 def shared_policies(
     policies: Policies, slack: float, on_backlogged: Callable[[], None]
 ) -> Policies:
-    """Return ``policies`` whose counter policies journal their changes for the cluster.
+    """Return ``policies`` whose tiers keep their service counters shared with the cluster.
 
-    ``on_backlogged`` is told when a user becomes backlogged (its head may be the new floor).
+    Whatever the fairness policy, it is built on :class:`JournaledCounters`; ``slack`` is
+    ``cluster.fairness_slack``, and ``on_backlogged`` is told when a user becomes backlogged
+    (its head may be the new floor).
     """
-    make = policies.fairness
-
-    def fairness() -> FairnessPolicy:
-        policy = make()
-        if isinstance(policy, CounterFairness):
-            policy.journal = Journal()
-            policy.slack = slack
-            policy.on_backlogged = on_backlogged
-        return policy
-
-    return dataclasses.replace(policies, fairness=fairness)
+    return dataclasses.replace(policies, counters=lambda: JournaledCounters(slack, on_backlogged))
 
 
-# KEYS: counters hash, heads hash. ARGV: replica, lease ms, heads (JSON, '' none), n floors,
-# (user, floor)*, n deltas, (user, delta)*, users to read*. Returns {n, heads*, values*}: the
-# heads of the *other* replicas (this replica knows its own), then the users' counters. A
-# replica's heads are stored as "<expiry ms> <JSON>", so a dead replica's expire.
+# KEYS: counters hash, heads hash, last-seen sorted set. ARGV: replica, lease ms, heads (JSON,
+# '' none), idle ms, n floors, (user, floor)*, n deltas, (user, delta)*, users to read*.
+# Returns {n, heads*, values*}: the heads of the *other* replicas (this replica knows its
+# own), then the users' counters. A replica's heads are stored as "<expiry ms> <JSON>", so a
+# dead replica's expire. Every user written or read is stamped in the sorted set with Redis's
+# time; the counters of users not seen for the idle time are deleted (at most _TRIM a sync,
+# so one sync's script stays short; the next ones take the rest), so the hash holds the users
+# of the last idle period, not everyone ever served.
 _SYNC = """
 local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local lease = tonumber(ARGV[2])
-local i = 4
+local idle = tonumber(ARGV[4])
+local i = 5
 local n = tonumber(ARGV[i]) i = i + 1
 for _ = 1, n do
   local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
   if cur < tonumber(ARGV[i + 1]) then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+  redis.call('ZADD', KEYS[3], now, ARGV[i])
   i = i + 2
 end
 n = tonumber(ARGV[i]) i = i + 1
 for _ = 1, n do
   redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('ZADD', KEYS[3], now, ARGV[i])
   i = i + 2
+end
+for j = i, #ARGV do redis.call('ZADD', KEYS[3], now, ARGV[j]) end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - idle, 'LIMIT', 0, _TRIM)
+if #gone > 0 then
+  redis.call('HDEL', KEYS[1], unpack(gone))
+  redis.call('ZREM', KEYS[3], unpack(gone))
 end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[2], ARGV[1])
@@ -82,7 +86,8 @@ for j = 1, #heads, 2 do
     others[#others + 1] = value
   end
 end
-redis.call('PEXPIRE', KEYS[1], 3600000)
+redis.call('PEXPIRE', KEYS[1], idle)
+redis.call('PEXPIRE', KEYS[3], idle)
 redis.call('PEXPIRE', KEYS[2], 2 * lease)
 local out = {#others}
 for _, value in ipairs(others) do out[#out + 1] = value end
@@ -90,7 +95,10 @@ for j = i, #ARGV do
   out[#out + 1] = redis.call('HGET', KEYS[1], ARGV[j]) or '0'
 end
 return out
-"""
+""".replace("_TRIM", "1000")
+
+#: How long a user's shared counter outlives its last use.
+IDLE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -111,16 +119,24 @@ class SharedCounters:
         prefix: key prefix of this cluster.
         replica: this replica's id (names its head).
         lease_seconds: a head not refreshed for this long no longer holds others back.
+        idle_seconds: a user's counter not written or read for this long is deleted (a
+            returning user is lifted to the others' level again, as a new one is).
 
     """
 
     def __init__(
-        self, client: aioredis.Redis, prefix: str, replica: str, lease_seconds: float
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        replica: str,
+        lease_seconds: float,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self._client = client
         self._prefix = prefix
         self._replica = replica
         self._lease_ms = max(1, round(lease_seconds * 1000))
+        self._idle_ms = max(1, round(idle_seconds * 1000))
         self._sync = client.register_script(_SYNC)
 
     def channel(self) -> str:
@@ -136,6 +152,7 @@ class SharedCounters:
             base = f"{self._prefix}:fair:{e.model}:{e.tier}"
             args: list[str | int | float] = [self._replica, self._lease_ms]
             args.append(json.dumps(e.heads) if e.heads else "")
+            args.append(self._idle_ms)
             args.append(len(e.journal.floors))
             for user, value in e.journal.floors.items():
                 args += [user, repr(value)]
@@ -143,7 +160,8 @@ class SharedCounters:
             for user, value in e.journal.deltas.items():
                 args += [user, repr(value)]
             args += e.active
-            calls.append((self._sync, [f"{base}:counters", f"{base}:peer-heads"], args))
+            keys = [f"{base}:counters", f"{base}:peer-heads", f"{base}:seen"]
+            calls.append((self._sync, keys, args))
         rows = await run_scripts(self._client, calls)
         out = []
         for e, row in zip(entries, rows, strict=True):

@@ -2,11 +2,17 @@
 
 The dispatcher loop never waits on Redis. Its gate admits on the local view (this replica's
 requests plus the other replicas' as last read); the launcher then reserves the slot in
-Redis in a task of its own and only then opens the backend request. If Redis refuses
-(another replica took the slot since the last read), the request goes back among its user's
-queued requests (:class:`~fairq_server.scheduling.events.Refused`) with the fresh counts
+Redis in a task of its own and only then opens the backend request. The reservation asks the
+configured :class:`~fairq_server.scheduling.interfaces.Gate` plugin, not a copy of its rule:
+Redis puts the request's member in the shared sets and returns the counts it found there (one
+atomic script, so every reservation sees exactly those before it), and the gate checks the
+backend as those counts show it, the other replicas' requests counted as in the local gate.
+If it refuses (another replica took the slot since the last read), the member is withdrawn
+and the request goes back among its user's queued requests
+(:class:`~fairq_server.scheduling.events.Refused`) with the fresh counts
 (:class:`~fairq_server.scheduling.events.PeerView`), which close the local gate until a
-slot frees. A reservation that fails because Redis is unreachable is not forwarded either:
+slot frees. A member withdrawn a moment later only ever makes a concurrent reservation more
+cautious, never less. A reservation that fails because Redis is unreachable is not forwarded either:
 it was admitted against the shared view, and goes back to be admitted again on the local
 share (with every replica's in-flight reservations forwarded at once, the backend's queue
 would grow by up to the threshold per replica). The cost is one Redis round trip before the
@@ -16,17 +22,20 @@ backend request leaves.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
-from fairq_server.config import TierConfig
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.attempts import AttemptSink, StreamLauncher
+from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.interfaces import GateOutcome
+from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import AttemptHandle, Ticket
 
 if TYPE_CHECKING:
@@ -57,6 +66,23 @@ class _FirstTokenSink(AttemptSink):
         super().ended(end)
 
 
+def shared_view(
+    backend: BackendState, tier: str, peer_awaiting: int, peer_in_flight: int
+) -> BackendState:
+    """Return a copy of ``backend`` as a reservation sees it.
+
+    The request being reserved (one of ``tier``) is not counted yet; the other replicas'
+    requests are as Redis counts them. A copy: the backend's state is the dispatcher's.
+    """
+    view = copy.copy(backend)
+    view.in_flight = max(0, backend.in_flight - 1)
+    view.awaiting_first_token = max(0, backend.awaiting_first_token - 1)
+    view.tier_in_flight = dict(backend.tier_in_flight)
+    view.tier_in_flight[tier] = max(0, view.tier_in_flight.get(tier, 0) - 1)
+    view.peer_awaiting, view.peer_in_flight = peer_awaiting, peer_in_flight
+    return view
+
+
 class ClusterLauncher(StreamLauncher):
     """Reserves each attempt's slot in the shared gate before reading its backend stream.
 
@@ -64,7 +90,8 @@ class ClusterLauncher(StreamLauncher):
         post: the dispatcher's inbox.
         window: read pacing (see :class:`StreamLauncher`).
         node: this replica's cluster membership.
-        tiers: the dispatcher's current tiers (the thresholds to reserve against).
+        settings: the dispatcher's current settings (its tiers and configured gate).
+        clock: the dispatcher's clock (the gate's staleness check).
 
     """
 
@@ -73,44 +100,62 @@ class ClusterLauncher(StreamLauncher):
         post: Callable[[ev.Event], None],
         window: float,
         node: ClusterNode,
-        tiers: Callable[[], Sequence[TierConfig]],
+        settings: Callable[[], Settings],
+        clock: Callable[[], float],
     ) -> None:
         super().__init__(post, window)
         self._node = node
-        self._tiers = tiers
+        self._settings = settings
+        self._clock = clock
         self._seq = itertools.count()
 
     def __call__(self, ticket: Ticket) -> AttemptHandle:
         """Start ``ticket``'s attempt: reserve, then read (a task; cancel it to abort)."""
         backend = ticket.backend
         assert backend is not None
-        tier = self._tiers()[ticket.tier]
-        sample = backend.sample
-        # Other clients' waiting requests as of the last scrape (fairq's share removed).
-        others = max(0.0, sample.waiting - backend.awaiting_mark) if sample is not None else 0.0
-        threshold = max(tier.max_backend_waiting, 1)
         member = f"{self._node.replica_id}|{next(self._seq)}"
-        self._node.dispatched()
-        return asyncio.create_task(
-            self._run(ticket, ticket.attempt, backend.id, member, others, threshold,
-                      backend.max_in_flight)
-        )  # fmt: skip
+        self._node.fair.wake()  # a dispatch here: share the counters soon
+        return asyncio.create_task(self._run(ticket, ticket.attempt, backend, member))
 
-    async def _run(
-        self, ticket: Ticket, attempt: int, backend_id: str, member: str, others: float,
-        threshold: int, cap: int,
-    ) -> None:  # fmt: skip
+    def _admits(
+        self, ticket: Ticket, attempt: int, backend: BackendState, peers: tuple[int, int]
+    ) -> bool:
+        """Whether the configured gate admits ``ticket`` with the other replicas' ``peers``.
+
+        The gate the dispatcher consulted: that of the tier the request went under (an aged
+        request goes under the tier it overtook). An attempt aborted meanwhile is not.
+        """
+        if ticket.attempt != attempt:
+            return False
+        settings = self._settings()
+        tier = settings.tiers[ticket.tier].name
+        under = settings.tiers[
+            ticket.priority_tier if ticket.priority_tier is not None else ticket.tier
+        ]
+        view = shared_view(backend, tier, *peers)
+        stale_after = settings.config.stale_after_seconds
+        try:
+            outcome = settings.policies.gate.check(view, under, self._clock(), stale_after)
+        except Exception:  # a faulty plugin: the member must still be withdrawn
+            log.exception("gate check of a reservation on %s failed", backend.id)
+            return False
+        return outcome is GateOutcome.ADMIT
+
+    async def _run(self, ticket: Ticket, attempt: int, backend: BackendState, member: str) -> None:
         node = self._node
+        backend_id = backend.id
         held = False
         try:
             if node.reserving:
                 started = time.perf_counter()
-                granted = await node.reserve(backend_id, member, others, threshold, cap)
+                granted = await node.reserve(
+                    backend_id, member, lambda peers: self._admits(ticket, attempt, backend, peers)
+                )
                 node.metrics.reserve_seconds.observe(time.perf_counter() - started)
                 if not granted:
                     # Refused, or Redis just lost (None): the request was admitted against
                     # the shared view, so it queues again and the gate decides afresh (on
-                    # the local share, if Redis is gone).
+                    # the local share, if Redis is gone). Aborted meanwhile: stale, ignored.
                     self._post(ev.Refused(ticket, attempt))
                     return
             else:  # Redis unreachable: forwarded on the local share

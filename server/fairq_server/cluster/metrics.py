@@ -25,6 +25,12 @@ class ClusterMetrics:
             "1 while Redis answers; 0 while this replica runs on its local share.",
             registry=r,
         )
+        self.redis_state = Gauge(
+            "fairq_cluster_redis_state",
+            "1 for the state Redis is in for this replica: up, unreachable, or "
+            "credentials_refused (a wrong or missing password: a configuration error).",
+            ["state"], registry=r,
+        )  # fmt: skip
         self.replicas = Gauge(
             "fairq_cluster_replicas", "Replicas alive in the cluster, as last read.", registry=r
         )

@@ -15,7 +15,9 @@ Background tasks (never the dispatcher loop) talk to Redis:
 When Redis stops answering, the replica runs on its local share: each backend's threshold
 and in-flight cap scaled by ``local_share`` (default one over the replicas last seen), so
 the replicas together stay near the threshold instead of each filling it. It keeps trying;
-when Redis answers again (even restarted empty) it goes back to the shared gate.
+when Redis answers again (even restarted empty) it goes back to the shared gate. A Redis that
+refuses the replica's credentials is not an outage: that is a configuration error, logged as
+one and shown apart (:mod:`.redis_state`).
 """
 
 from __future__ import annotations
@@ -32,26 +34,15 @@ from fairq_server.cluster.connection import REDIS_ERRORS, connect, server_ms
 from fairq_server.cluster.fair_sync import COALESCE_SECONDS, FairSync
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
+from fairq_server.cluster.redis_state import RedisState
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
+from fairq_server.cluster.tasks import cancel_all
 from fairq_server.scheduling import events as ev
 
-__all__ = ["ClusterNode", "cancel_all"]
+__all__ = ["ClusterNode"]
 
 log = logging.getLogger(__name__)
-
-
-async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for them, cancelling again any that lives on.
-
-    On Python 3.11 a cancellation arriving just as an ``asyncio.timeout`` expires can be
-    taken for the timeout and swallowed; the loops here wait under such timeouts.
-    """
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.1)
 
 
 class ClusterNode:
@@ -73,6 +64,7 @@ class ClusterNode:
             self.client, config.key_prefix, config.replica_id, config.lease_seconds
         )
         self.connected = False
+        self.redis = RedisState(self.metrics.redis_state, config.safe_url)
         # When Redis first answered a heartbeat since it was lost (loop time; None: not yet).
         self._answered_at: float | None = None
         self.replicas = 1
@@ -111,9 +103,10 @@ class ClusterNode:
             await self.client.ping()
             self._set_connected(True)
         except REDIS_ERRORS as exc:
-            log.warning(
-                "Redis at %s unreachable at start (%s): local share", self.config.safe_url, exc
-            )
+            if not self.redis.failed(exc, self.local_share):
+                log.warning(
+                    "Redis at %s unreachable at start (%s): local share", self.config.safe_url, exc
+                )
             self._set_connected(False)
         await self.heartbeat()
         self._tasks = [
@@ -165,17 +158,26 @@ class ClusterNode:
     # -- reservations (called by the launcher) --------------------------------------------
 
     async def reserve(
-        self, backend_id: str, member: str, others: float, threshold: int, cap: int
+        self, backend_id: str, member: str, admit: Callable[[tuple[int, int]], bool]
     ) -> bool | None:
-        """Reserve a slot: True granted, False refused, None Redis unreachable (go local)."""
+        """Reserve a slot if ``admit``, told the other replicas' (awaiting, in flight), says so.
+
+        Returns True granted, False refused (the member is withdrawn), None Redis unreachable.
+        """
         try:
-            granted, counts = await self.gate.reserve(backend_id, member, others, threshold, cap)
+            counts = await self.gate.claim(backend_id, member)
         except REDIS_ERRORS as exc:
             self.metrics.reservations.labels(backend_id, "unreachable").inc()
             self._lost(exc)
             return None
+        own_awaiting, own_flight = self._own(backend_id)
+        peers = (max(0, counts.awaiting - own_awaiting), max(0, counts.in_flight - own_flight))
+        granted = admit(peers)
         if granted:
             self._held.setdefault(backend_id, {})[member] = True
+            counts = GlobalCounts(counts.awaiting + 1, counts.in_flight + 1)
+        else:
+            self._spawn(self._leave(backend_id, member, ended=True))
         self.metrics.reservations.labels(backend_id, "granted" if granted else "refused").inc()
         self._view(backend_id, counts)
         return granted
@@ -257,16 +259,20 @@ class ClusterNode:
     def _lost(self, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
         self._answered_at = None
+        refused = self.redis.failed(exc, self.local_share)
         if not self.connected:
             return
-        log.warning(
-            "Redis unreachable (%s): forwarding on the local share %.2f", exc, self.local_share
-        )
+        if not refused:
+            log.warning(
+                "Redis unreachable (%s): forwarding on the local share %.2f", exc, self.local_share
+            )
         self._set_connected(False)
 
     def _set_connected(self, up: bool) -> None:
         self.connected = up
         self.metrics.redis_up.set(1 if up else 0)
+        if up:
+            self.redis.set("up")
         if not up:
             # The slots held stay known: they are still released (first token, end) and
             # set again by the heartbeat as soon as Redis answers, so a brief timeout does not
@@ -399,9 +405,3 @@ class ClusterNode:
         ids = self._backend_ids()
         for backend_id, counts in (await self.gate.counts(ids)).items():
             self._view(backend_id, counts)
-
-    # -- shared fairness ------------------------------------------------------------------
-
-    def dispatched(self) -> None:
-        """Note a dispatch or a newly backlogged user here: share the counters soon."""
-        self.fair.wake()

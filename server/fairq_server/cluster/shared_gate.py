@@ -6,11 +6,13 @@ time (Redis's own clock, milliseconds) its lease runs out. Expired members are d
 every reservation, so a replica killed with SIGKILL holds nothing longer than a lease. The
 owning replica renews its members every third of a lease.
 
-A reservation is one Lua script, atomic in Redis: drop expired members, refuse if the
-in-flight cap is reached or if the other clients' waiting requests (from this replica's last
-scrape) plus every replica's tokenless requests reach the tier's threshold, else add the
-member to both sets. A release (first token: out of ``await``; end: out of both) is a script
-too: it removes the member and publishes the counts it leaves behind, so every replica learns
+A claim is one Lua script, atomic in Redis: drop expired members, add the member to both sets
+and return the counts found before it, so each claim sees exactly the members added before it.
+The replica then asks its configured gate plugin with those counts and withdraws the member
+if the gate refuses (:mod:`.launcher`); the rule stays the plugin's, not the script's. The
+script can also refuse by itself, on an in-flight cap and a threshold of waiting requests
+(:meth:`SharedGate.reserve`). A release (first token: out of ``await``; end: out of both) is a
+script too: it removes the member and publishes the counts it leaves behind, so every replica learns
 of the freed slot at once, without reading the sets again.
 """
 
@@ -27,8 +29,8 @@ __all__ = ["GlobalCounts", "SharedGate", "parse_announcement"]
 
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
 
-# KEYS: await, flight. ARGV: member, lease ms, others waiting, threshold, in-flight cap (0:
-# none). Returns {granted 0/1, awaiting, in flight} (after the reservation, if granted).
+# KEYS: await, flight. ARGV: member, lease ms, others waiting, threshold (0: none), in-flight
+# cap (0: none). Returns {granted 0/1, awaiting, in flight} (after the reservation, if granted).
 _RESERVE = (
     _NOW
     + """
@@ -37,7 +39,8 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local awaiting = redis.call('ZCARD', KEYS[1])
 local flight = redis.call('ZCARD', KEYS[2])
 local cap = tonumber(ARGV[5])
-if (cap > 0 and flight >= cap) or (tonumber(ARGV[3]) + awaiting >= tonumber(ARGV[4])) then
+local threshold = tonumber(ARGV[4])
+if (cap > 0 and flight >= cap) or (threshold > 0 and tonumber(ARGV[3]) + awaiting >= threshold) then
   return {0, awaiting, flight}
 end
 local lease = tonumber(ARGV[2])
@@ -144,10 +147,24 @@ class SharedGate:
         """Return the channel of releases on ``backend_id`` (``*``: a pattern)."""
         return f"{self._prefix}:gate-released:{backend_id}"
 
+    async def claim(self, backend_id: str, member: str) -> GlobalCounts:
+        """Add ``member`` on ``backend_id``; return the live counts found before it."""
+        _, counts = await self.reserve(backend_id, member)
+        return GlobalCounts(counts.awaiting - 1, counts.in_flight - 1)
+
     async def reserve(
-        self, backend_id: str, member: str, others_waiting: float, threshold: int, cap: int
+        self,
+        backend_id: str,
+        member: str,
+        others_waiting: float = 0.0,
+        threshold: int = 0,
+        cap: int = 0,
     ) -> tuple[bool, GlobalCounts]:
-        """Take a slot on ``backend_id`` if the shared counts allow it; return them too."""
+        """Take a slot on ``backend_id`` unless the cap or threshold (0: none) is reached.
+
+        ``others_waiting`` (other clients' waiting requests) plus every replica's tokenless
+        requests must stay below ``threshold``. Returns the counts too (after the slot).
+        """
         granted, awaiting, flight = await self._reserve(
             keys=self._keys(backend_id),
             args=[member, self._lease_ms, repr(float(others_waiting)), threshold, cap],

@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -33,11 +33,13 @@ from fairq_server.auth import Authenticator, Principal
 from fairq_server.backends.passthrough import BackendHttpError
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
-from fairq_server.errors import BackendFailedError, SchedulerError
+from fairq_server.errors import BackendFailedError, ModelNotFoundError, SchedulerError
+from fairq_server.http import json_body
 from fairq_server.http.aggregate import ChunkMerger
 from fairq_server.http.errors import HttpError, error_body, error_for, error_response
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
 from fairq_server.http.sse import DONE, SSE_HEADERS, comment, error_event
+from fairq_server.requests.access_log import RequestLog, RequestTrace
 from fairq_server.requests.lifecycle import count_rejection, open_ticket, ticket_events
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
@@ -51,9 +53,12 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 class OpenAIHandlers:
     """The door's request handlers over one :class:`FairqCore` and :class:`Authenticator`."""
 
-    def __init__(self, core: FairqCore, auth: Authenticator) -> None:
+    def __init__(
+        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
+    ) -> None:
         self._core = core
         self._auth = auth
+        self._request_log = request_log if request_log is not None else RequestLog()
         self._created = int(time.time())
 
     # -- routes ---------------------------------------------------------------------------
@@ -72,13 +77,28 @@ class OpenAIHandlers:
             principal = await self._authenticate(request, None)
         except SchedulerError as exc:
             return error_response(error_for(exc), self._core.config.http.retry_after_seconds)
-        usable = bool(principal.tiers & set(self._core.tier_names))
-        data = [
-            {"id": m, "object": "model", "created": self._created, "owned_by": "fairq"}
-            for m in sorted({m for b in self._core.backends() for m in b.backend.models})
-            if usable
-        ]
+        data = [self._model(m) for m in self._models_for(principal)]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/models/{id}``: one model served here (``client.models.retrieve``)."""
+        try:
+            principal = await self._authenticate(request, None)
+        except SchedulerError as exc:
+            return error_response(error_for(exc), self._core.config.http.retry_after_seconds)
+        name = request.match_info["model"]
+        if name not in self._models_for(principal):
+            return error_response(_model_not_found(name, self._models_for(principal)))
+        return web.json_response(self._model(name))
+
+    def _models_for(self, principal: Principal) -> list[str]:
+        """Return the models served here if ``principal`` may use any tier, else none."""
+        if not principal.tiers & set(self._core.tier_names):
+            return []
+        return sorted({m for b in self._core.backends() for m in b.backend.models})
+
+    def _model(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self._created, "owned_by": "fairq"}
 
     # -- the generation path --------------------------------------------------------------
 
@@ -86,9 +106,11 @@ class OpenAIHandlers:
         arrival = time.monotonic()
         config = self._core.config
         retry_after = config.http.retry_after_seconds
+        trace = RequestTrace(arrival=arrival)
         try:
             principal = None if self._auth.open_mode else await self._authenticate(request, None)
             parsed = parse_request(await _read_json(request, config), kind, config.limits)
+            trace.request_id, trace.model = parsed.request.request_id, parsed.request.model
             if principal is None:
                 principal = await self._authenticate(request, parsed.user)
             backend_request = replace(
@@ -109,12 +131,28 @@ class OpenAIHandlers:
             return _closing(error_response(exc, retry_after))
         except SchedulerError as exc:
             count_rejection(self._core, exc)
+            self._request_log.finished(trace, exc.outcome)
             return error_response(error_for(exc), retry_after)
-        events = ticket_events(self._core, ticket)
+        trace.user, trace.group = principal.user, principal.group
+        trace.tier = self._core.tier_names[ticket.tier]
+        events = ticket_events(
+            self._core,
+            ticket,
+            on_end=lambda outcome: self._request_log.finished(trace, outcome),
+            trace=trace,
+        )
+        request_id = backend_request.request_id
+        caller = principal
+
+        def not_found() -> HttpError:
+            return _model_not_found(parsed.request.model, self._models_for(caller))
+
         try:
             if parsed.stream:
-                return await self._stream(request, events, retry_after)
-            return await self._collect(parsed, events, retry_after)
+                return await self._stream(request, events, retry_after, request_id, not_found)
+            resp = await self._collect(parsed, events, retry_after, not_found)
+            resp.headers["x-request-id"] = request_id
+            return resp
         except ConnectionResetError:
             # The client went away while fairq wrote to it: the ticket is cancelled already.
             return web.Response(status=499)
@@ -126,21 +164,36 @@ class OpenAIHandlers:
         return await self._auth.authenticate(headers)
 
     async def _collect(
-        self, parsed: ParsedRequest, events: AsyncIterator[list[OutboxEvent]], retry_after: int
+        self,
+        parsed: ParsedRequest,
+        events: AsyncIterator[list[OutboxEvent]],
+        retry_after: int,
+        not_found: Callable[[], HttpError],
     ) -> web.StreamResponse:
-        frames: list[str] = []
+        chat = parsed.kind == "chat"
+        merger = ChunkMerger(chat)
+        limit = self._core.config.http.max_answer_chars
+        size = 0
         try:
+            # Leaving this block for any reason closes the events, which cancels the ticket
+            # and aborts the backend request.
             async with contextlib.aclosing(events):  # type: ignore[type-var]
                 async for batch in events:
                     for event in batch:
                         if isinstance(event, Text):
-                            frames.append(event.text)
+                            size += len(event.text)
+                            if size > limit:
+                                raise _answer_too_large(limit)
+                            # Merged as it comes: a batch's parse is short, one at the end
+                            # of a long answer would stall the loop.
+                            merger.add(_parse_frames(event.text))
                         elif isinstance(event, Started):
-                            frames.clear()  # a retry on another backend starts afresh
+                            # A retry on another backend starts afresh.
+                            merger, size = ChunkMerger(chat), 0
         except SchedulerError as exc:
-            return _error_answer(exc, retry_after)
-        merger = ChunkMerger(parsed.kind == "chat")
-        merger.add(_parse_frames("".join(frames)))
+            return _error_answer(exc, retry_after, not_found)
+        except HttpError as exc:
+            return error_response(exc, retry_after)
         body = json.dumps(merger.result(), separators=(",", ":"))
         return web.Response(text=body, content_type="application/json")
 
@@ -149,6 +202,8 @@ class OpenAIHandlers:
         request: web.Request,
         events: AsyncIterator[list[OutboxEvent]],
         retry_after: int,
+        request_id: str,
+        not_found: Callable[[], HttpError],
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         want_comments = request.headers.get("x-fairq-queue-events", "").lower() in _TRUE
@@ -159,7 +214,7 @@ class OpenAIHandlers:
                     for event in batch:
                         if isinstance(event, Queued):
                             if want_comments:
-                                resp = resp or await _prepare(request)
+                                resp = resp or await _prepare(request, request_id)
                                 await resp.write(comment(f"fairq queued position={event.position}"))
                                 interval = self._core.config.http.queue_comment_seconds
                                 keepalive = asyncio.create_task(_keepalive(resp, interval))
@@ -179,16 +234,18 @@ class OpenAIHandlers:
                             # The backend's chunks, already framed as server-sent events. The
                             # response starts with the first of them, so a failure before it
                             # still gets its own HTTP status.
-                            resp = resp or await _prepare(request)
+                            resp = resp or await _prepare(request, request_id)
                             # Writing to clients is bulk work (see loop_share).
                             await loop_share.turn()
                             await resp.write(event.text.encode())
                         elif isinstance(event, Finished):
-                            resp = resp or await _prepare(request)
+                            resp = resp or await _prepare(request, request_id)
                             await resp.write(DONE)
         except SchedulerError as exc:
             if resp is None:
-                return _error_answer(exc, retry_after)
+                answer = _error_answer(exc, retry_after, not_found)
+                answer.headers["x-request-id"] = request_id
+                return answer
             await resp.write(error_event(_error_json(exc)))
         finally:
             if keepalive is not None:
@@ -207,6 +264,26 @@ def _parse_frames(text: str) -> list[dict[str, Any]]:
     return chunks
 
 
+def _model_not_found(name: str, served: list[str]) -> HttpError:
+    shown = ", ".join(served[:50]) + (f" (and {len(served) - 50} more)" if len(served) > 50 else "")
+    return HttpError(
+        404,
+        f"The model '{name[:256]}' does not exist here; models served: {shown or 'none'}",
+        "invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _answer_too_large(limit: int) -> HttpError:
+    return HttpError(
+        400,
+        f"the answer is larger than {limit} characters (http.max_answer_chars); ask for it "
+        'streamed ("stream": true), or for fewer tokens or logprobs',
+        code="answer_too_large",
+    )
+
+
 def _backend_http_error(exc: SchedulerError) -> BackendHttpError | None:
     cause = exc.cause if isinstance(exc, BackendFailedError) else None
     return cause if isinstance(cause, BackendHttpError) else None
@@ -221,8 +298,16 @@ def _error_json(exc: SchedulerError) -> bytes:
     return error_body(error.message, error.type, code=error.code)
 
 
-def _error_answer(exc: SchedulerError, retry_after: int) -> web.Response:
-    """Return the answer to a request that failed before its response began."""
+def _error_answer(
+    exc: SchedulerError, retry_after: int, not_found: Callable[[], HttpError]
+) -> web.Response:
+    """Return the answer to a request that failed before its response began.
+
+    An unknown model's answer names the models served (those ``GET /v1/models`` lists to the
+    same caller).
+    """
+    if isinstance(exc, ModelNotFoundError):
+        return error_response(not_found())
     backend = _backend_http_error(exc)
     if backend is not None:
         # The backend refused the request itself: its status and body, unchanged.
@@ -237,8 +322,8 @@ def _output_bound(parsed: ParsedRequest) -> int | None:
     return value if isinstance(value, int) else None
 
 
-async def _prepare(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+async def _prepare(request: web.Request, request_id: str) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, "x-request-id": request_id})
     await resp.prepare(request)
     return resp
 
@@ -276,7 +361,8 @@ async def _read_json(request: web.Request, config: Config) -> object:
             408, f"the request body did not arrive within {timeout:g} s", code="body_timeout"
         ) from None
     try:
-        return json.loads(b"".join(chunks))
+        # A large body is parsed in slices, letting other requests run between them.
+        return await json_body.loads(b"".join(chunks))
     except RecursionError:
         raise HttpError(400, "the request body is nested too deeply") from None
     except ValueError as exc:

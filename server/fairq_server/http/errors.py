@@ -129,7 +129,10 @@ def error_for(exc: Exception) -> HttpError:
         mapped = _HTTP.get(cls)
         if mapped is not None:
             status, type_, code = mapped
-            return HttpError(status, str(exc), type_, code=code)
+            message = str(exc)
+            if status == 401:  # authentication names gRPC metadata; here they are headers
+                message = message.replace(" metadata", " header")
+            return HttpError(status, message, type_, code=code)
     return HttpError(500, "internal error", "internal_error")
 
 

@@ -20,7 +20,8 @@ from typing import Any, Literal
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
-from fairq_server.requests.passthrough import check_extra
+from fairq_server.names import check_request_id
+from fairq_server.requests.passthrough import check_extra, output_bound, string_chars
 
 __all__ = ["Kind", "ParsedRequest", "parse_request"]
 
@@ -32,7 +33,6 @@ _INTERPRETED = frozenset(
         "stop", "seed", "ignore_eos", "request_id", "priority",
     }
 )  # fmt: skip
-_MAX_REQUEST_ID_CHARS = 128
 _MAX_USER_CHARS = 128
 
 
@@ -106,6 +106,7 @@ def _messages(
     if len(raw) > limits.max_messages:
         raise _bad(f"{len(raw)} messages; the limit is {limits.max_messages}")
     pairs = []
+    total = 0
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise _bad(f"messages[{i}] must be an object")
@@ -113,8 +114,13 @@ def _messages(
         if not isinstance(role, str) or role not in _ROLES:
             shown = str(role)[:32]
             raise _bad(f"messages[{i}].role '{shown}' is not one of {', '.join(sorted(_ROLES))}")
+        # Every string of a message reaches the engine (tool call arguments, names,
+        # reasoning, image URLs), so all of them count against the prompt limit.
+        chars = string_chars(m, limits.max_extra_depth)
+        if chars is None:
+            raise _bad(f"messages[{i}] is nested deeper than {limits.max_extra_depth} levels")
+        total += chars
         pairs.append((role, _text_of(m.get("content"), f"messages[{i}]")))
-    total = sum(len(c) for _, c in pairs)
     if total > limits.max_prompt_chars:
         raise _bad(f"messages have {total} characters; the limit is {limits.max_prompt_chars}")
     return tuple(pairs), tuple(raw)
@@ -149,10 +155,12 @@ def _stop(raw: object, limits: Limits) -> tuple[str, ...]:
 
 def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
     max_tokens = _integer(body, "max_tokens")
-    for key in ("max_tokens", "max_completion_tokens") if kind == "chat" else ("max_tokens",):
+    for key in ("max_tokens", "max_completion_tokens"):  # on either route: engines may read both
         value = _integer(body, key)
         if value is not None and not 1 <= value <= limits.max_tokens:
             raise _bad(f"{key} must be between 1 and {limits.max_tokens}, got {value}")
+    if max_tokens is None and kind == "chat":
+        max_tokens = _integer(body, "max_completion_tokens")
     temperature = _number(body, "temperature")
     if temperature is not None and not 0 <= temperature <= 2:
         raise _bad(f"temperature must be in [0, 2], got {temperature}")
@@ -163,7 +171,7 @@ def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos must be true or false")
     return Sampling(
-        max_tokens=max_tokens,
+        max_tokens=output_bound(limits, max_tokens),
         temperature=body.get("temperature"),
         top_p=body.get("top_p"),
         stop=_stop(body.get("stop"), limits),
@@ -207,10 +215,13 @@ def parse_request(body: object, kind: Kind, limits: Limits) -> ParsedRequest:
             raise _bad("messages belong to /v1/chat/completions; completions take a prompt")
         prompt = _prompt(body.get("prompt"), limits)
     request_id = body.get("request_id")
-    if request_id is not None and (
-        not isinstance(request_id, str) or len(request_id) > _MAX_REQUEST_ID_CHARS
-    ):
-        raise _bad(f"request_id must be a string of at most {_MAX_REQUEST_ID_CHARS} characters")
+    if request_id is not None:
+        if not isinstance(request_id, str):
+            raise _bad("request_id must be a string")
+        try:
+            check_request_id(request_id)  # the gRPC door's rule
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
     user = body.get("user")
     if user is not None and (not isinstance(user, str) or len(user) > _MAX_USER_CHARS):
         raise _bad(f"user must be a string of at most {_MAX_USER_CHARS} characters")

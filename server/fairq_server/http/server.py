@@ -7,6 +7,7 @@ gives the measured cost against the alternatives.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -14,9 +15,11 @@ from aiohttp import web
 
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
+from fairq_server.http.connections import ConnectionGuard, ConnectionLimits
 from fairq_server.http.console import ConsoleRoutes
 from fairq_server.http.door import OpenAIHandlers
 from fairq_server.http.errors import HttpError, error_response
+from fairq_server.requests.access_log import RequestLog
 
 __all__ = ["HttpDoor"]
 
@@ -34,6 +37,11 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         if exc.status < 400:
             raise
         message = f"{request.method} {request.path[:200]}: {exc.reason}"
+        if exc.status == 404 and not request.path.startswith("/v1/"):
+            message += (
+                "; fairq serves the OpenAI API under /v1 (an OpenAI client's base URL is "
+                "http://HOST:PORT/v1)"
+            )
         return error_response(HttpError(exc.status, message, code=exc.reason.lower()))
     except ConnectionResetError:
         raise
@@ -49,6 +57,7 @@ class HttpDoor:
         core: the scheduling core (shared with the gRPC door).
         auth: the authenticator (shared with the gRPC door).
         listen: ``host:port``; port 0 picks a free one.
+        request_log: where finished requests are reported (shared with the gRPC door).
         console: the operator's console, served under ``/console`` (None: not served).
 
     Attributes:
@@ -61,27 +70,47 @@ class HttpDoor:
         core: FairqCore,
         auth: Authenticator,
         listen: str,
+        request_log: RequestLog | None = None,
         console: ConsoleRoutes | None = None,
     ) -> None:
         self._listen = listen
         self._console = console
         self.port = 0
-        handlers = OpenAIHandlers(core, auth)
+        settings = core.config.http
+        self._guard = ConnectionGuard(
+            ConnectionLimits(
+                max_connections=settings.max_connections,
+                max_connections_per_peer=settings.max_connections_per_peer,
+                head_timeout_seconds=settings.head_timeout_seconds,
+                idle_timeout_seconds=settings.idle_timeout_seconds,
+            ),
+            core.telemetry.registry,
+        )
+        self._undo_accept_log: Callable[[], None] | None = None
+        handlers = OpenAIHandlers(core, auth, request_log)
         app = web.Application(
-            middlewares=[_json_errors],
+            middlewares=[self._guard.middleware, _json_errors],
             # Bodies are read and bounded by the handlers (limits.max_body_bytes).
             client_max_size=core.config.limits.max_body_bytes,
         )
         app.router.add_post("/v1/chat/completions", handlers.chat)
         app.router.add_post("/v1/completions", handlers.completions)
         app.router.add_get("/v1/models", handlers.models)
+        app.router.add_get("/v1/models/{model:.+}", handlers.model)
         if console is not None:
             console.add_to(app.router)
         # A client that disconnects cancels its handler: that is how a queued or running
         # request learns that nobody waits for it any more.
         # At stop, running streams have had the server's grace period already.
         self._runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=1.0,
+            # The guard closes idle and slow connections; aiohttp's own keep-alive (an hour
+            # by default, counted from a connection's last answer) stays as a backstop just
+            # beyond the guard's longest bound.
+            keepalive_timeout=settings.idle_timeout_seconds + settings.head_timeout_seconds + 1,
         )
 
     async def start(self) -> None:
@@ -93,8 +122,9 @@ class HttpDoor:
         """
         host, _, port = self._listen.rpartition(":")
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host.strip("[]") or "127.0.0.1", int(port), backlog=2048)
+        site = _GuardedSite(self._runner, self._guard, host.strip("[]") or "127.0.0.1", int(port))
         await site.start()
+        self._undo_accept_log = self._guard.install_accept_log(asyncio.get_running_loop())
         if self._console is not None:
             await self._console.start()
         self.port = int(self._runner.addresses[0][1])
@@ -105,3 +135,30 @@ class HttpDoor:
         if self._console is not None:
             await self._console.stop()
         await self._runner.cleanup()
+        if self._undo_accept_log is not None:
+            self._undo_accept_log()
+            self._undo_accept_log = None
+
+
+class _GuardedSite(web.BaseSite):
+    """A TCP site whose connections go through the door's :class:`ConnectionGuard`."""
+
+    __slots__ = ("_guard", "_host", "_port")
+
+    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int) -> None:
+        super().__init__(runner, backlog=2048)
+        self._guard = guard
+        self._host = host
+        self._port = port
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self._guard.factory(server), self._host, self._port, backlog=self._backlog
+        )

@@ -1,4 +1,4 @@
-"""The access log: one JSON line per finished ``Generate`` call (opt-in).
+"""The request log of both doors: one JSON line per finished request (opt-in), recent tokens.
 
 Enabled with ``access_log = true`` in the configuration (or ``fairq serve --access-log``).
 Lines go to standard output through the ``fairq.access`` logger, apart from fairq's own log
@@ -10,9 +10,10 @@ on standard error, so a log shipper can parse them without filtering. Fields::
      "prompt_tokens": 12, "completion_tokens": 64}
 
 ``outcome`` is ``finished``, ``cancelled`` or the gRPC status name in lower case (as in
-``fairq_requests_total``). Timing fields the request never reached are ``null``; ``backend``
-is ``""`` when it was never dispatched; token counts are the backend's, 0 for a request that
-did not finish. User names are not logged (only the group), as in the
+``fairq_requests_total``), for HTTP requests too. Timing fields the request never reached
+are ``null``; ``backend`` is ``""`` when it was never dispatched; token counts are the
+backend's, 0 for a request that did not finish. User names are not logged (only the group),
+as in the
 metrics: the log is often kept longer and wider than the key file.
 """
 

@@ -18,6 +18,7 @@ from fairq_server.auth import Principal
 from fairq_server.backends.request import BackendRequest
 from fairq_server.core import FairqCore
 from fairq_server.errors import SchedulerError
+from fairq_server.requests.access_log import RequestTrace
 from fairq_server.requests.estimate import estimate_tokens
 from fairq_server.requests.tier import resolve_tier
 from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
@@ -76,14 +77,18 @@ def open_ticket(
 
 
 async def ticket_events(
-    core: FairqCore, ticket: Ticket, on_end: Callable[[str], None] = lambda outcome: None
+    core: FairqCore,
+    ticket: Ticket,
+    on_end: Callable[[str], None] = lambda outcome: None,
+    trace: RequestTrace | None = None,
 ) -> AsyncIterator[list[OutboxEvent]]:
     """Yield the ticket's outbox events, a batch per take, until it finishes.
 
     The ticket is cancelled when the caller stops iterating for any reason (the request
     leaves the queue, or its backend request is aborted), the outcome is counted, and
     ``on_end`` is told it (``finished``, ``cancelled``, ``internal`` or the error's
-    :attr:`~fairq_server.errors.SchedulerError.outcome`).
+    :attr:`~fairq_server.errors.SchedulerError.outcome`). ``trace``, if given, observes every
+    event (for the request log).
 
     Raises:
         SchedulerError: the request failed (after the events before the failure).
@@ -96,6 +101,10 @@ async def ticket_events(
         while not finished:
             events = await ticket.outbox.take()
             finished = any(isinstance(e, Finished) for e in events)
+            if trace is not None:
+                now = time.monotonic()
+                for event in events:
+                    trace.observe(event, now)
             yield events
         outcome = "finished"
     except SchedulerError as exc:

@@ -4,7 +4,9 @@ Both doors pass on what they do not interpret: gRPC callers in ``GenerateRequest
 callers as the other fields of their JSON body. fairq bounds them (size as compact JSON,
 nesting depth) so a request cannot make fairq hold or re-serialise megabytes per call, and
 refuses keys it sets itself, so a caller cannot choose its own backend priority or slip a
-larger ``max_tokens`` past the limits.
+larger ``max_tokens`` past the limits, nor an engine's own name for the output bound
+(:mod:`fairq_server.backends.output_bound`); ``n`` and ``best_of`` are bounded by
+``limits.max_sequences``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,21 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fairq_server.backends.output_bound import ENGINE_TOKEN_LIMITS, SEQUENCE_COUNTS
 from fairq_server.config import Limits
 from fairq_server.errors import InvalidRequestError
 
-__all__ = ["check_extra", "json_depth"]
+__all__ = ["check_extra", "json_depth", "output_bound", "string_chars"]
+
+
+def output_bound(limits: Limits, requested: int | None) -> int:
+    """Return the output bound to send: ``requested``, or the default when the caller gave none.
+
+    Sent always, so an engine's own default (vLLM's: the rest of the context) never applies.
+    """
+    if requested is not None:
+        return requested
+    return min(limits.default_max_tokens or limits.max_tokens, limits.max_tokens)
 
 
 def json_depth(value: object) -> int:
@@ -37,6 +50,36 @@ def json_depth(value: object) -> int:
             return depth
         depth += 1
         level = children
+
+
+def string_chars(value: object, max_depth: int) -> int | None:
+    """Return the characters of every string in a JSON value, keys included.
+
+    Returns None if the value is nested deeper than ``max_depth`` (counted as
+    :func:`json_depth` does); the walk stops there, so a deep value costs no more than a
+    shallow one.
+    """
+    chars = depth = 0
+    level: list[object] = [value]
+    while level:
+        children: list[object] = []
+        containers = False
+        for item in level:
+            if isinstance(item, str):
+                chars += len(item)
+            elif isinstance(item, dict):
+                containers = True
+                chars += sum(len(k) for k in item)  # JSON keys are strings
+                children.extend(item.values())
+            elif isinstance(item, list):
+                containers = True
+                children.extend(item)
+        if containers:
+            depth += 1
+            if depth > max_depth:
+                return None
+        level = children
+    return chars
 
 
 def _whole_numbers(value: Any) -> Any:
@@ -77,6 +120,7 @@ def check_extra(
             f"{field} must not set {', '.join(clash)}: fairq sets "
             f"{'it' if len(clash) == 1 else 'them'} itself"
         )
+    _check_engine_fields(extra, limits, field)
     depth = json_depth(dict(extra))
     if depth > limits.max_extra_depth:
         raise InvalidRequestError(
@@ -94,3 +138,26 @@ def check_extra(
         converted: dict[str, Any] = _whole_numbers(dict(extra))
         return converted
     return dict(extra)
+
+
+def _check_engine_fields(extra: Mapping[str, Any], limits: Limits, field: str) -> None:
+    """Refuse an engine's own output bound, and more sequences than one slot may hold."""
+    native = sorted(set(extra) & ENGINE_TOKEN_LIMITS)
+    if native:
+        raise InvalidRequestError(
+            f"{field} must not set {', '.join(native)}: the output bound is max_tokens "
+            f"(at most {limits.max_tokens})"
+        )
+    for key in SEQUENCE_COUNTS:
+        value = extra.get(key)
+        if value is None:
+            continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # a Struct holds every number as a double
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequestError(f"{key} must be a positive integer")
+        if value > limits.max_sequences:
+            raise InvalidRequestError(
+                f"{key} is {value}; the limit is {limits.max_sequences} "
+                "(limits.max_sequences: each sequence runs in the request's one backend slot)"
+            )

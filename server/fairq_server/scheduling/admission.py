@@ -1,12 +1,14 @@
 """Whether a submitted request may join its model's queue, and the error it gets if not.
 
 The checks run in the dispatcher loop, in this order: fairq shutting down, the model not
-served here, no healthy backend for it, the model's queue full, the user's share of it full.
+served here, no healthy backend for it, all queues together full (``max_queued_total``), the
+user's requests queued for any model at the cap (``max_queued_per_user``). Both caps count
+every model's queue: a cap per model would let one user hold the per-user cap once per model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from fairq_server.config import SchedulerConfig
 from fairq_server.errors import (
@@ -30,6 +32,7 @@ def admission_error(
     config: SchedulerConfig,
     *,
     closed: bool,
+    queues: Collection[ModelQueue] = (),
 ) -> SchedulerError | None:
     """Return why a request of ``user`` for ``model`` cannot be queued (None: it can).
 
@@ -40,6 +43,7 @@ def admission_error(
         queue: the model's queue (None: no backend ever served it).
         config: the scheduler's caps.
         closed: fairq is shutting down.
+        queues: every model's queue (``queue`` among them), which the caps count.
 
     """
     if closed:
@@ -49,10 +53,15 @@ def admission_error(
         return ModelNotFoundError(f"model '{model}' is not served here")
     if not any(b.serving for b in backends):
         return NoBackendError(f"no healthy backend serves model '{model}'")
-    if len(queue) >= config.max_queued_total:
-        return QueueFullError(f"queue for model '{model}' is full ({len(queue)} requests)")
-    if queue.user_len(user) >= config.max_queued_per_user:
+    every = queues or (queue,)
+    total = sum(len(q) for q in every)
+    if total >= config.max_queued_total:
         return QueueFullError(
-            f"user '{user}' already has {config.max_queued_per_user} queued requests"
+            f"fairq's queues are full ({total} requests queued, max_queued_total)"
+        )
+    if sum(q.user_len(user) for q in every) >= config.max_queued_per_user:
+        return QueueFullError(
+            f"user '{user}' already has {config.max_queued_per_user} queued requests "
+            "(max_queued_per_user, over all models)"
         )
     return None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import StreamEnd, TextDelta
@@ -28,11 +27,11 @@ from fairq_server.scheduling import events as ev
 from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.outbox import Finished, Started
+from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import AttemptHandle, Ticket, TicketState
-
-if TYPE_CHECKING:
-    from fairq_server.scheduling.dispatcher import Dispatcher
+from fairq_server.telemetry import Telemetry
 
 __all__ = ["AttemptBook", "AttemptSink", "Launcher", "StreamLauncher"]
 
@@ -104,13 +103,30 @@ class StreamLauncher:
 
 
 class AttemptBook:
-    """The dispatcher's handling of running requests (called from its loop only)."""
+    """The dispatcher's handling of running requests (called from its loop only).
 
-    def __init__(self, dispatcher: Dispatcher, launcher: Launcher | None) -> None:
-        self._d = dispatcher
-        self._launcher = launcher or StreamLauncher(
-            dispatcher.post, dispatcher.config.stream_coalesce_seconds
-        )
+    Args:
+        settings: the dispatcher's current settings (read, never written, here).
+        models: every model's state (to queue a failed attempt again, to charge fairness).
+        telemetry: metrics sink.
+        launcher: starts an attempt on its backend.
+        clock: the dispatcher's monotonic clock.
+
+    """
+
+    def __init__(
+        self,
+        settings: Callable[[], Settings],
+        models: ModelSet,
+        telemetry: Telemetry,
+        launcher: Launcher,
+        clock: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._models = models
+        self._telemetry = telemetry
+        self._launcher = launcher
+        self._clock = clock
         self.running = 0
 
     def set_window(self, window: float) -> None:
@@ -120,7 +136,7 @@ class AttemptBook:
 
     def start(self, ticket: Ticket, backend: BackendState, now: float) -> None:
         """Send ``ticket`` to ``backend`` and tell its caller."""
-        tier = self._d.tiers[ticket.tier].name
+        tier = self._settings().tiers[ticket.tier].name
         # Decided before the request counts on the backend: the standing it had until now.
         ticket.boosted = fair_share.may_boost(backend, ticket.user)
         backend.started(tier, ticket.user, boosted=ticket.boosted)
@@ -135,7 +151,7 @@ class AttemptBook:
         ticket.generating = False
         ticket.dispatched_at = now
         ticket.priority = self._priority(ticket, backend)
-        t = self._d.telemetry
+        t = self._telemetry
         if ticket.boosted:
             t.boosts.labels(backend.id).inc()
         t.dispatches.labels(backend.id, tier).inc()
@@ -153,7 +169,7 @@ class AttemptBook:
         (:func:`~fairq_server.scheduling.fair_share.encode`).
         """
         index = ticket.priority_tier if ticket.priority_tier is not None else ticket.tier
-        cfg = self._d.tiers[index]
+        cfg = self._settings().tiers[index]
         tier_priority = cfg.priority if cfg.priority is not None else index
         if fair_share.enabled(backend):
             return fair_share.encode(tier_priority, ticket.boosted)
@@ -194,8 +210,8 @@ class AttemptBook:
         ticket.backend.first_token()
         if ticket.first_token_at is None:
             ticket.first_token_at = at
-            tier = self._d.tiers[ticket.tier].name
-            self._d.telemetry.ttft.labels(tier).observe(at - ticket.arrival)
+            tier = self._settings().tiers[ticket.tier].name
+            self._telemetry.ttft.labels(tier).observe(at - ticket.arrival)
 
     def _ended(self, ticket: Ticket, end: StreamEnd, tokens: int) -> None:
         self._release(ticket)
@@ -210,7 +226,7 @@ class AttemptBook:
                 completion_tokens=completion - ticket.charged_completion,
             ),
         )
-        t = self._d.telemetry
+        t = self._telemetry
         t.tokens.labels(ticket.group, "prompt").inc(max(prompt, 0))
         t.tokens.labels(ticket.group, "completion").inc(max(completion, 0))
         now = time.monotonic()
@@ -231,13 +247,13 @@ class AttemptBook:
             isinstance(error, BackendError)
             and error.retryable
             and ticket.first_token_at is None
-            and ticket.retries < self._d.config.max_retries
+            and ticket.retries < self._settings().config.max_retries
         ):
             log.warning("retrying request %s: %s", ticket.request.request_id, error)
             # Suspect until its next successful scrape: no more work meanwhile.
             backend.suspect()
-            self._d.telemetry.backend_healthy.labels(backend.id).set(0)
-            self._d.telemetry.retries.labels(backend.id).inc()
+            self._telemetry.backend_healthy.labels(backend.id).set(0)
+            self._telemetry.retries.labels(backend.id).inc()
             ticket.retries += 1
             ticket.excluded |= {backend.id}
             self._requeue(ticket)
@@ -252,14 +268,14 @@ class AttemptBook:
         user's requests instead, in its place by the ordering policy, and waits for its
         user's turn like any other.
         """
-        model = self._d.model_state(ticket.request.model)
+        model = self._models.get(ticket.request.model)
         if model is None:  # its last backend left, and the model with it
             error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
             self.abandon(ticket, error)
             return
-        ttl = self._d.config.queue_ttl_seconds is not None
+        ttl = self._settings().config.queue_ttl_seconds is not None
         if retry:
-            model.push(ticket, self._d.now(), ttl=ttl, front=True)
+            model.push(ticket, self._clock(), ttl=ttl, front=True)
         else:
             model.resume(ticket, ttl=ttl)
 
@@ -285,17 +301,17 @@ class AttemptBook:
         ticket.handle = None
         self.running -= 1
         backend.ended(
-            self._d.tiers[ticket.tier].name,
+            self._settings().tiers[ticket.tier].name,
             ticket.user,
             generating=ticket.generating,
             boosted=ticket.boosted,
         )
         ticket.boosted = False
-        self._d.telemetry.backend_in_flight.labels(backend.id).set(backend.in_flight)
+        self._telemetry.backend_in_flight.labels(backend.id).set(backend.in_flight)
         return backend
 
     def _charge(self, ticket: Ticket, cost: Cost) -> None:
-        model = self._d.model_state(ticket.request.model)
+        model = self._models.get(ticket.request.model)
         if model is not None:
             model.queue.tiers[ticket.tier].fairness.charge(ticket.user, cost, ticket.weight)
 

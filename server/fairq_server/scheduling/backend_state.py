@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from fairq_server.backends.base import Backend
 from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import MetricsSample
+from fairq_server.scheduling.metric_gaps import Gap, describe, gaps
 from fairq_server.scheduling.prefix import PrefixCache
 
 __all__ = ["BackendState", "Health"]
@@ -87,6 +88,8 @@ class BackendState:
     failures: int = 0
     consecutive_failures: int = 0
     last_error: str = ""
+    # Figures the configuration relies on that the backend's /metrics lacks (metric_gaps).
+    metric_gaps: tuple[Gap, ...] = ()
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     peer_awaiting: int = 0
     peer_in_flight: int = 0
@@ -116,6 +119,23 @@ class BackendState:
     def healthy(self) -> bool | None:
         """True when up, False when suspect or down, None before the first scrape answered."""
         return None if self.health is Health.UNKNOWN else self.health is Health.UP
+
+    @property
+    def reason(self) -> str:
+        """Why it is unhealthy, or else what its metrics lack ("" if nothing)."""
+        if self.healthy is not True:
+            return self.last_error
+        return describe(self.metric_gaps) if self.metric_gaps else ""
+
+    def _note_gaps(self, found: tuple[Gap, ...]) -> None:
+        """Record the metric gaps a scrape showed; log when they change."""
+        if found == self.metric_gaps:
+            return
+        if found:
+            log.warning("backend %s: %s", self.id, describe(found))
+        else:
+            log.info("backend %s: its /metrics has every figure relied on again", self.id)
+        self.metric_gaps = found
 
     @property
     def serving(self) -> bool:
@@ -154,11 +174,20 @@ class BackendState:
         self._peers_lost_at = None
         self.peer_awaiting, self.peer_in_flight, self.share = awaiting, in_flight, share
 
-    def scrape_landed(self, result: MetricsSample | BackendError, unhealthy_after: int) -> None:
-        """Apply a scrape's outcome: a fresh sample, or one more failure."""
+    def scrape_landed(
+        self,
+        result: MetricsSample | BackendError,
+        unhealthy_after: int,
+        relied: frozenset[str] = frozenset(),
+    ) -> None:
+        """Apply a scrape's outcome: a fresh sample, or one more failure.
+
+        ``relied`` names the figures the tiers' limits read (see :mod:`.metric_gaps`).
+        """
         if isinstance(result, BackendError):
             self._scrape_failed(result, unhealthy_after)
             return
+        self._note_gaps(gaps(result, relied))
         self.scrapes += 1
         self.consecutive_failures = 0
         if self.health is Health.DOWN:

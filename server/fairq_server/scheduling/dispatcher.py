@@ -1,13 +1,12 @@
 """The dispatcher: one loop, the only writer of scheduling state.
 
-It owns every model's queue and every backend's load and health. Events arrive in its inbox
-(:mod:`.events`): requests submitted and cancelled by the API layer, scrapes from the pollers,
-first token / tokens / end / failure from the stream readers at the backend edge, backends
-added and removed. The loop applies them in arrival order, then forwards work while some
-backend's gate admits it, then sleeps until the next event or the polling interval (stale
-metrics must be noticed even when nothing happens). Its decisions flow out: an attempt is
-started on a backend with a priority (through the launcher), and each request's outbox gets
-its lifecycle events.
+It owns every model's queue, every backend's load and health, and the settings in use.
+Events arrive in its inbox (:mod:`.events`): requests submitted and cancelled, scrapes, first
+token / tokens / end / failure from the stream readers, backends added and removed, a reload.
+The loop applies them in arrival order, then forwards work while some backend's gate admits
+it, then sleeps until the next event or the polling interval (stale metrics must be noticed
+even when nothing happens). Its helpers (:mod:`.picking`, :mod:`.attempts`) are given the
+parts of its state they work on, never the dispatcher itself.
 
 The loop is supervised: an exception while applying one event fails that event's request
 with INTERNAL; an exception anywhere else fails the queued requests (the queue may be
@@ -35,9 +34,10 @@ from fairq_server.errors import (
 )
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.admission import admission_error
-from fairq_server.scheduling.attempts import AttemptBook, Launcher
+from fairq_server.scheduling.attempts import AttemptBook, Launcher, StreamLauncher
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.metric_gaps import relied_on
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.outbox import Queued
@@ -45,7 +45,8 @@ from fairq_server.scheduling.picking import Picker
 from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.prefix import PrefixCache
 from fairq_server.scheduling.queue import ModelQueue
-from fairq_server.scheduling.shared_counters import adopt_counters, take_journals
+from fairq_server.scheduling.settings import Settings
+from fairq_server.scheduling.shared_counters import apply_cluster_event
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.supervisor import RESTART_DELAYS, supervise
 from fairq_server.telemetry import Telemetry
@@ -88,10 +89,8 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         on_health: Callable[[bool], None] = lambda serving: None,
     ) -> None:
-        self.tiers = tuple(tiers)
-        self.config = config
+        self._settings = Settings(tuple(tiers), config, policies)
         self._telemetry = telemetry
-        self._policies = policies
         self._clock = clock
         self._on_health = on_health
         self._inbox: deque[ev.Event] = deque()
@@ -100,8 +99,10 @@ class Dispatcher:
         self._task: asyncio.Task[None] | None = None
         self._backends = BackendSet()
         self._models = ModelSet(telemetry)
-        self.attempts = AttemptBook(self, launcher)
-        self._picker = Picker(self)
+        launcher = launcher or StreamLauncher(self.post, config.stream_coalesce_seconds)
+        read = self._read_settings  # the helpers read the settings; only the loop writes them
+        self.attempts = AttemptBook(read, self._models, telemetry, launcher, clock)
+        self._picker = Picker(read, self._models, self._backends, self.attempts.start, telemetry)
         self.crashes = 0
         self._next_sweep = 0.0
         self.restart_delays: Sequence[float] = RESTART_DELAYS
@@ -146,16 +147,18 @@ class Dispatcher:
         self.post(ev.RemoveBackend(backend_id, done))
         return await done
 
-    def reconfigure(
+    async def reconfigure(
         self, tiers: Sequence[TierConfig], config: SchedulerConfig, policies: Policies,
         *, rebuild: bool,
     ) -> None:  # fmt: skip
         """Switch to new settings (SIGHUP reload) without losing a queued request.
 
-        With ``rebuild``, queues are rebuilt with the new fairness and ordering policies
-        (tickets keep their arrival order; fairness counters start afresh).
+        Returns once the loop has applied them, whole. With ``rebuild``, queues are rebuilt
+        with the new fairness and ordering policies (arrival order kept; counters afresh).
         """
-        self.post(ev.Reconfigure(tuple(tiers), config, policies, rebuild))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.post(ev.Reconfigure(tuple(tiers), config, policies, rebuild, done))
+        await done
 
     def wake(self) -> None:
         """Run a pass now (nothing changed that an event would say; e.g. time passed)."""
@@ -169,6 +172,29 @@ class Dispatcher:
 
     # -- reads (any task; never write) ----------------------------------------------------
 
+    @property
+    def settings(self) -> Settings:
+        """The tiers, scheduler settings and plugins in use (the one copy at run time)."""
+        return self._settings
+
+    def _read_settings(self) -> Settings:
+        return self._settings
+
+    @property
+    def tiers(self) -> tuple[TierConfig, ...]:
+        """The tiers in use, in strict order."""
+        return self._settings.tiers
+
+    @property
+    def config(self) -> SchedulerConfig:
+        """The scheduler settings in use."""
+        return self._settings.config
+
+    @property
+    def policies(self) -> Policies:
+        """The plugins in use."""
+        return self._settings.policies
+
     def backend(self, backend_id: str) -> BackendState | None:
         """Return the state of registered backend ``backend_id``."""
         return self._backends.get(backend_id)
@@ -176,10 +202,6 @@ class Dispatcher:
     def backends(self) -> list[BackendState]:
         """Return the states of all registered backends."""
         return self._backends.all()
-
-    def backends_of(self, model: str) -> list[BackendState]:
-        """Return the registered backends serving ``model``."""
-        return self._backends.of(model)
 
     def models(self) -> set[str]:
         """Return every model some registered backend serves."""
@@ -194,7 +216,7 @@ class Dispatcher:
         return self._models.get(model)
 
     def model_states(self) -> list[ModelState]:
-        """Return every model's state (the picker's view)."""
+        """Return every model's state."""
         return list(self._models.values())
 
     def now(self) -> float:
@@ -270,11 +292,13 @@ class Dispatcher:
             event = self._inbox.popleft()
             try:
                 self._apply(event)
-            except Exception:
-                ticket = getattr(event, "ticket", None)
+            except Exception as exc:
+                ticket, done = getattr(event, "ticket", None), getattr(event, "done", None)
                 log.exception("applying %s failed", type(event).__name__)
                 if isinstance(ticket, Ticket):
                     self.attempts.abandon(ticket, InternalError())
+                if isinstance(done, asyncio.Future) and not done.done():
+                    done.set_exception(exc)  # whoever waits for it must not wait for ever
 
     def _apply(self, event: ev.Event) -> None:
         match event:
@@ -291,14 +315,8 @@ class Dispatcher:
                 self.attempts.apply(event)
             case ev.Refused():
                 self.attempts.refused(event)
-            case ev.PeerView(backend_id, awaiting, in_flight, share):
-                if (state := self._backends.get(backend_id)) is not None:
-                    state.peer_view(awaiting, in_flight, share, self._clock())
-            case ev.TakeJournals(done):
-                if not done.done():
-                    done.set_result(take_journals(self._models.values()))
-            case ev.FairnessSync():
-                adopt_counters(self._models, event)
+            case ev.PeerView() | ev.TakeJournals() | ev.FairnessSync():
+                apply_cluster_event(event, self._models, self._backends, self._clock())
             case ev.AddBackend(state):
                 self._add_backend(state)
             case ev.RemoveBackend(backend_id, done):
@@ -316,13 +334,15 @@ class Dispatcher:
             return
         model = ticket.request.model
         state = self._models.get(model)
+        queue, backends = None if state is None else state.queue, self._backends.of(model)
         error = admission_error(
             model,
             ticket.user,
-            self._backends.of(model),
-            None if state is None else state.queue,
+            backends,
+            queue,
             self.config,
             closed=self._closed,
+            queues=[m.queue for m in self._models.values()],
         )
         if error is not None:
             return self.attempts.abandon(ticket, error)
@@ -341,10 +361,11 @@ class Dispatcher:
         state = self._backends.get(backend_id)
         if state is None:
             return
-        state.scrape_landed(result, self.config.unhealthy_after_failures)
+        state.scrape_landed(result, self.config.unhealthy_after_failures, relied_on(self.tiers))
         self._telemetry.scraped(
             backend_id, state.sample, state.tpot_seconds,
             healthy=bool(state.healthy), failed=isinstance(result, Exception),
+            gaps=state.metric_gaps,
         )  # fmt: skip
 
     def _add_backend(self, state: BackendState) -> None:
@@ -356,15 +377,15 @@ class Dispatcher:
             self._models.ensure(model, self._new_queue, self.tiers, now)
 
     def _new_queue(self) -> ModelQueue:
-        return self._policies.new_queue(len(self.tiers))
+        return self.policies.new_queue(len(self.tiers))
 
     def _reconfigure(self, event: ev.Reconfigure) -> None:
-        self.tiers = event.tiers
-        self.config = event.config
-        self._policies = event.policies
+        if event.rebuild:  # first: if it fails, the old settings stand
+            self._models.rebuild(lambda: event.policies.new_queue(len(event.tiers)))
+        self._settings = Settings(event.tiers, event.config, event.policies)
         self.attempts.set_window(event.config.stream_coalesce_seconds)
-        if event.rebuild:
-            self._models.rebuild(self._new_queue)
+        if event.done is not None and not event.done.done():
+            event.done.set_result(None)
 
     def _sweep(self, now: float) -> None:
         grace = self.config.no_backend_grace_seconds
@@ -384,13 +405,3 @@ class Dispatcher:
     def _fail_queued(self, error: SchedulerError) -> None:
         for ticket in self._models.take_queued(self._new_queue):
             self.attempts.abandon(ticket, error)
-
-    @property
-    def policies(self) -> Policies:
-        """The plugins in use."""
-        return self._policies
-
-    @property
-    def telemetry(self) -> Telemetry:
-        """The metrics sink."""
-        return self._telemetry

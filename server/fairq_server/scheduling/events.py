@@ -19,7 +19,7 @@ from fairq_server.scheduling.ticket import Ticket
 
 if TYPE_CHECKING:
     from fairq_server.scheduling.backend_state import BackendState
-    from fairq_server.scheduling.fairness.counter import Journal, PeerHeads
+    from fairq_server.scheduling.counters import Journal, PeerHeads
     from fairq_server.scheduling.policies import Policies
 
 __all__ = [
@@ -178,12 +178,16 @@ class RemoveBackend:
 
 @dataclass(frozen=True)
 class Reconfigure:
-    """Switch to new settings and plugins; with ``rebuild``, queues are rebuilt with them."""
+    """Switch to new settings and plugins; with ``rebuild``, queues are rebuilt with them.
+
+    ``done`` is resolved once they apply (the caller learns when the switch happened).
+    """
 
     tiers: tuple[TierConfig, ...]
     config: SchedulerConfig
     policies: Policies
     rebuild: bool
+    done: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,21 @@ Dispatch picks work in steps, each behind one of these protocols:
 4. a :class:`Gate` says whether a backend may take one more request of a tier now,
 5. a :class:`Router` chooses among the backends whose gate is open.
 
+A fairness policy keeps its users' standing in :class:`ServiceCounters` given to it at
+construction: that is the state a cluster shares between replicas (see
+:mod:`fairq_server.scheduling.counters`), so any policy that keeps its counters there is fair
+across the cluster without code of its own for it.
+
 Plugins are driven only by the dispatcher, so they need no locking. Each is registered under
-a kebab-case name in :mod:`fairq_server.scheduling.registry`; one conformance suite per
-protocol (``tests/unit/scheduling/test_conformance.py``) runs against every registered plugin.
+a kebab-case name in :mod:`fairq_server.scheduling.registry` and takes its options, from its
+own table of the configuration, as keyword arguments; one conformance suite per protocol
+(``tests/unit/scheduling/test_conformance.py``) runs against every registered plugin.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,12 +34,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Cost",
     "FairnessPolicy",
-    "FairnessView",
     "Gate",
     "GateOutcome",
     "OrderingPolicy",
     "Route",
     "Router",
+    "ServiceCounters",
     "SortKey",
 ]
 
@@ -65,8 +71,62 @@ class OrderingPolicy(Protocol):
         ...
 
 
+class ServiceCounters(Protocol):
+    """Per-user service counters of one tier, in a fairness policy's units.
+
+    How much each user has been served (requests, weighted tokens, ...): smaller is further
+    behind. On one process a plain table; in a cluster every replica's table is kept equal
+    through Redis (charges add up over the replicas, a lift is "at least"), and the dispatcher
+    holds back a user whose counter is above anyone's backlogged on another replica. A policy
+    reads and writes its users' standing only here, and keeps a user's record as long as it
+    keeps the user (:meth:`forget` when it drops it).
+    """
+
+    @property
+    def shared(self) -> bool:
+        """Whether other replicas share these counters (users are served elsewhere too)."""
+        ...
+
+    def get(self, user: str) -> float | None:
+        """Return ``user``'s counter (None: no record)."""
+        ...
+
+    def lift(self, user: str, floor: float) -> None:
+        """Raise ``user``'s counter to at least ``floor``; a user without a record starts there."""
+        ...
+
+    def add(self, user: str, amount: float) -> None:
+        """Charge ``amount`` (already divided by the weight; negative: a refund).
+
+        A user without a record here keeps none; in a cluster the charge still counts for the
+        other replicas.
+        """
+        ...
+
+    def forget(self, user: str) -> None:
+        """Drop ``user``'s record here (memory); a shared counter stays where it is shared."""
+        ...
+
+    def floor(self, user: str) -> float | None:
+        """Return the smallest counter of another user backlogged on another replica.
+
+        A user becoming backlogged is lifted to no more than this (a policy that lifts), so
+        idle time is not banked against users waiting elsewhere. None: nobody (always on one
+        process).
+        """
+        ...
+
+    def watch(self, changed: Callable[[str], None]) -> None:
+        """Call ``changed(user)`` whenever a counter changes from outside (a cluster sync)."""
+        ...
+
+
 class FairnessPolicy(Protocol):
     """Chooses among the backlogged users of one tier.
+
+    Its factory takes its options as keyword arguments and, if it has a ``counters``
+    parameter, the tier's :class:`ServiceCounters` (the registry passes them; that name is no
+    option). A policy that keeps its users' standing there gets cluster fairness for free.
 
     Contract: the queue calls :meth:`activate` when a user's queue goes from empty to
     non-empty and :meth:`deactivate` when it becomes empty; :meth:`select` and
@@ -107,18 +167,6 @@ class FairnessPolicy(Protocol):
         ``weight`` is the weight of the request it belongs to (None: the user's current
         one); it travels with the charge because the user may have gone idle meanwhile.
         """
-        ...
-
-
-class FairnessView(Protocol):
-    """Read-only counters of a counter-based policy, for tests, metrics and tools."""
-
-    def counter(self, user: str) -> float:
-        """Return the user's service counter."""
-        ...
-
-    def min_counter(self) -> float:
-        """Return the smallest counter among active users (0 when none is active)."""
         ...
 
 

@@ -12,26 +12,49 @@ queue anyway, so holding it back would only delay it.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from fairq_server.scheduling import fair_share
+from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
-from fairq_server.scheduling.fairness.counter import CounterFairness
 from fairq_server.scheduling.interfaces import GateOutcome, Route
+from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
+from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket
+from fairq_server.telemetry import Telemetry
 
-if TYPE_CHECKING:
-    from fairq_server.scheduling.dispatcher import Dispatcher
+__all__ = ["Picker", "Start"]
 
-__all__ = ["Picker"]
+#: Sends a ticket to a backend at a time (the attempt book's ``start``).
+Start = Callable[[Ticket, BackendState, float], None]
 
 
 class Picker:
-    """The dispatch pass of ``dispatcher`` (its state, its plugins)."""
+    """One dispatch pass over the dispatcher's state (read here; written through ``start``).
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self._d = dispatcher
+    Args:
+        settings: the dispatcher's current settings and plugins.
+        models: every model's state and queue.
+        backends: the registered backends.
+        start: sends a popped ticket to its backend.
+        telemetry: metrics sink (gate refusals).
+
+    """
+
+    def __init__(
+        self,
+        settings: Callable[[], Settings],
+        models: ModelSet,
+        backends: BackendSet,
+        start: Start,
+        telemetry: Telemetry,
+    ) -> None:
+        self._settings = settings
+        self._models = models
+        self._backends = backends
+        self._start = start
+        self._telemetry = telemetry
 
     def dispatch(self, now: float, batch: int) -> bool:
         """Start what the gates admit, at most ``batch`` requests over all models.
@@ -41,7 +64,7 @@ class Picker:
 
         """
         started = 0
-        for model in self._d.model_states():
+        for model in list(self._models.values()):
             while started < batch and len(model.queue):
                 if not self._dispatch_one(model, now):
                     break
@@ -65,10 +88,10 @@ class Picker:
             if refusals:
                 self._count_refusal(model, first, refusals)
             return False  # strict tiers: lower tiers wait too; their gates are no looser
-        tier = model.aged_tier(first, now, self._d.tiers)
+        tier = model.aged_tier(first, now, self._settings().tiers)
         tier_queue = queue.tiers[tier]
         retry = tier_queue.peek_retry() if tier_queue.has_retries else None
-        router = self._d.policies.router
+        router = self._settings().policies.router
         if retry is not None:
             preferred = [b for b in candidates if b.id not in retry.excluded]
             if preferred or not self._another_backend(model.name, retry):
@@ -83,8 +106,7 @@ class Picker:
                 return False  # only a waiting retry: strict tiers keep lower ones behind it
         else:
             user, route = self._pick(model, tier, candidates)
-            fairness = tier_queue.fairness
-            if isinstance(fairness, CounterFairness) and not fairness.may_serve(user):
+            if not tier_queue.counters.may_serve(user):
                 # Cluster: a user backlogged on another replica is further behind; that
                 # replica takes this slot (the shared gate gives it out).
                 return False
@@ -93,19 +115,19 @@ class Picker:
         # An aged request is sent with the priority of the tier it overtook, so a
         # priority-scheduling backend does not let later higher-tier work pass it again.
         ticket.priority_tier = first
-        self._d.attempts.start(ticket, route.backend, now)
+        self._start(ticket, route.backend, now)
         return True
 
     def _admitting(
         self, model: ModelState, tier: int, now: float
     ) -> tuple[list[BackendState], list[tuple[BackendState, GateOutcome]]]:
         """Return the backends of ``model`` whose gate admits ``tier``, and the refusals."""
-        cfg = self._d.tiers[tier]
-        gate = self._d.policies.gate
-        stale_after = self._d.config.stale_after_seconds
+        cfg = self._settings().tiers[tier]
+        gate = self._settings().policies.gate
+        stale_after = self._settings().config.stale_after_seconds
         admitted: list[BackendState] = []
         refusals: list[tuple[BackendState, GateOutcome]] = []
-        for backend in self._d.backends_of(model.name):
+        for backend in self._backends.of(model.name):
             outcome = gate.check(backend, cfg, now, stale_after)
             if outcome is GateOutcome.ADMIT:
                 admitted.append(backend)
@@ -134,14 +156,14 @@ class Picker:
             not full
             or queue.has_retries
             or not queue.active_users
-            or model.aged_tier(tier, now, self._d.tiers) != tier
+            or model.aged_tier(tier, now, self._settings().tiers) != tier
         ):
             return False
-        cfg = self._d.tiers[tier]
+        cfg = self._settings().tiers[tier]
         deeper = dataclasses.replace(
             cfg, max_backend_waiting=max(cfg.max_backend_waiting, 1) + fair_share.MAX_BOOSTED
         )
-        gate, sched = self._d.policies.gate, self._d.config
+        gate, sched = self._settings().policies.gate, self._settings().config
         # Users tied at the best standing (within Q) are equally fair to serve next; a user
         # arriving at a busy tier is often tied with the one fairness would pick.
         for user in queue.fairness.candidates(sched.prefix_quantum, sched.prefix_candidates):
@@ -155,11 +177,11 @@ class Picker:
                 break
         else:
             return False
-        route = self._d.policies.router.route(queue.head_of(user), backends)
+        route = self._settings().policies.router.route(queue.head_of(user), backends)
         ticket = model.queue.pop(tier, user)
         model.last_served[tier] = now
         ticket.priority_tier = tier
-        self._d.attempts.start(ticket, route.backend, now)
+        self._start(ticket, route.backend, now)
         return True
 
     def _count_refusal(
@@ -170,7 +192,7 @@ class Picker:
         if head is None or head.refused:
             return
         head.refused = True
-        counter = self._d.telemetry.gate_refusals
+        counter = self._telemetry.gate_refusals
         for backend, outcome in refusals:
             counter.labels(backend.id, outcome.value).inc()
 
@@ -187,7 +209,7 @@ class Picker:
         """Whether a usable backend of ``model`` exists that ``ticket`` has not failed on."""
         return any(
             b.id not in ticket.excluded and b.healthy is not False and not b.draining
-            for b in self._d.backends_of(model)
+            for b in self._backends.of(model)
         )
 
     def _pick(
@@ -202,8 +224,8 @@ class Picker:
         """
         tier_queue = model.queue.tiers[tier]
         fairness = tier_queue.fairness
-        router = self._d.policies.router
-        cfg = self._d.config
+        router = self._settings().policies.router
+        cfg = self._settings().config
         if cfg.prefix_quantum > 0:
             users = fairness.candidates(cfg.prefix_quantum, cfg.prefix_candidates)
         else:

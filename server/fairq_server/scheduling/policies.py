@@ -1,45 +1,91 @@
-"""The plugins one configuration selects, built together so a typo fails at start-up."""
+"""The plugins one configuration selects, built together so a typo fails at start-up.
+
+Every plugin takes its options the same way: from its own table of ``[scheduler]``
+(``fairness_options``, ``ordering_options``, ``gate_options``, ``routing_options``), checked by
+its registry against the plugin's factory. ``routing_slack``, the one option that predates the
+tables, is kept as an alias of ``routing_options.slack`` and logged as deprecated.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fairq_server.config import SchedulerConfig
-from fairq_server.scheduling.interfaces import FairnessPolicy, Gate, OrderingPolicy, Router
+from fairq_server.scheduling.counters import LocalCounters
+from fairq_server.scheduling.interfaces import (
+    FairnessPolicy,
+    Gate,
+    OrderingPolicy,
+    Router,
+    ServiceCounters,
+)
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.registry import make_fairness, make_gate, make_ordering, make_router
 
-__all__ = ["Policies"]
+__all__ = ["Policies", "routing_options"]
+
+log = logging.getLogger(__name__)
+
+
+def routing_options(config: SchedulerConfig) -> dict[str, Any]:
+    """Return the router's options: ``routing_options``, with the deprecated alias folded in.
+
+    Raises:
+        ValueError: ``routing_slack`` and ``routing_options.slack`` are both set.
+
+    """
+    options = dict(config.routing_options)
+    if config.routing_slack is None:
+        return options
+    if "slack" in options:
+        raise ValueError("routing_slack is an old name of routing_options.slack; set only one")
+    if config.routing != "prefix-affinity":
+        return options  # as before the tables: only prefix affinity ever took it
+    log.warning("scheduler.routing_slack is deprecated; use scheduler.routing_options.slack")
+    options["slack"] = config.routing_slack
+    return options
 
 
 @dataclass(frozen=True)
 class Policies:
-    """Fairness (a factory: one policy per tier queue), ordering, gate and router."""
+    """The plugins in use.
 
-    fairness: Callable[[], FairnessPolicy]
+    Attributes:
+        fairness: makes one tier's fairness policy, given the tier's service counters.
+        ordering: orders one user's requests.
+        gate: the saturation check.
+        router: chooses among the backends whose gate is open.
+        counters: makes one tier's service counters (a cluster shares them between
+            replicas; see :mod:`fairq_server.scheduling.counters`).
+
+    """
+
+    fairness: Callable[[ServiceCounters], FairnessPolicy]
     ordering: OrderingPolicy
     gate: Gate
     router: Router
+    counters: Callable[[], LocalCounters] = LocalCounters
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> Policies:
-        """Build the plugins ``config`` names.
+        """Build the plugins ``config`` names, each with its options table.
 
         Raises:
             ValueError: an unknown plugin name or option.
 
         """
-        options = dict(config.fairness_options)
+        options: Mapping[str, Any] = dict(config.fairness_options)
         make_fairness(config.fairness, options)  # fail now, not at the first request
-        routing = {"slack": config.routing_slack} if config.routing == "prefix-affinity" else {}
         return cls(
-            fairness=lambda: make_fairness(config.fairness, options),
-            ordering=make_ordering(config.ordering),
-            gate=make_gate(config.gate),
-            router=make_router(config.routing, routing),
+            fairness=lambda counters: make_fairness(config.fairness, options, counters),
+            ordering=make_ordering(config.ordering, config.ordering_options),
+            gate=make_gate(config.gate, config.gate_options),
+            router=make_router(config.routing, routing_options(config)),
         )
 
     def new_queue(self, num_tiers: int) -> ModelQueue:
         """Return an empty queue with these policies."""
-        return ModelQueue(num_tiers, self.fairness, self.ordering)
+        return ModelQueue(num_tiers, self.fairness, self.ordering, self.counters)

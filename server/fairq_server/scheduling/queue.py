@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from fairq_server.scheduling.counters import LocalCounters
 from fairq_server.scheduling.interfaces import Cost, FairnessPolicy, OrderingPolicy, SortKey
 from fairq_server.scheduling.ticket import Ticket, TicketState
 
@@ -29,11 +30,19 @@ class TierQueue:
     """The queue of one tier: a fairness policy over per-user flows.
 
     Tickets that failed on a backend before their first token are retried ahead of
-    everything else in the tier (``push_front``).
+    everything else in the tier (``push_front``). ``counters`` are the tier's service
+    counters, which ``fairness`` keeps its standing in: the queue tells them who is
+    backlogged (a cluster shares them; one process needs none).
     """
 
-    def __init__(self, fairness: FairnessPolicy, ordering: OrderingPolicy) -> None:
+    def __init__(
+        self,
+        fairness: FairnessPolicy,
+        ordering: OrderingPolicy,
+        counters: LocalCounters | None = None,
+    ) -> None:
         self.fairness = fairness
+        self.counters = counters if counters is not None else LocalCounters()
         self._ordering = ordering
         self._flows: dict[str, _Flow] = {}
         self._front: deque[Ticket] = deque()
@@ -64,6 +73,7 @@ class TierQueue:
         if flow is None:
             flow = self._flows[ticket.user] = _Flow()
             self.fairness.activate(ticket.user, ticket.weight, resume=resume)
+            self.counters.backlogged(ticket.user, True)
         heapq.heappush(flow.heap, (self._ordering.key(ticket), ticket.seq, ticket))
         flow.live += 1
         self._len += 1
@@ -87,6 +97,7 @@ class TierQueue:
                 self._removed.discard(seq)
             del self._flows[ticket.user]
             self.fairness.deactivate(ticket.user)
+            self.counters.backlogged(ticket.user, False)
 
     def peek_retry(self) -> Ticket:
         """Return the first retried ticket without removing it."""
@@ -132,6 +143,7 @@ class TierQueue:
                 self._removed.discard(seq)
             del self._flows[user]
             self.fairness.deactivate(user)
+            self.counters.backlogged(user, False)
         return ticket
 
     def head_of(self, user: str) -> Ticket:
@@ -147,17 +159,38 @@ class TierQueue:
 
 
 class ModelQueue:
-    """All queued tickets of one model, one :class:`TierQueue` per configured tier."""
+    """All queued tickets of one model, one :class:`TierQueue` per configured tier.
+
+    Args:
+        num_tiers: how many tiers.
+        fairness: makes each tier's fairness policy; given the tier's counters if
+            ``counters`` is set, else called without arguments.
+        ordering: the ordering policy.
+        counters: makes each tier's service counters (None: the policy keeps its own).
+
+    """
 
     def __init__(
         self,
         num_tiers: int,
-        fairness: Callable[[], FairnessPolicy],
+        fairness: Callable[..., FairnessPolicy],
         ordering: OrderingPolicy,
+        counters: Callable[[], LocalCounters] | None = None,
     ) -> None:
-        self.tiers = [TierQueue(fairness(), ordering) for _ in range(num_tiers)]
+        self.tiers = [self._tier(fairness, ordering, counters) for _ in range(num_tiers)]
         self._per_user: dict[str, int] = {}
         self._len = 0
+
+    @staticmethod
+    def _tier(
+        fairness: Callable[..., FairnessPolicy],
+        ordering: OrderingPolicy,
+        counters: Callable[[], LocalCounters] | None,
+    ) -> TierQueue:
+        if counters is None:
+            return TierQueue(fairness(), ordering)
+        tier_counters = counters()
+        return TierQueue(fairness(tier_counters), ordering, tier_counters)
 
     def __len__(self) -> int:
         return self._len

@@ -1,8 +1,10 @@
-"""The dispatcher's side of shared fairness counters (cluster only).
+"""The dispatcher's side of the cluster's events: shared counters and the peers' view.
 
 The cluster's sync task asks for the journals (:class:`~.events.TakeJournals`), flushes them
-to Redis and posts the shared counters back (:class:`~.events.FairnessSync`); both are
-applied here, in the dispatcher loop, the only writer of the policies.
+to Redis and posts the shared counters back (:class:`~.events.FairnessSync`); its refresher
+posts what the other replicas hold on each backend (:class:`~.events.PeerView`). All are
+applied here, in the dispatcher loop, the only writer of the counters and backend states. Any
+fairness policy takes part: the counters are the tier queue's, whatever the policy.
 """
 
 from __future__ import annotations
@@ -10,29 +12,39 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.fairness.counter import CounterFairness
+from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.model_state import ModelState
 
-__all__ = ["adopt_counters", "take_journals"]
+__all__ = ["apply_cluster_event", "take_journals"]
 
 
 def take_journals(models: Iterable[ModelState]) -> list[ev.JournalEntry]:
-    """Swap every counter policy's journal for a fresh one; return the old ones."""
+    """Swap every shared tier's journal for a fresh one; return the old ones."""
     out = []
     for model in models:
         for index, tier in enumerate(model.queue.tiers):
-            fairness = tier.fairness
-            if isinstance(fairness, CounterFairness):
-                journal, active, heads = fairness.take_journal()
+            taken = tier.counters.take_journal()
+            if taken is not None:
+                journal, active, heads = taken
                 out.append(ev.JournalEntry(model.name, index, journal, active, heads))
     return out
 
 
-def adopt_counters(models: Mapping[str, ModelState], sync: ev.FairnessSync) -> None:
-    """Apply shared counters to one tier's policy (ignored if it is gone)."""
-    model = models.get(sync.model)
-    if model is None or sync.tier >= len(model.queue.tiers):
-        return
-    fairness = model.queue.tiers[sync.tier].fairness
-    if isinstance(fairness, CounterFairness):
-        fairness.adopt(sync.counters, sync.heads)
+def apply_cluster_event(
+    event: ev.PeerView | ev.TakeJournals | ev.FairnessSync,
+    models: Mapping[str, ModelState],
+    backends: BackendSet,
+    now: float,
+) -> None:
+    """Apply one of the cluster's events (a tier or backend that is gone: ignored)."""
+    match event:
+        case ev.PeerView(backend_id, awaiting, in_flight, share):
+            if (state := backends.get(backend_id)) is not None:
+                state.peer_view(awaiting, in_flight, share, now)
+        case ev.TakeJournals(done):
+            if not done.done():
+                done.set_result(take_journals(models.values()))
+        case ev.FairnessSync(model_name, tier, counters, heads):
+            model = models.get(model_name)
+            if model is not None and tier < len(model.queue.tiers):
+                model.queue.tiers[tier].counters.adopt(counters, heads)

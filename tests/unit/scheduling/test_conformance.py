@@ -15,6 +15,7 @@ from fairq_server.backends.request import MetricsSample
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import TierConfig
 from fairq_server.scheduling.backend_state import BackendState, Health
+from fairq_server.scheduling.counters import JournaledCounters, LocalCounters, PeerHeads
 from fairq_server.scheduling.interfaces import Cost, GateOutcome
 from fairq_server.scheduling.prefix import PrefixCache, prefix_hashes
 from fairq_server.scheduling.registry import (
@@ -151,6 +152,35 @@ def test_gates_fail_closed(name: str, tier: TierConfig) -> None:
     for state in (never_scraped, stale, down, suspect, draining, flooded):
         outcome = gate.check(state, tier, NOW, 2.0)
         assert isinstance(outcome, GateOutcome) and outcome is not GateOutcome.ADMIT
+
+
+@pytest.mark.parametrize("name", sorted(FAIRNESS_POLICIES))
+def test_fairness_policies_keep_their_standing_in_the_counters_they_are_given(name: str) -> None:
+    """What a cluster shares: the service each user got, in the tier's counters."""
+    counters = LocalCounters()
+    policy = make_fairness(name, counters=counters)
+    policy.activate("a", 1.0)
+    policy.activate("b", 1.0)
+    served = policy.select()
+    policy.charge(served, Cost(requests=1, prompt_tokens=10, completion_tokens=5))
+    other = "b" if served == "a" else "a"
+    assert (counters.get(served) or 0.0) > (counters.get(other) or 0.0)
+    assert policy.select() == other
+
+
+@pytest.mark.parametrize("name", sorted(FAIRNESS_POLICIES))
+def test_fairness_policies_bank_no_idle_time_against_users_backlogged_elsewhere(name: str) -> None:
+    counters = JournaledCounters()
+    policy = make_fairness(name, counters=counters)
+    counters.adopt({}, PeerHeads((("elsewhere", 42.0),)))
+    policy.activate("new", 1.0)
+    assert counters.get("new") == 42.0
+
+
+@pytest.mark.parametrize("name", sorted(FAIRNESS_POLICIES))
+def test_counters_are_supplied_by_the_registry_never_an_option(name: str) -> None:
+    with pytest.raises(ValueError, match="takes no option 'counters'"):
+        make_fairness(name, {"counters": LocalCounters()})
 
 
 # -- routers -----------------------------------------------------------------------------------

@@ -1,95 +1,105 @@
-"""Counter policies in a cluster: the journal, adopting shared counters, the global floor."""
+"""Counter policies in a cluster: the journal, adopting shared counters, the global floor.
+
+The policies keep their counters in the tier's service counters; in a cluster those are
+:class:`JournaledCounters`. The tier queue tells them who is backlogged (here: ``activate``).
+"""
 
 from __future__ import annotations
 
-from fairq_server.scheduling.fairness import RoundRobinFairness, VtcFairness
-from fairq_server.scheduling.fairness.counter import Journal, PeerHeads
+from fairq_server.scheduling.counters import Journal, JournaledCounters, LocalCounters, PeerHeads
+from fairq_server.scheduling.fairness import CounterFairness, RoundRobinFairness, VtcFairness
 from fairq_server.scheduling.interfaces import Cost
 
 
-def test_without_a_journal_nothing_is_recorded_and_everyone_may_be_served() -> None:
-    policy = VtcFairness()
-    policy.activate("a", 1.0)
+def activate(policy: CounterFairness, counters: LocalCounters, user: str, weight: float) -> None:
+    """Activate ``user`` as the tier queue does: the policy, then the counters."""
+    policy.activate(user, weight)
+    counters.backlogged(user, True)
+
+
+def test_without_a_cluster_nothing_is_journaled_and_everyone_may_be_served() -> None:
+    counters = LocalCounters()
+    policy = VtcFairness(counters)
+    activate(policy, counters, "a", 1.0)
     policy.charge("a", Cost(prompt_tokens=10))
-    assert policy.journal is None
-    assert policy.may_serve("a")
+    assert counters.take_journal() is None
+    assert counters.may_serve("a")
+    assert counters.get("a") == 10.0  # the policy's counter lives in the counters
 
 
 def test_charges_and_lifts_are_journaled_weighted() -> None:
-    policy = VtcFairness()
-    policy.journal = Journal()
-    policy.activate("a", 2.0)
+    counters = JournaledCounters()
+    policy = VtcFairness(counters)
+    activate(policy, counters, "a", 2.0)
     policy.charge("a", Cost(prompt_tokens=10, completion_tokens=5))  # (10 + 2 * 5) / 2
-    policy.activate("b", 1.0)  # lifted to a's counter, 10
-    journal, active, heads = policy.take_journal()
+    activate(policy, counters, "b", 1.0)  # lifted to a's counter, 10
+    journal, active, heads = counters.take_journal()
     assert journal.deltas == {"a": 10.0}
     assert journal.floors == {"b": 10.0}
     assert sorted(active) == ["a", "b"]
-    assert heads == (("b", 10.0), ("a", 10.0))  # the lifted user goes first at a tie
-    assert policy.journal == Journal()  # a fresh one
+    assert heads == (("a", 10.0), ("b", 10.0))
+    assert counters.journal == Journal()  # a fresh one
 
 
 def test_adopted_counters_add_what_was_journaled_since_and_reorder() -> None:
-    policy = RoundRobinFairness()
-    policy.journal = Journal()
-    policy.activate("a", 1.0)
-    policy.activate("b", 1.0)
-    policy.take_journal()
+    counters = JournaledCounters()
+    policy = RoundRobinFairness(counters)
+    activate(policy, counters, "a", 1.0)
+    activate(policy, counters, "b", 1.0)
+    counters.take_journal()
     policy.charge("b", Cost(requests=1))  # after the flush: still pending
-    policy.adopt({"a": 5.0, "b": 1.0}, PeerHeads())  # another replica served a five times
+    counters.adopt({"a": 5.0, "b": 1.0}, PeerHeads())  # another replica served a five times
     assert policy.counter("a") == 5.0 and policy.counter("b") == 2.0
     assert policy.select() == "b"
 
 
 def test_a_user_above_the_other_replicas_floor_waits() -> None:
-    policy = RoundRobinFairness()
-    policy.journal = Journal()
-    policy.activate("heavy", 1.0)
-    policy.adopt({"heavy": 7.0}, PeerHeads((("light", 3.0),)))  # someone elsewhere is at 3
-    assert not policy.may_serve("heavy")
-    policy.slack = 4.0
-    assert policy.may_serve("heavy")
-    policy.adopt({"heavy": 7.0}, PeerHeads())  # nobody backlogged elsewhere
-    policy.slack = 0.0
-    assert policy.may_serve("heavy")
+    for slack, waits in ((0.0, True), (4.0, False)):
+        counters = JournaledCounters(slack=slack)
+        policy = RoundRobinFairness(counters)
+        activate(policy, counters, "heavy", 1.0)
+        counters.adopt({"heavy": 7.0}, PeerHeads((("light", 3.0),)))  # someone elsewhere at 3
+        assert counters.may_serve("heavy") is not waits, slack
+        counters.adopt({"heavy": 7.0}, PeerHeads())  # nobody backlogged elsewhere
+        assert counters.may_serve("heavy")
 
 
 def test_a_new_user_is_lifted_to_the_other_replicas_floor() -> None:
-    policy = RoundRobinFairness()
-    policy.journal = Journal()
-    policy.adopt({}, PeerHeads((("elsewhere", 42.0),)))
-    policy.activate("new", 1.0)
+    counters = JournaledCounters()
+    policy = RoundRobinFairness(counters)
+    counters.adopt({}, PeerHeads((("elsewhere", 42.0),)))
+    activate(policy, counters, "new", 1.0)
     assert policy.counter("new") == 42.0
 
 
 def test_a_user_is_not_held_back_by_its_own_counter_on_another_replica() -> None:
     """The same user queued on two replicas: its older counter there is no floor for it,
     but the runner-up there is."""
-    policy = RoundRobinFairness()
-    policy.journal = Journal()
-    policy.activate("power", 1.0)
-    policy.adopt({"power": 9.0}, PeerHeads((("power", 5.0),)))
-    assert policy.may_serve("power")
-    policy.adopt({"power": 9.0}, PeerHeads((("power", 5.0), ("light", 7.0))))
-    assert not policy.may_serve("power")
-    policy.slack = 2.0
-    assert policy.may_serve("power")
+    for slack, waits in ((0.0, True), (2.0, False)):
+        counters = JournaledCounters(slack=slack)
+        policy = RoundRobinFairness(counters)
+        activate(policy, counters, "power", 1.0)
+        counters.adopt({"power": 9.0}, PeerHeads((("power", 5.0),)))
+        assert counters.may_serve("power")
+        counters.adopt({"power": 9.0}, PeerHeads((("power", 5.0), ("light", 7.0))))
+        assert counters.may_serve("power") is not waits, slack
 
 
 def test_the_heads_are_the_two_smallest_backlogged_users() -> None:
-    policy = RoundRobinFairness()
-    policy.journal = Journal()
-    assert policy.take_journal()[2] == ()
+    counters = JournaledCounters()
+    policy = RoundRobinFairness(counters)
+    assert counters.take_journal()[2] == ()
     for user in ("a", "b", "c"):
-        policy.activate(user, 1.0)
+        activate(policy, counters, user, 1.0)
     policy.charge("a", Cost(requests=3))
     policy.charge("b", Cost(requests=1))
     policy.charge("c", Cost(requests=2))
-    assert policy.take_journal()[2] == (("b", 1.0), ("c", 2.0))
-    assert policy.select() == "b"  # looking under the top left the order intact
-    policy.deactivate("b")
-    policy.deactivate("a")
-    assert policy.take_journal()[2] == (("c", 2.0),)
+    assert counters.take_journal()[2] == (("b", 1.0), ("c", 2.0))
+    assert policy.select() == "b"
+    for user in ("b", "a"):
+        policy.deactivate(user)
+        counters.backlogged(user, False)
+    assert counters.take_journal()[2] == (("c", 2.0),)
 
 
 def test_peer_heads_floor_skips_the_asking_user() -> None:
@@ -119,9 +129,8 @@ def test_a_refused_request_coming_back_keeps_its_users_standing() -> None:
 
 def test_a_users_record_outlives_an_empty_replica_in_a_cluster() -> None:
     """Charges of requests still in flight count when the user comes back (not lifted)."""
-    for journal, expected in ((Journal(), 70.0), (None, 10.0)):
-        policy = VtcFairness()
-        policy.journal = journal
+    for counters, expected in ((JournaledCounters(), 70.0), (LocalCounters(), 10.0)):
+        policy = VtcFairness(counters)
         policy.activate("a", 1.0)
         assert policy.select() == "a"
         policy.charge("a", Cost(prompt_tokens=10))
@@ -129,4 +138,4 @@ def test_a_users_record_outlives_an_empty_replica_in_a_cluster() -> None:
         policy.charge("a", Cost(completion_tokens=30))  # tokens streamed meanwhile
         policy.activate("a", 1.0)  # its next request
         # One process: nobody else to be fair against, the history goes (memory at zero).
-        assert policy.counter("a") == expected, journal
+        assert policy.counter("a") == expected, counters

@@ -10,63 +10,31 @@ A user whose queue goes from empty to non-empty is lifted to the smallest counte
 backlogged users (or, with none backlogged, to the counter of the last user served): idle time
 cannot be banked as credit and spent later in a burst (Sheng et al., OSDI 2024).
 
-In a cluster the counters are shared through Redis (:mod:`fairq_server.cluster.fairness`):
-charges and lifts go to a :class:`Journal` the replica flushes, :meth:`adopt` takes the global
-counters back, and :meth:`may_serve` holds a user whose counter is above the smallest counter
-of any *other* user backlogged on the other replicas (plus a slack): each replica publishes
-its two smallest backlogged users (:class:`PeerHeads`), so a user spread over several
-replicas is never held back by its own, older counter there. Without a cluster none of this
-is used.
+The counters themselves live in the tier's :class:`~fairq_server.scheduling.interfaces.
+ServiceCounters` (given at construction; a local table if none): in a cluster they are shared
+with the other replicas (:mod:`fairq_server.scheduling.counters`), which change them between
+picks (the policy re-orders what changed) and supply the floor of users backlogged elsewhere
+for the lift. This module knows nothing else of the cluster.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.counters import LocalCounters
+from fairq_server.scheduling.interfaces import Cost, ServiceCounters
 
-__all__ = ["CounterFairness", "Journal", "PeerHeads"]
+__all__ = ["CounterFairness"]
 
 _FRESH = 1 << 62
 
 
 @dataclass
 class _UserState:
-    counter: float = 0.0
     weight: float = 1.0
     active: bool = False
     stamp: int = -1  # the stamp of this user's one valid heap entry
-
-
-@dataclass
-class Journal:
-    """What this replica changed in the shared counters since the last flush.
-
-    Attributes:
-        floors: users lifted, to at least this counter.
-        deltas: charges per user (already divided by the weight).
-
-    """
-
-    floors: dict[str, float] = field(default_factory=dict)
-    deltas: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PeerHeads:
-    """The other replicas' smallest backlogged counters, as ``(user, counter)`` pairs.
-
-    Each replica contributes its head and the runner-up of another user, so the smallest
-    counter of anyone but a given user is always among them.
-    """
-
-    pairs: tuple[tuple[str, float], ...] = ()
-
-    def floor(self, user: str | None = None) -> float | None:
-        """Return the smallest counter of a user other than ``user`` (None: nobody else)."""
-        return min((c for u, c in self.pairs if u != user), default=None)
 
 
 class CounterFairness:
@@ -80,6 +48,7 @@ class CounterFairness:
     worth (:meth:`price`).
 
     Args:
+        counters: where the users' counters live (None: a table of its own).
         lift: lift a user who becomes backlogged to the smallest active counter (the default,
             and the only fair choice). ``lift=False`` keeps whatever counter the user had (0
             for a new one) and never forgets an idle user, so idle time is banked as credit:
@@ -87,7 +56,10 @@ class CounterFairness:
 
     """
 
-    def __init__(self, *, lift: bool = True) -> None:
+    def __init__(self, counters: ServiceCounters | None = None, *, lift: bool = True) -> None:
+        self._counters: ServiceCounters = counters if counters is not None else LocalCounters()
+        self._counters.watch(self._changed)
+        self._get = self._counters.get  # read on every heap check: one lookup, not two
         self._lift = lift
         self._users: dict[str, _UserState] = {}
         self._heap: list[tuple[float, int, str]] = []
@@ -98,17 +70,21 @@ class CounterFairness:
         # once the virtual time passes them (a returning user is lifted that far anyway), so
         # memory follows active users, not every user name ever seen.
         self._idle: list[tuple[float, str]] = []
-        # Cluster only (see the module docstring): None on one process.
-        self.journal: Journal | None = None
-        self.peer_heads = PeerHeads()
-        self.slack = 0.0
-        self.on_backlogged: Callable[[], None] | None = None  # share the new head soon
+
+    def _value(self, user: str) -> float:
+        value = self._get(user)
+        return self._virtual_time if value is None else value
+
+    def _changed(self, user: str) -> None:
+        state = self._users.get(user)
+        if state is not None and state.active:
+            self._push(user, state)  # a new stamp retires the old heap entry
 
     def _push(self, user: str, state: _UserState, *, fresh: bool = False) -> None:
         # Activation stamps sort before every stamp given after a charge, in arrival order.
         state.stamp = self._next_stamp - (_FRESH if fresh else 0)
         self._next_stamp += 1
-        heapq.heappush(self._heap, (state.counter, state.stamp, user))
+        heapq.heappush(self._heap, (self._value(user), state.stamp, user))
 
     def _clean_top(self) -> tuple[float, int, str] | None:
         """Drop dead entries and refresh stale ones until the top is exact."""
@@ -118,7 +94,7 @@ class CounterFairness:
             state = self._users.get(user)
             if state is None or not state.active or stamp != state.stamp:
                 heapq.heappop(heap)
-            elif counter < state.counter:  # charged since it was pushed
+            elif counter < (self._get(user) or 0.0):  # charged since it was pushed
                 heapq.heappop(heap)
                 self._push(user, state)
             else:
@@ -131,8 +107,8 @@ class CounterFairness:
         if state is None:
             # New, or forgotten at a counter <= the virtual time: it starts there, so a user
             # served moments ago and forgotten is not mistaken for one that was never served.
-            start = self._virtual_time if self._lift else 0.0
-            state = self._users[user] = _UserState(counter=start)
+            state = self._users[user] = _UserState()
+            self._counters.lift(user, self._virtual_time if self._lift else 0.0)
         if state.active:
             return
         state.weight = weight if weight > 0 else 1.0
@@ -142,21 +118,15 @@ class CounterFairness:
             state.active = True
             self._active += 1
             self._push(user, state)
-            if resume and self.on_backlogged is not None:
-                self.on_backlogged()
             return
         top = self._clean_top()
         floor = top[0] if top is not None else self._virtual_time
-        peer_floor = self.peer_heads.floor(user)
+        peer_floor = self._counters.floor(user)
         if peer_floor is not None:
             # The smallest counter backlogged on the other replicas (as last read).
             floor = peer_floor if top is None else min(floor, peer_floor)
-        lifted = state.counter < floor
-        state.counter = max(state.counter, floor)
-        if lifted and self.journal is not None:
-            self.journal.floors[user] = max(self.journal.floors.get(user, 0.0), floor)
-        if self.on_backlogged is not None:
-            self.on_backlogged()
+        lifted = self._value(user) < floor
+        self._counters.lift(user, floor)
         state.active = True
         self._active += 1
         self._push(user, state, fresh=lifted)
@@ -170,7 +140,7 @@ class CounterFairness:
         self._active -= 1
         if not self._lift:
             return  # the record, and its low counter, stay: that is the baseline's point
-        if self._active == 0 and self.journal is None:
+        if self._active == 0 and not self._counters.shared:
             # Nobody is backlogged: counters only matter relative to backlogged users, so the
             # history can go. Everyone who comes back is lifted to the highest counter seen,
             # which takes credit away from no one and keeps memory at zero between bursts.
@@ -178,7 +148,9 @@ class CounterFairness:
             # requests are all in flight here is still being charged. Dropped, it would come
             # back at the old counter (the charges since only journaled), be served at once
             # as if behind, until the next sync; kept, it is parked like any idle user.
-            self._virtual_time = max(self._virtual_time, *(u.counter for u in self._users.values()))
+            self._virtual_time = max(self._virtual_time, *map(self._value, self._users))
+            for name in self._users:
+                self._counters.forget(name)
             self._users.clear()
             self._idle.clear()
             return
@@ -187,10 +159,12 @@ class CounterFairness:
     def _forget_or_park(self, user: str, state: _UserState) -> None:
         # Keep an idle record only while it carries a counter above the floor a returning
         # user would get anyway. Charges arriving later carry their own weight.
-        if state.counter <= self._virtual_time:
+        value = self._value(user)
+        if value <= self._virtual_time:
             del self._users[user]
+            self._counters.forget(user)
         else:
-            heapq.heappush(self._idle, (state.counter, user))
+            heapq.heappush(self._idle, (value, user))
 
     def _prune(self) -> None:
         idle = self._idle
@@ -234,12 +208,11 @@ class CounterFairness:
         return [user for _, _, user in taken]
 
     def counter(self, user: str) -> float:
-        """See :meth:`FairnessPolicy.counter`."""
-        state = self._users.get(user)
-        return state.counter if state is not None else self._virtual_time
+        """Return ``user``'s service counter (the virtual time for a user without a record)."""
+        return self._value(user) if user in self._users else self._virtual_time
 
     def min_counter(self) -> float:
-        """See :meth:`FairnessPolicy.min_counter`."""
+        """Return the smallest counter among active users (0 when none is active)."""
         top = self._clean_top()
         return top[0] if top is not None else 0.0
 
@@ -251,60 +224,16 @@ class CounterFairness:
         if not amount:
             return
         state = self._users.get(user)
-        if self.journal is not None:
-            # Shared even when no user is backlogged here: they may be elsewhere.
-            w = weight if weight is not None and weight > 0 else state.weight if state else 1.0
-            self.journal.deltas[user] = self.journal.deltas.get(user, 0.0) + amount / w
-        if state is None:
-            if self._active == 0:
-                return  # nobody to be fair against: see deactivate()
-            state = self._users[user] = _UserState(counter=self._virtual_time)
+        w = weight if weight is not None and weight > 0 else state.weight if state else 1.0
+        if state is None and self._active:
+            state = self._users[user] = _UserState()
+            self._counters.lift(user, self._virtual_time)
             # Created for an idle user by a late charge: make it prunable like the others.
-            heapq.heappush(self._idle, (state.counter, user))
-        w = weight if weight is not None and weight > 0 else state.weight
-        state.counter += amount / w
+            heapq.heappush(self._idle, (self._virtual_time, user))
+        # Without a record (nobody to be fair against here: see deactivate()) only a cluster
+        # keeps the charge: the user may be backlogged elsewhere.
+        self._counters.add(user, amount / w)
 
     def price(self, cost: Cost) -> float:
         """Return what ``cost`` adds to a counter before the weight divides it."""
         raise NotImplementedError
-
-    # -- cluster: shared counters -----------------------------------------------------------
-
-    def take_journal(self) -> tuple[Journal, list[str], tuple[tuple[str, float], ...]]:
-        """Start a new journal; return the old one, the backlogged users and the heads.
-
-        The heads are the two backlogged users with the smallest counters here, smallest
-        first (fewer when fewer are backlogged).
-        """
-        journal, self.journal = self.journal or Journal(), Journal()
-        active = [u for u, s in self._users.items() if s.active]
-        return journal, active, self._heads()
-
-    def _heads(self) -> tuple[tuple[str, float], ...]:
-        first = self._clean_top()
-        if first is None:
-            return ()
-        heapq.heappop(self._heap)  # look under the top, then put it back
-        second = self._clean_top()
-        heapq.heappush(self._heap, first)
-        heads = ((first[2], first[0]),)
-        return heads if second is None else (*heads, (second[2], second[0]))
-
-    def adopt(self, counters: Mapping[str, float], heads: PeerHeads) -> None:
-        """Take the shared counters (plus what was journaled since), and the peers' heads."""
-        pending = self.journal or Journal()
-        for user, value in counters.items():
-            state = self._users.get(user)
-            if state is None:
-                continue
-            value = max(value, pending.floors.get(user, value)) + pending.deltas.get(user, 0.0)
-            if value != state.counter:
-                state.counter = value
-                if state.active:
-                    self._push(user, state)  # a new stamp retires the old heap entry
-        self.peer_heads = heads
-
-    def may_serve(self, user: str) -> bool:
-        """Whether ``user`` is within the slack of anyone else's counter on the other replicas."""
-        floor = self.peer_heads.floor(user)
-        return floor is None or self.counter(user) <= floor + self.slack + 1e-9

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fairq_server.scheduling.fairness.counter import CounterFairness
-from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.interfaces import Cost, ServiceCounters
 
 __all__ = ["VtcFairness"]
 
@@ -16,14 +16,18 @@ class VtcFairness(CounterFairness):
     dispatcher settles the estimate against the backend's own count when the request ends.
 
     Args:
+        counters: see :class:`CounterFairness`.
         lift: see :class:`CounterFairness`.
         output_weight: what one output token costs relative to one input token. Decoding a
             token costs a backend more than prefilling one; 2 is the VTC paper's default.
 
     """
 
-    def __init__(self, *, lift: bool = True, output_weight: float = 2.0) -> None:
-        super().__init__(lift=lift)
+    def __init__(
+        self, counters: ServiceCounters | None = None, *, lift: bool = True,
+        output_weight: float = 2.0,
+    ) -> None:  # fmt: skip
+        super().__init__(counters, lift=lift)
         if not output_weight > 0:
             raise ValueError(f"output_weight must be > 0, not {output_weight!r}")
         self.output_weight = output_weight
