@@ -16,6 +16,7 @@ from pathlib import Path
 # Modules, not their functions: a function bound under its module's name would shadow it.
 from fairq_bench.scenarios import (
     backpressure,
+    console_cost,
     http_overhead,
     onoff,
     overhead,
@@ -38,6 +39,7 @@ SCENARIOS: dict[str, Scenario] = {
     "on-off": onoff.on_off,
     "overhead": overhead.overhead,
     "http-overhead": http_overhead.http_overhead,
+    "console-cost": console_cost.console_cost,
 }
 
 TITLES: dict[str, str] = {
@@ -49,4 +51,5 @@ TITLES: dict[str, str] = {
     "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
     "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
     "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
+    "console-cost": "10. The console's own cost (tokens per core with a page open)",
 }
