@@ -44,7 +44,9 @@ def chrome(profile: Path) -> Iterator[webdriver.Chrome]:
     """Start Chromium with a fresh profile in ``profile``; quit it at the end."""
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
         if os.environ.get("FAIRQ_CI"):
-            pytest.fail("chromium and chromium-driver are required (FAIRQ_CI is set): make chromium")
+            pytest.fail(
+                "chromium and chromium-driver are required (FAIRQ_CI is set): make chromium"
+            )
         pytest.skip("needs Debian's chromium and chromium-driver (make chromium)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
