@@ -127,3 +127,19 @@ async def test_admin_bearer_header_reads_the_data_without_a_session(console: Doo
         root = {"Authorization": "Bearer root-key"}
         async with http.get(f"{console.url}/console/api/live", headers=root) as resp:
             assert resp.status == 200
+
+
+async def test_login_through_a_tls_terminating_proxy_is_same_origin(console: Door) -> None:
+    """The browser's origin is https:// while fairq sees plain HTTP with the same Host."""
+    host = console.url.removeprefix("http://")
+    async with _session() as http:
+        resp = await http.post(
+            f"{console.url}/console/login", data={"key": "root-key"},
+            headers={"Origin": f"https://{host}"}, allow_redirects=False,
+        )  # fmt: skip
+        assert resp.status == 303
+        resp = await http.post(
+            f"{console.url}/console/login", data={"key": "root-key"},
+            headers={"Origin": f"https://{host}.evil.example"}, allow_redirects=False,
+        )  # fmt: skip
+        assert resp.status == 403

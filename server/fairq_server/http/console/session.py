@@ -108,14 +108,15 @@ def csrf_ok(session: Session, presented: str) -> bool:
 
 
 def same_origin(request: web.Request) -> bool:
-    """Whether a POST comes from a page of this origin (its ``Origin``, else ``Referer``).
+    """Whether a POST comes from a page of this host (its ``Origin``, else ``Referer``).
 
-    A request with neither is refused: browsers send ``Origin`` with every form POST, so
-    only a non-browser client lacks both, and it has no reason to use the forms.
+    The host and port are compared with the request's ``Host``, not the scheme: behind a
+    proxy that terminates TLS the browser's origin is ``https`` while fairq sees plain HTTP.
+    A request with neither header is refused: browsers send ``Origin`` with every form POST,
+    so only a non-browser client lacks both, and it has no reason to use the forms.
     """
     source = request.headers.get("Origin") or request.headers.get("Referer") or ""
     if not source or source == "null":
         return False
     parts = urlsplit(source)
-    own = f"{request.scheme}://{request.host}"
-    return f"{parts.scheme}://{parts.netloc}" == own
+    return parts.scheme in ("http", "https") and parts.netloc == request.host
