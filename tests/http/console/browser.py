@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.wait import WebDriverWait
 
@@ -63,5 +64,11 @@ def chrome(profile: Path) -> Iterator[webdriver.Chrome]:
 def until(
     driver: webdriver.Chrome, condition: Callable[[webdriver.Chrome], object], timeout: float = 30
 ) -> object:
-    """Wait until ``condition(driver)`` is truthy (polled by Selenium); return it."""
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+    """Wait until ``condition(driver)`` is truthy (polled by Selenium); return it.
+
+    The live fragment is replaced on every refresh, so an element found a moment ago may be
+    gone when read: that is polled again, like an element not there yet.
+    """
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    wait = WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=ignored)
+    return wait.until(condition)

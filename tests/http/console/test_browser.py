@@ -6,6 +6,7 @@ The screenshots under ``docs/console/`` are taken here, from the pages as the te
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +28,8 @@ BOB = (("authorization", "Bearer bob-key"),)
 
 
 def _live_text(driver: webdriver.Chrome) -> str:
-    return str(driver.find_element(By.ID, "live").text)
+    # Read in one script call: the fragment may be replaced between a find and a read.
+    return str(driver.execute_script("return document.getElementById('live').innerText"))
 
 
 def _log_in(driver: webdriver.Chrome, url: str, key: str) -> None:
@@ -70,6 +72,8 @@ async def test_flood_appears_in_the_queue_view_and_drains(
                 until, driver, lambda d: d.current_url.endswith("/console/queues")
             )
             assert "Nobody is waiting" in await asyncio.to_thread(_live_text, driver)
+            # Keyboard: the first Tab reaches the skip link, the next the views' navigation.
+            assert await asyncio.to_thread(_tab_order, driver) == ["Skip to the content", "Queues"]
             # A mark on the page: still there at the end means no reload happened.
             await asyncio.to_thread(driver.execute_script, "window.fairqMark = 1")
 
@@ -89,7 +93,9 @@ async def test_flood_appears_in_the_queue_view_and_drains(
                 )
                 text = await asyncio.to_thread(_live_text, driver)
                 assert "Model sim:" in text and "batch" in text
-                await asyncio.to_thread(until, driver, lambda d: " over" in _live_text(d))
+                await asyncio.to_thread(
+                    until, driver, lambda d: re.search(r"\bover\b", _live_text(d))
+                )
                 await asyncio.to_thread(driver.save_screenshot, str(DOCS / "queues.png"))
                 # Meanwhile, in another tab: the backend busy, fairq's requests in flight.
                 await asyncio.to_thread(_backends_tab, driver, url)
@@ -110,6 +116,14 @@ async def test_flood_appears_in_the_queue_view_and_drains(
             )
             await asyncio.to_thread(driver.get, f"{url}/console/backends")
             assert driver.current_url.endswith("/console/login")
+
+
+def _tab_order(driver: webdriver.Chrome) -> list[str]:
+    body = driver.find_element(By.TAG_NAME, "body")
+    body.send_keys(Keys.TAB)
+    first = driver.switch_to.active_element.text
+    driver.switch_to.active_element.send_keys(Keys.TAB)
+    return [first, driver.switch_to.active_element.text]
 
 
 def _backends_tab(driver: webdriver.Chrome, url: str) -> None:
