@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+
 import aiohttp
 import pytest
 
@@ -143,3 +146,24 @@ async def test_login_through_a_tls_terminating_proxy_is_same_origin(console: Doo
             headers={"Origin": f"https://{host}.evil.example"}, allow_redirects=False,
         )  # fmt: skip
         assert resp.status == 403
+
+
+async def test_a_key_removed_by_reload_ends_its_sessions_at_the_next_push(console: Door) -> None:
+    """The credential is checked at every push: the open page is told to log out."""
+    async with _session() as http:
+        assert (await _login(http, console.url, "root-key")).status == 303
+        async with http.get(f"{console.url}/console/events?view=backends") as events:
+            assert events.status == 200
+            first = await events.content.readline()
+            assert first.startswith(b"data: ") and b"sim-a" in first
+            config = console.server.config
+            keys = tuple(k for k in config.keys if k.user != "root")
+            await console.server.reload(replace(config, keys=keys))
+            lines = []
+            async with asyncio.timeout(10):
+                while b"event: logout" not in lines[-1:]:
+                    lines.append((await events.content.readline()).strip())
+        async with http.get(f"{console.url}/console/api/live") as resp:
+            assert resp.status == 401
+        async with http.get(f"{console.url}/console/queues", allow_redirects=False) as resp:
+            assert resp.headers["Location"] == "/console/login"
