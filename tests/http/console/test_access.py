@@ -37,6 +37,8 @@ async def test_console_is_off_unless_configured(door: Door) -> None:
 
 
 def test_console_needs_the_http_door() -> None:
+    on = parse_config({"http": {"listen": "127.0.0.1:0"}, "console": {"enabled": True}})
+    assert on.console.enabled and on.console.refresh_seconds == 1.0
     with pytest.raises(ConfigError, match=r"console\.enabled needs the HTTP door"):
         parse_config({"console": {"enabled": True}})
     with pytest.raises(ConfigError, match=r"console\.refresh_seconds must be above 0"):
