@@ -111,8 +111,9 @@ async def test_malformed_huge_slow_and_unrouted_requests(
 ) -> None:
     door = await start_door(fairq_factory, sim, body_timeout_seconds=0.5)
     server = door.server
-    server.core.config = replace(
-        server.core.config, limits=replace(server.core.config.limits, max_body_bytes=10_000)
+    # The body bound applies live: set it as a reload would.
+    await server.reload(
+        replace(server.config, limits=replace(server.config.limits, max_body_bytes=10_000))
     )
     url = f"{door.url}/v1/chat/completions"
     async with aiohttp.ClientSession() as session:
@@ -125,9 +126,8 @@ async def test_malformed_huge_slow_and_unrouted_requests(
         async with session.post(url, data=deep[:9000]) as resp:
             assert resp.status == 400
         nested = ("[" * 3000 + "]" * 3000).encode()
-        server.core.config = replace(
-            server.core.config, limits=replace(server.core.config.limits, max_body_bytes=100_000)
-        )
+        limits = replace(server.config.limits, max_body_bytes=100_000)
+        await server.reload(replace(server.config, limits=limits))
         async with session.post(url, data=nested) as resp:
             assert resp.status == 400
             assert "nested too deeply" in (await resp.json())["error"]["message"]
