@@ -5,7 +5,7 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap redis chromium promtool gen-tools sync demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
+.PHONY: help bootstrap redis postgres chromium promtool gen-tools sync demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
@@ -57,6 +57,16 @@ gen-tools:
 	$(call apt_tool,protoc-gen-go,protoc-gen-go,make gen, or 'go install google.golang.org/protobuf/cmd/protoc-gen-go@latest')
 	$(call apt_tool,protoc-gen-go-grpc,protoc-gen-go-grpc,make gen, or 'go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@latest')
 
+# PostgreSQL's server binaries for the store tests (tests/store start their own cluster as the
+# postgres user, on a free port, in a temporary folder): installed with apt where possible.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+		else \
+			echo "PostgreSQL's server is needed (tests/store): install it, e.g. 'sudo apt-get install -y postgresql' or 'brew install postgresql'"; exit 1; \
+		fi; }
+
 sync: bootstrap
 	$(UV) sync --frozen --quiet
 
@@ -85,7 +95,7 @@ lint: sync node
 typecheck: sync
 	$(PY) mypy
 
-test: sync redis chromium node lint typecheck
+test: sync redis postgres chromium node lint typecheck
 	$(PY) pytest -q
 	cd clients/node && npm test --silent
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from fairq_bench.flood import compare_flood, flood_workload
+from fairq_bench.hot_path.scenario import hot_path
 from fairq_bench.processes import sim_process
 from fairq_bench.report import plot_ttft
 from fairq_bench.scenarios import SCENARIOS as MORE_SCENARIOS
@@ -67,7 +68,8 @@ async def _flood(args: argparse.Namespace, url: str, out: Path) -> bool:
     return ratios["light_ttft_p50"] < 0.5 and ratios["power_makespan"] < 1.25
 
 
-SCENARIOS: dict[str, Scenario] = {"flood": _flood, **MORE_SCENARIOS}
+SCENARIOS: dict[str, Scenario] = {"flood": _flood, **MORE_SCENARIOS, "hot-path": hot_path}
+HOT_PATH_TITLE = "12. The hot path (tokens per fairq core-second, added TTFT, Redis replicas)"
 
 
 def _write_readme(args: argparse.Namespace) -> None:
@@ -75,6 +77,7 @@ def _write_readme(args: argparse.Namespace) -> None:
     floods = dict.fromkeys([f"flood-{args.label}.md", "flood-sim.md", "flood-vllm.md"])
     pages = [(f"1. Power-user flood ({page[6:-3]})", page) for page in floods]
     pages += [(TITLES[name], f"{name}.md") for name in MORE_SCENARIOS]
+    pages.append((HOT_PATH_TITLE, "hot-path.md"))
     write_readme(args.out, pages)
 
 
@@ -98,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="reduced sizes (CI)")
     parser.add_argument("--describe", default="", help="backend description for the report")
     parser.add_argument("--reproduce", default="", help="command shown in the report")
+    parser.add_argument(
+        "--flame", action="store_true", help="hot-path: also write py-spy flame graphs"
+    )
+    parser.add_argument(
+        "--as-before", action="store_true", help="hot-path: record this run as 'before'"
+    )
     parser.add_argument(
         "--cpus",
         default="",

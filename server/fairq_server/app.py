@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 
 from prometheus_client import start_http_server
 
@@ -24,6 +26,7 @@ from fairq_server.http import HttpDoor
 from fairq_server.http.console import build_console
 from fairq_server.listening import listening
 from fairq_server.requests.access_log import RequestLog
+from fairq_server.store.service import Store
 from fairq_server.telemetry import Telemetry
 
 __all__ = ["FairqServer"]
@@ -54,11 +57,17 @@ class FairqServer:
         self.config = config
         self.core = FairqCore(config, telemetry, on_health=self._scheduling_health)
         self.auth = Authenticator(config.keys, self.core.tier_names, config.jwt)
-        self.request_log = RequestLog(config.access_log)
+        self.store: Store | None = None
+        if config.store is not None:
+            replica = config.cluster.replica_id if config.cluster else _process_name()
+            registry = self.core.telemetry.registry
+            self.store = Store(config.store, config.state_file, config.prices,
+                               self.core.tier_names, replica, registry)  # fmt: skip
+        self.request_log = RequestLog(config.access_log, usage=self.store)
         self.port = 0
         self.metrics_port = 0
         self.http_port = 0
-        self._grpc = GrpcDoor(config, self.core, self.auth, self.request_log)
+        self._grpc = GrpcDoor(config, self.core, self.auth, self.request_log, self.store)
         self._http: HttpDoor | None = None
         self._metrics_http: object | None = None
         self._collector = Collector(
@@ -80,6 +89,9 @@ class FairqServer:
 
     async def start(self) -> None:
         """Register configured backends, bind the ports and start serving."""
+        if self.store is not None:
+            await self.store.start()
+            self.auth.add_source(self.store.keys)
         await self.core.start()
         await self.auth.start()
         await self._grpc.start()
@@ -105,7 +117,7 @@ class FairqServer:
         # Last: what exists now lives as long as the server and is frozen out of collections.
         self._collector.start()
         log.info("fairq listening on %s (port %d)", self.config.listen, self.port)
-        _warn_open_mode(self.config)
+        _warn_open_mode(self.config, self.auth.open_mode)
 
     async def reload(self, config: Config) -> None:
         """Apply a new configuration without dropping queued or running requests.
@@ -133,8 +145,12 @@ class FairqServer:
         self.auth.install(keys)
         await self.auth.install_jwt(jwt)
         self.request_log.set_enabled(config.access_log)
+        if self.store is not None:
+            if config.store != self.config.store:
+                log.warning("[store] cannot change on reload; restart to apply it (prices do)")
+            self.store.reconfigure(config.prices, self.core.tier_names)
         self.config = config
-        _warn_open_mode(config)
+        _warn_open_mode(config, self.auth.open_mode)
         log.info("configuration reloaded")
 
     async def stop(self, grace: float) -> None:
@@ -147,6 +163,8 @@ class FairqServer:
             self.core.close_queues(), self._grpc.stop(grace), self._stop_http(grace)
         )
         await self.core.close()
+        if self.store is not None:  # every request has ended: its row is in the buffer
+            await self.store.close()
         await self.auth.close()
         await self._collector.stop()
         if self._metrics_http is not None:
@@ -167,9 +185,14 @@ class FairqServer:
         await self._grpc.wait_for_termination()
 
 
-def _warn_open_mode(config: Config) -> None:
+def _process_name() -> str:
+    """Return this process's name in the usage ledger outside a cluster: host and pid."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _warn_open_mode(config: Config, open_mode: bool) -> None:
     """Say loudly that without keys every caller is trusted, and an admin."""
-    if config.keys or config.jwt is not None:
+    if not open_mode:
         return
     log.warning(
         "OPEN MODE: no [[keys]] are configured, so fairq trusts every caller: the "

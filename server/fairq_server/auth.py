@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from fairq_server.config import ConfigError, KeyConfig
 from fairq_server.errors import PermissionDeniedError, UnauthenticatedError
@@ -21,7 +23,15 @@ from fairq_server.identity.jwt import JwtVerifier, looks_like_jwt
 from fairq_server.identity.keyset import JwksError
 from fairq_server.identity.settings import JwtConfig
 
-__all__ = ["ANONYMOUS_USER", "Authenticator", "Principal", "hash_key"]
+__all__ = [
+    "ANONYMOUS_USER",
+    "KEY_PREFIX",
+    "Authenticator",
+    "KeySource",
+    "Principal",
+    "hash_key",
+    "new_key",
+]
 
 ANONYMOUS_USER = "anonymous"
 _MAX_USER_CHARS = 128
@@ -39,7 +49,8 @@ class Principal:
         admin: may call the Admin service.
         weight: share of service relative to other users (vtc fairness).
         group: low-cardinality label for fairq's own metrics.
-        team: the team the user belongs to (None: no team; the user is its own team).
+        team: the team the user belongs to, and the usage ledger charges (None: no team;
+            the user is its own team).
 
     User and team names are kept verbatim (any text but control characters, bounded in
     length): a key's user and a token's user claim of the same text are the same user.
@@ -63,9 +74,29 @@ class Principal:
         return ("team", self.team) if self.team is not None else ("user", self.user)
 
 
+class KeySource(Protocol):
+    """Keys kept outside the configuration file (the store), consulted after the file's."""
+
+    def has_keys(self) -> bool:
+        """Return True when the source holds a usable key (so open mode ends)."""
+        ...
+
+    def lookup(self, digest: bytes) -> Principal | None:
+        """Return the principal of the key with SHA-256 ``digest``, None if unknown."""
+        ...
+
+
 def hash_key(api_key: str) -> str:
     """Return the hex SHA-256 digest under which ``api_key`` is configured."""
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+KEY_PREFIX = "fq_"
+
+
+def new_key() -> str:
+    """Return a fresh API key: the prefix and 256 random bits, URL-safe base64."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 class Authenticator:
@@ -92,8 +123,13 @@ class Authenticator:
         self._keys: list[tuple[bytes, Principal]] = []
         self._jwt: JwtVerifier | None = None
         self._warned_ignored_key = False
+        self._sources: list[KeySource] = []
         self.update(keys)
         self._jwt = self.prepare_jwt(jwt)
+
+    def add_source(self, source: KeySource) -> None:
+        """Also accept the keys ``source`` holds (the store's)."""
+        self._sources.append(source)
 
     def update(self, keys: Iterable[KeyConfig]) -> None:
         """Replace the configured keys (configuration reload).
@@ -166,8 +202,8 @@ class Authenticator:
 
     @property
     def open_mode(self) -> bool:
-        """True when no keys and no JWT identities are configured."""
-        return not self._keys and self._jwt is None
+        """True when no keys, no key source's keys and no JWT identities are configured."""
+        return not self._keys and self._jwt is None and not any(s.has_keys() for s in self._sources)
 
     async def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Principal:
         """Return the caller's principal.
@@ -227,6 +263,8 @@ class Authenticator:
         for stored, principal in self._keys:
             if hmac.compare_digest(stored, digest):
                 found = principal
+        for source in self._sources:
+            found = found or source.lookup(digest)
         if found is None:
             raise UnauthenticatedError("invalid API key")
         return found

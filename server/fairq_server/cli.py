@@ -1,4 +1,4 @@
-"""The ``fairq`` command: ``serve``, ``health``, ``keys``, ``top``, ``sim``, ``demo``, ``bench``."""
+"""The ``fairq`` command: ``serve`` and the tools (``keys``, ``usage``, ``db``, ``top``, ...)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,22 @@ from fairq_server.app import FairqServer
 from fairq_server.config_file import load_config
 from fairq_server.errors import ConfigError, SchedulerError
 
-__all__ = ["main"]
+__all__ = ["event_loop_factory", "main"]
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """Return uvloop's loop factory where it is installed (Linux, macOS), else None.
+
+    Every token through either door is a socket read and a socket write on this loop; with
+    uvloop the loop's own share of that (callbacks, transports, the selector) is compiled
+    code. None leaves asyncio's default loop. docs/design/hot-path.md has the measured
+    difference.
+    """
+    try:
+        import uvloop  # optional: not built for Windows
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -65,7 +80,8 @@ def _serve(args: argparse.Namespace) -> int:
         log.info("stopped after %.1f s", time.monotonic() - started)
 
     try:
-        asyncio.run(run())
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(run())
     except (ConfigError, SchedulerError, OSError, ValueError) as exc:
         # A configuration that parses but cannot work (bad backend URL, unknown policy,
         # missing TLS files, port in use): one line, no traceback.
@@ -106,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         "--access-log", action="store_true", help="one JSON line per request on stdout"
     )
     sub.add_parser("health", help="exit 0 if a fairq reports SERVING", add_help=False)
-    sub.add_parser("keys", help="make API keys (fairq keys new --user NAME)", add_help=False)
+    sub.add_parser(
+        "keys", help="API keys: new (file), create/list/revoke/rotate (store)", add_help=False
+    )
+    sub.add_parser("usage", help="usage by team, user or model (the ledger)", add_help=False)
+    sub.add_parser("db", help="the store's schema: fairq db upgrade --config FILE", add_help=False)
     sub.add_parser("top", help="live view of queues, users and backends", add_help=False)
     sub.add_parser("sim", help="run the simulated backend (see fairq sim --help)", add_help=False)
     sub.add_parser("demo", help="the power-user story on a simulated backend", add_help=False)
@@ -146,6 +166,8 @@ def _plugin_command(name: str) -> Callable[[list[str]], int] | None:
 _TOOLS = {
     "health": "fairq_server.tools.health",
     "keys": "fairq_server.tools.keys",
+    "usage": "fairq_server.tools.usage",
+    "db": "fairq_server.tools.db",
     "top": "fairq_server.tools.top",
 }
 # Commands other distributions bring (entry points in group ``fairq.commands``): the service

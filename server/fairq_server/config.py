@@ -47,6 +47,8 @@ from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig
 from fairq_server.observe.settings import ConsoleConfig
+from fairq_server.preempt_config import PreemptConfig
+from fairq_server.store.settings import PriceConfig, StoreConfig
 
 __all__ = [
     "DEFAULT_BACKEND_ALLOWLIST",
@@ -87,6 +89,8 @@ class TierConfig:
             many requests in flight from fairq, of any tier (0: no cap). Set below the
             backend's running slots, it keeps the rest free for higher tiers: a higher-tier
             request then starts at once instead of waiting for a lower-tier one to finish.
+        preempt_after_seconds: a request of this tier that waited this long for a full
+            backend preempts a running one (None: never; ``docs/design/preemption.md``).
 
     """
 
@@ -98,6 +102,7 @@ class TierConfig:
     aging_seconds: float | None = None
     max_in_flight: int = 0
     max_backend_in_flight: int = 0
+    preempt_after_seconds: float | None = None
 
 
 DEFAULT_TIERS: tuple[TierConfig, ...] = (
@@ -137,6 +142,7 @@ class BackendConfig:
             ``Authorization: Bearer``).
         api_key_file: file holding the backend's API key (first line).
         verify_models: check ``/v1/models`` lists every registered model.
+        preempt: fairq may preempt requests running here (needs ``max_in_flight``).
 
     """
 
@@ -156,6 +162,7 @@ class BackendConfig:
     api_key_env: str = ""
     api_key_file: str = ""
     verify_models: bool = True
+    preempt: bool = False
 
 
 @dataclass(frozen=True)
@@ -340,6 +347,7 @@ class SchedulerConfig:
         no_backend_grace_seconds: requests queued for a model none of whose backends is
             healthy are answered UNAVAILABLE once that has lasted this long (a restarting
             backend within it fails nobody).
+        preempt: anti-thrash bounds of preemption (``[scheduler.preempt]``).
 
     """
 
@@ -369,6 +377,7 @@ class SchedulerConfig:
     max_error_body_bytes: int = 16_384
     max_poll_backoff_seconds: float = 10.0
     no_backend_grace_seconds: float = 5.0
+    preempt: PreemptConfig = field(default_factory=PreemptConfig)
 
     def __post_init__(self) -> None:
         for plugin in ("fairness", "ordering", "gate", "routing"):
@@ -392,6 +401,9 @@ class Config:
             survive a restart (empty: not kept). With ``cluster``, Redis keeps them.
         cluster: several replicas sharing gate, fairness and registry on Redis (None: one
             process, no Redis).
+        store: the usage ledger's and stored keys' database (None: neither; a file's
+            default is a SQLite file, see :mod:`fairq_server.store.settings`).
+        prices: per-model token prices, for the ledger's costs.
 
     """
 
@@ -405,6 +417,8 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     state_file: str = ""
     cluster: ClusterConfig | None = None
+    store: StoreConfig | None = None
+    prices: Mapping[str, PriceConfig] = field(default_factory=dict)
     tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()

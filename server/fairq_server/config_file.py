@@ -19,6 +19,7 @@ from fairq_server.backends.spec import check_backend_config
 from fairq_server.config import Config, ConfigError, SchedulerConfig
 from fairq_server.config_reader import read_table
 from fairq_server.identity.settings import MAX_NAME_CHARS, check_jwt, check_name
+from fairq_server.store.settings import PriceConfig, StoreConfig, StoreError, check_prices
 
 __all__ = ["load_config", "parse_config"]
 
@@ -75,6 +76,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
         ConfigError: on unknown keys, missing required keys or invalid values.
 
     """
+    raw = dict(raw)
+    store, prices = raw.pop("store", {}), raw.pop("prices", {})
     config = read_table(Config, "", raw, check=_check_values)
     for name, address in (
         ("listen", config.listen),
@@ -93,6 +96,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
         if _SHA256_HEX.fullmatch(key.sha256) is None:
             raise ConfigError(f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)")
         _check_team(key.team, f"keys[{i}].team")
+    config = _with_store_sections(config, store, prices)
     if config.console.enabled and not config.http.listen:
         raise ConfigError("console.enabled needs the HTTP door: set http.listen")
     _check_policies(config.scheduler)
@@ -128,6 +132,22 @@ def _check_team(team: str, what: str) -> None:
             check_name(team, what, MAX_NAME_CHARS)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def _with_store_sections(config: Config, store: object, prices: object) -> Config:
+    """Add ``[store]`` (default: the SQLite file) and ``[prices.<model>]`` to ``config``."""
+    if not isinstance(prices, dict):
+        raise ConfigError(f"prices: expected a table of [prices.<model>] tables, got {prices!r}")
+    try:
+        built_store = read_table(StoreConfig, "store", store, check=_check_values)
+        built = {
+            m: read_table(PriceConfig, f"prices.{m}", p, check=_check_values)
+            for m, p in prices.items()
+        }
+        check_prices(built, {m for b in config.backends for m in b.models})
+    except StoreError as exc:
+        raise ConfigError(str(exc)) from None
+    return dataclasses.replace(config, store=built_store, prices=built)
 
 
 def _check_policies(scheduler: SchedulerConfig) -> None:

@@ -119,6 +119,23 @@ class Telemetry:
             "fairq_retries_total", "Requests retried after failing before the first token.",
             ["backend"], registry=r,
         )  # fmt: skip
+        self.preemptions = Counter(
+            "fairq_preemptions_total",
+            "Running requests preempted for a waiting one, by reason (tier: the victim was of "
+            "a lower tier; fair-share: its user held more than a fair share).",
+            ["backend", "reason"], registry=r,
+        )  # fmt: skip
+        self.preempt_regenerated = Counter(
+            "fairq_preempt_regenerated_tokens_total",
+            "Generated tokens a preempted request's continuation reads again as its prompt.",
+            ["backend"], registry=r,
+        )  # fmt: skip
+        self.preempt_prefill = Counter(
+            "fairq_preempt_prefill_tokens_total",
+            "Prefill tokens a preempted request's continuation does again (prompt plus output "
+            "so far; a prefix cache makes most of it cheap).",
+            ["backend"], registry=r,
+        )  # fmt: skip
         self.tokens = Counter(
             "fairq_tokens_total", "Tokens served, by user group and kind (prompt, completion).",
             ["group", "kind"], registry=r,
@@ -182,6 +199,7 @@ class Telemetry:
             self.backend_waiting, self.backend_running, self.backend_tpot,
             self.backend_in_flight, self.backend_healthy, self.scrape_failures,
             self.metric_missing, self.dispatches, self.gate_refusals, self.retries,
+            self.preemptions, self.preempt_regenerated, self.preempt_prefill,
         ):  # fmt: skip
             metric.remove_by_labels({"backend": backend_id})
 

@@ -129,6 +129,7 @@ async def start_child(
     workdir: tempfile.TemporaryDirectory[str] | None = None,
     module: str = "fairq_server",
     env: Mapping[str, str] | None = None,
+    ready_timeout: float = _READY_TIMEOUT,
 ) -> ChildProcess:
     """Start ``python -m MODULE ARGS`` and wait for a stdout line matching ``ready``.
 
@@ -138,7 +139,7 @@ async def start_child(
     checkout of fairq).
 
     Raises:
-        RuntimeError: the child exited or printed nothing matching within 60 s.
+        RuntimeError: the child exited or printed nothing matching within ``ready_timeout`` seconds.
 
     """
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
@@ -155,7 +156,7 @@ async def start_child(
     child = ChildProcess(proc, "", tuple(args), log, workdir)
     assert proc.stdout is not None
     try:
-        async with asyncio.timeout(_READY_TIMEOUT):
+        async with asyncio.timeout(ready_timeout):
             while line := (await proc.stdout.readline()).decode():
                 if match := re.search(ready, line):
                     child.address = match.group(1)
@@ -189,6 +190,7 @@ async def start_fairq(
     metrics: bool = False,
     log_level: str = "WARNING",
     env: Mapping[str, str] | None = None,
+    ready_timeout: float = _READY_TIMEOUT,
 ) -> ChildProcess:
     """Run ``fairq serve`` with ``config_text``; ``address`` is its gRPC target.
 
@@ -208,6 +210,7 @@ async def start_fairq(
         r"\(port (\d+)\)",
         workdir=workdir,
         env=env,
+        ready_timeout=ready_timeout,
     )
     child.address = f"127.0.0.1:{child.address}"
     child.metrics_url = metrics_url

@@ -18,9 +18,11 @@ from fairq_bench.scenarios import (
     backpressure,
     console_cost,
     http_overhead,
+    ledger,
     onoff,
     overhead,
     overload,
+    preemption,
     prefix,
     priority,
     short_long,
@@ -39,6 +41,8 @@ SCENARIOS: dict[str, Scenario] = {
     "on-off": onoff.on_off,
     "overhead": overhead.overhead,
     "http-overhead": http_overhead.http_overhead,
+    "ledger": ledger.ledger,
+    "preemption": preemption.preemption,
     "console-cost": console_cost.console_cost,
 }
 
@@ -51,5 +55,7 @@ TITLES: dict[str, str] = {
     "on-off": "7. On/off user (vtc lift vs no-lift baseline)",
     "overhead": "8. Gateway overhead (added TTFT, tokens/s through one process)",
     "http-overhead": "9. HTTP door overhead (added TTFT, tokens/s, beside the gRPC door)",
-    "console-cost": "10. The console's own cost (tokens per core with a page open)",
+    "ledger": "10. Usage ledger (a replica killed, PostgreSQL restarted, SIGTERM)",
+    "preemption": "11. Preemption by continuation (light user under several power users)",
+    "console-cost": "13. The console's own cost (tokens per core with a page open)",
 }

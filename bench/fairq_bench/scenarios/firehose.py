@@ -5,7 +5,10 @@ not itself the bottleneck. The simulator is Python and spends most of its CPU on
 JSON per token; this server speaks just enough of vLLM's OpenAI API for fairq (streaming
 ``/v1/completions``, ``/metrics``) and writes pre-encoded events: one SSE event per token,
 as vLLM sends, every stream advanced once per "engine step" of ``--step-ms`` (0: as fast as
-the loop turns). Every token's text is one character, so characters count tokens.
+the loop turns). Every token's text is one character, so characters count tokens. With
+``--first-now`` a stream's first token is written as soon as its request is read (a prefill
+that costs nothing), so time to first token measures the path to the backend and back, not
+where the request fell in the engine's step.
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ def _final(tokens: int) -> bytes:
 class Firehose:
     """Streams advanced in lock-step, like a continuous-batching engine's output."""
 
-    def __init__(self, step: float) -> None:
+    def __init__(self, step: float, first_now: bool = False) -> None:
         self.step = step
+        self.first_now = first_now
         self.streams: dict[asyncio.StreamWriter, list[int]] = {}
         self.done: dict[asyncio.StreamWriter, asyncio.Future[None]] = {}
         self.tokens = 0
@@ -103,10 +107,16 @@ class Firehose:
                         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                         b"transfer-encoding: chunked\r\n\r\n"
                     )
-                    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self.done[writer] = done
-                    self.streams[writer] = [tokens, tokens]
-                    await done
+                    left = tokens
+                    if self.first_now:
+                        writer.write(_CHUNK if tokens > 1 else _final(tokens))
+                        self.tokens += 1
+                        left -= 1
+                    if left:
+                        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                        self.done[writer] = done
+                        self.streams[writer] = [left, tokens]
+                        await done
                     await writer.drain()
                     continue
                 if path.startswith("/metrics"):
@@ -125,8 +135,8 @@ class Firehose:
         writer.close()
 
 
-async def _serve(port: int, step: float) -> None:
-    hose = Firehose(step)
+async def _serve(port: int, step: float, first_now: bool) -> None:
+    hose = Firehose(step, first_now)
     server = await asyncio.start_server(hose.handle, "127.0.0.1", port)
     print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
     runner = asyncio.create_task(hose.run())
@@ -141,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="firehose", description=__doc__)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--step-ms", type=float, default=10.0, help="one token per stream per step")
+    parser.add_argument(
+        "--first-now", action="store_true", help="write each stream's first token at once"
+    )
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.port, args.step_ms / 1000))
+        asyncio.run(_serve(args.port, args.step_ms / 1000, args.first_now))
     return 0
 
 

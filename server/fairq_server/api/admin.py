@@ -7,6 +7,7 @@ import time
 import grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
+from fairq_server.api.admin_store import StoreAdmin
 from fairq_server.api.snapshot import build_snapshot, read_core
 from fairq_server.api.status import status_for
 from fairq_server.auth import Authenticator
@@ -18,6 +19,7 @@ from fairq_server.core import FairqCore
 from fairq_server.errors import InvalidRequestError, SchedulerError
 from fairq_server.requests.recent import RecentService
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.store.service import Store
 
 __all__ = ["AdminServicer"]
 
@@ -28,15 +30,20 @@ _KIND_NAMES = {admin_pb2.BackendKind.Value(v): k for k, v in _KIND_VALUES.items(
 Context = grpc.aio.ServicerContext
 
 
-class AdminServicer(admin_pb2_grpc.AdminServicer):
-    """Backend management; every call requires an admin principal."""
+class AdminServicer(StoreAdmin, admin_pb2_grpc.AdminServicer):
+    """Backend management, stored keys, usage; every call requires an admin principal."""
 
     def __init__(
-        self, core: FairqCore, auth: Authenticator, recent: RecentService | None = None
+        self,
+        core: FairqCore,
+        auth: Authenticator,
+        recent: RecentService | None = None,
+        store: Store | None = None,
     ) -> None:
         self._core = core
         self._auth = auth
         self._recent = recent if recent is not None else RecentService()
+        self._store = store
 
     async def _authorize(self, context: Context[object, object]) -> None:
         try:

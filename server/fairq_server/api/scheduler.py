@@ -65,6 +65,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         trace.request_id, trace.user, trace.group = (
             backend_request.request_id, principal.user, principal.group
         )  # fmt: skip
+        trace.team = principal.team
         trace.tier = self._core.tier_names[ticket.tier]
         try:
             async for events in ticket_events(

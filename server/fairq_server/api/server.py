@@ -19,6 +19,7 @@ from fairq_server.config import Config, TlsConfig
 from fairq_server.core import FairqCore
 from fairq_server.listening import add_grpc_port
 from fairq_server.requests.access_log import RequestLog
+from fairq_server.store.service import Store
 
 __all__ = ["GrpcDoor", "server_credentials", "server_options"]
 
@@ -113,12 +114,18 @@ class GrpcDoor:
     """
 
     def __init__(
-        self, config: Config, core: FairqCore, auth: Authenticator, request_log: RequestLog
+        self,
+        config: Config,
+        core: FairqCore,
+        auth: Authenticator,
+        request_log: RequestLog,
+        store: Store | None = None,
     ) -> None:
         self._config = config
         self._core = core
         self._auth = auth
         self._request_log = request_log
+        self._store = store
         self.port = 0
         self._server = grpc.aio.server(options=server_options(config))
         self._guard = RequestGuard(config.limits.request_receive_seconds)
@@ -151,7 +158,7 @@ class GrpcDoor:
             SchedulerServicer(self._core, self._auth, self._request_log), registrar
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self._core, self._auth, self._request_log.recent), registrar
+            AdminServicer(self._core, self._auth, self._request_log.recent, self._store), registrar
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, registrar)
         enable_reflection((*_SERVICES, health.SERVICE_NAME), self._server)

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fairq_server.backends.continuation import continue_openai
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
 from fairq_server.backends.request import BackendRequest, MetricsSample
@@ -187,6 +188,8 @@ class OpenAIBackend(VllmBackend):
     def payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
         """Return the path and JSON body for ``request``."""
         path, body = openai_body(request)
+        if request.resume is not None:
+            continue_openai(body, request.resume, token_ids=False)
         if self.priority_scheduling:
             body["priority"] = -priority if self.priority_order == "higher-first" else priority
         return path, body

@@ -13,14 +13,15 @@ The usage chunk fairq asks for is dropped unless the caller asked for it too
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from fairq_server.backends.base import Backend
+from fairq_server.backends.continuation import relay_payload, resumed_usage
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import http_error, read_at_most, token_count, utf8_chunks
 from fairq_server.backends.request import BackendRequest, StreamEnd, StreamEvent, TextDelta
@@ -84,6 +85,9 @@ async def openai_stream(
 
     """
     path, body = backend.openai_payload(request, priority)
+    # Token ids fairq asked for itself (to continue a preempted request) are not relayed.
+    strip_ids = bool(body.get("return_token_ids")) and not request.extra.get("return_token_ids")
+    rewrite = strip_ids or request.resume is not None
     finish = ""
     prompt_tokens = completion_tokens = 0
     try:
@@ -121,12 +125,18 @@ async def openai_stream(
                         continue  # the usage fairq asked for, not the caller
                     if obj.get("model") != request.model and "model" in obj:
                         obj["model"] = request.model
-                        payload = json.dumps(obj, separators=(",", ":"))
+                        payload = orjson.dumps(obj).decode()
+                    if rewrite:
+                        relayed = relay_payload(obj, payload, request.resume, strip_ids)
+                        objects.append(obj)
+                        if relayed is not None:
+                            data.append(relayed)
+                        continue
                     data.append(payload)
                     objects.append(obj)
                 if data:
                     framed = "".join(f"data: {d}\n\n" for d in data)
-                    yield RawDelta(framed, tokens, (), tuple(objects))
+                    yield RawDelta(framed, tokens, objects=tuple(objects))
                 if done:
                     break
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -143,4 +153,7 @@ async def openai_stream(
         ) from exc
     if not finish:
         raise backend.unfinished()
+    prompt_tokens, completion_tokens = resumed_usage(
+        request.resume, prompt_tokens, completion_tokens
+    )
     yield StreamEnd(finish, prompt_tokens, completion_tokens)

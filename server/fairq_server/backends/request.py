@@ -10,7 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BackendRequest", "MetricsSample", "Sampling", "StreamEnd", "StreamEvent", "TextDelta"]
+__all__ = [
+    "BackendRequest",
+    "MetricsSample",
+    "Resume",
+    "Sampling",
+    "StreamEnd",
+    "StreamEvent",
+    "TextDelta",
+]
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,27 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What earlier attempts of a preempted request generated: the continuation asks for the rest.
+
+    Attributes:
+        text: the generated text so far (what the caller has already been sent).
+        tokens: how many tokens that was.
+        token_ids: prompt and generated token ids, where the engine returned them (vLLM): the
+            continuation's prompt is then token-exact. None: continue from ``text``.
+        chunk_id: the ``id`` of the first attempt's OpenAI chunks (the HTTP door keeps it).
+        created: their ``created``.
+
+    """
+
+    text: str
+    tokens: int
+    token_ids: tuple[int, ...] | None = None
+    chunk_id: str | None = None
+    created: int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +73,8 @@ class BackendRequest:
             each delta's text (the HTTP door), instead of the generated text (gRPC).
         relay_usage: with ``relay_chunks``, keep the final usage chunk (the caller asked
             for it too).
+        resume: set on the continuation of a preempted request (see
+            :mod:`~fairq_server.backends.continuation`).
 
     """
 
@@ -56,6 +87,7 @@ class BackendRequest:
     raw_messages: tuple[Mapping[str, Any], ...] | None = None
     relay_chunks: bool = False
     relay_usage: bool = False
+    resume: Resume | None = None
 
 
 @dataclass(frozen=True)
@@ -64,12 +96,15 @@ class TextDelta:
 
     An event with ``tokens == 0`` (an opening role-only chunk) is relayed but is not the
     first token. ``extra`` holds what the backend sent beside text (tool calls, logprobs),
-    one object per choice event, in order.
+    one object per choice event, in order. ``token_ids`` are the generated token ids and
+    ``prompt_token_ids`` the prompt's, where the engine returned them.
     """
 
     text: str
     tokens: int = 1
     extra: tuple[Mapping[str, Any], ...] = ()
+    token_ids: tuple[int, ...] = ()
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

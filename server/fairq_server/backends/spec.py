@@ -106,4 +106,9 @@ def check_backend_config(cfg: BackendConfig) -> SplitResult:
             "backend fair_share_priority needs priority_scheduling (the backend must order "
             "its queue by priority)"
         )
+    if cfg.preempt and not cfg.max_in_flight:
+        raise ValueError(
+            "preempt needs max_in_flight (the backend's running slots: fairq frees a slot "
+            "only where it knows they are all taken)"
+        )
     return url

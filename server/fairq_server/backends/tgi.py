@@ -6,6 +6,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from fairq_server.backends.base import Backend
+from fairq_server.backends.continuation import continue_openai, continue_tgi, resumed_usage
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import token_count
 from fairq_server.backends.metrics import sample_sums
@@ -93,11 +94,17 @@ class TgiBackend(Backend):
         }
         merged = dict(request.extra)
         merged.update({k: v for k, v in params.items() if v is not None})
-        return "/generate_stream", {"inputs": request.prompt, "parameters": merged}
+        body = {"inputs": request.prompt, "parameters": merged}
+        if request.resume is not None:
+            continue_tgi(body, request.resume)
+        return "/generate_stream", body
 
     def openai_payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
         """Return the OpenAI-shaped request (TGI serves ``/v1/completions`` too)."""
-        return openai_body(request)
+        path, body = openai_body(request)
+        if request.resume is not None:  # completions only: chat is never preempted on TGI
+            continue_openai(body, request.resume, token_ids=False)
+        return path, body
 
     async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
         """Stream text deltas, then one :class:`StreamEnd`; ``priority`` is not used."""
@@ -125,6 +132,9 @@ class TgiBackend(Backend):
                 yield TextDelta("".join(texts), len(texts))
         if not finish:
             raise self.unfinished()
+        prompt_tokens, completion_tokens = resumed_usage(
+            request.resume, prompt_tokens, completion_tokens
+        )
         yield StreamEnd(finish, prompt_tokens, completion_tokens)
 
     def _error_event(self, err: object, error_type: object) -> BackendError:

@@ -6,6 +6,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from fairq_server.backends.base import Backend
+from fairq_server.backends.continuation import continue_openai, resumed_usage
 from fairq_server.backends.http_reading import token_count
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
@@ -66,6 +67,14 @@ class VllmBackend(Backend):
         path, body = openai_body(request)
         if request.request_id:
             body["request_id"] = request.request_id
+        if self.preempt:
+            # Token ids make a continuation after a preemption token-exact (completions) and
+            # count its output exactly (vLLM merges the deltas of a stream read late).
+            body["return_token_ids"] = True
+        if request.resume is not None:
+            continue_openai(body, request.resume, token_ids=True)
+            if request.request_id:  # the aborted attempt's id may still be in use
+                body["request_id"] = f"{request.request_id}-{request.resume.tokens}"
         if self.priority_scheduling:
             # vLLM running `fcfs` silently ignores the field, so send it only where it counts.
             body["priority"] = priority
@@ -88,9 +97,15 @@ class VllmBackend(Backend):
         path, body = self.payload(request, priority)
         finish = ""
         prompt_tokens = completion_tokens = 0
+        prompt_ids: tuple[int, ...] | None = None
         async for batch in self._sse(path, body):
             texts: list[str] = []
             extras: list[dict[str, Any]] = []
+            ids: list[int] | None = [] if body.get("return_token_ids") else None
+            # Ids of the batch's last chunks that brought no text: vLLM holds back the bytes
+            # of an incomplete character. They go in a delta of their own, so a continuation
+            # can end its prompt where the text sent so far ends.
+            held: list[int] = []
             for obj in batch:
                 try:
                     for choice in obj.get("choices") or ():
@@ -104,6 +119,16 @@ class VllmBackend(Backend):
                             texts.append(text)
                         if other := _beside_text(choice, delta):
                             extras.append(other)
+                        if ids is not None:
+                            chunk_ids = _token_ids(choice.get("token_ids"))
+                            if text:
+                                ids.extend(held)
+                                ids.extend(chunk_ids)
+                                held = []
+                            else:
+                                held.extend(chunk_ids)
+                            if prompt_ids is None and choice.get("prompt_token_ids"):
+                                prompt_ids = tuple(_token_ids(choice["prompt_token_ids"]))
                         if choice.get("finish_reason"):
                             finish = str(choice["finish_reason"])
                     usage = obj.get("usage")
@@ -112,15 +137,30 @@ class VllmBackend(Backend):
                         completion_tokens = token_count(usage.get("completion_tokens"))
                 except Exception as exc:  # any shape the code above did not foresee
                     raise self.shape_error(obj) from exc
-            if texts or extras:
-                yield TextDelta("".join(texts), max(len(texts), len(extras)), tuple(extras))
+            if texts or extras or ids:
+                count = len(ids) if ids else max(len(texts), len(extras))
+                yield TextDelta("".join(texts), count, tuple(extras), tuple(ids or ()), prompt_ids)
+            if held:
+                yield TextDelta("", len(held), (), tuple(held), prompt_ids)
         if not finish:
             raise self.unfinished()
+        prompt_tokens, completion_tokens = resumed_usage(
+            request.resume, prompt_tokens, completion_tokens
+        )
         yield StreamEnd(finish, prompt_tokens, completion_tokens)
 
 
+def _token_ids(value: object) -> list[int]:
+    """Return a list of token ids as sent (anything else: none)."""
+    if isinstance(value, list) and all(type(t) is int for t in value):
+        return value
+    return []
+
+
 _TEXT_KEYS = frozenset({"content", "role"})
-_CHOICE_KEYS = frozenset({"index", "delta", "text", "finish_reason", "stop_reason", "token_ids"})
+_CHOICE_KEYS = frozenset(
+    {"index", "delta", "text", "finish_reason", "stop_reason", "token_ids", "prompt_token_ids"}
+)
 
 
 def _beside_text(choice: dict[str, Any], delta: object) -> dict[str, Any] | None:

@@ -133,7 +133,7 @@ class OpenAIHandlers:
             count_rejection(self._core, exc)
             self._request_log.finished(trace, exc.outcome)
             return error_response(error_for(exc), retry_after)
-        trace.user, trace.group = principal.user, principal.group
+        trace.user, trace.group, trace.team = principal.user, principal.group, principal.team
         trace.tier = self._core.tier_names[ticket.tier]
         events = ticket_events(
             self._core,
@@ -253,6 +253,18 @@ class OpenAIHandlers:
         assert resp is not None
         await resp.write_eof()
         return resp
+
+
+async def _observed(
+    events: AsyncIterator[list[OutboxEvent]], trace: RequestTrace
+) -> AsyncIterator[list[OutboxEvent]]:
+    """Relay ``events``, noting in ``trace`` what the request log reports when it ends."""
+    async with contextlib.aclosing(events):  # type: ignore[type-var]
+        async for batch in events:
+            now = time.monotonic()
+            for event in batch:
+                trace.observe(event, now)
+            yield batch
 
 
 def _parse_frames(text: str) -> list[dict[str, Any]]:

@@ -24,11 +24,21 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from fairq_server.requests.recent import RecentService
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Started, Text
+from fairq_server.store.records import UsageRecord
 
-__all__ = ["ACCESS_LOGGER", "RequestLog", "RequestTrace", "configure_access_log", "format_line"]
+__all__ = [
+    "ACCESS_LOGGER",
+    "RequestLog",
+    "RequestTrace",
+    "UsageSink",
+    "configure_access_log",
+    "format_line",
+    "usage_record",
+]
 
 ACCESS_LOGGER = "fairq.access"
 
@@ -43,6 +53,7 @@ class RequestTrace:
     request_id: str = ""
     user: str = ""
     group: str = ""
+    team: str | None = None
     tier: str = ""
     model: str = ""
     arrival: float = 0.0
@@ -102,6 +113,32 @@ def format_line(trace: RequestTrace, outcome: str, ended_at: float, wall: float)
     )
 
 
+class UsageSink(Protocol):
+    """Where a request's usage row goes when it ends (the usage ledger)."""
+
+    def record(self, entry: UsageRecord) -> None:
+        """Take one row; must not block or raise (the request path calls it)."""
+        ...
+
+
+def usage_record(trace: RequestTrace, outcome: str, ended_at: float, wall: float) -> UsageRecord:
+    """Return the usage ledger's row for ``trace``, ended with ``outcome`` at ``ended_at``."""
+    return UsageRecord(
+        ended_at=wall,
+        request_id=trace.request_id,
+        user=trace.user,
+        team=trace.team,
+        model=trace.model,
+        backend=trace.backend,
+        tier=trace.tier,
+        input_tokens=trace.prompt_tokens,
+        output_tokens=trace.completion_tokens,
+        queue_seconds=_seconds(trace.arrival, trace.started_at),
+        ttft_seconds=_seconds(trace.arrival, trace.first_token_at),
+        outcome=outcome,
+    )
+
+
 def configure_access_log(enabled: bool) -> logging.Logger:
     """Set the ``fairq.access`` logger up: on, to standard output, or off.
 
@@ -124,17 +161,24 @@ def configure_access_log(enabled: bool) -> logging.Logger:
 
 
 class RequestLog:
-    """Where a finished ``Generate`` call is reported: recent service, and the access log.
+    """Where a finished call is reported: recent service, the access log, the usage ledger.
 
     Attributes:
         recent: tokens served per user, for ``GetQueueSnapshot``.
         enabled: write the JSON access-log line.
+        usage: the usage ledger, told of every request that reached the queue (None: none).
 
     """
 
-    def __init__(self, enabled: bool = False, recent: RecentService | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool = False,
+        recent: RecentService | None = None,
+        usage: UsageSink | None = None,
+    ) -> None:
         self.recent = recent if recent is not None else RecentService()
         self.enabled = enabled
+        self.usage = usage
         self._logger = configure_access_log(enabled)
 
     def set_enabled(self, enabled: bool) -> None:
@@ -147,7 +191,10 @@ class RequestLog:
 
         A failed write (closed stdout) is reported by ``logging`` itself, never raised.
         """
+        ended_at, wall = time.monotonic(), time.time()
         if trace.user:
             self.recent.record(trace.user, trace.prompt_tokens + trace.completion_tokens)
+            if self.usage is not None:  # a request refused before its queue has no user
+                self.usage.record(usage_record(trace, outcome, ended_at, wall))
         if self.enabled:
-            self._logger.info(format_line(trace, outcome, time.monotonic(), time.time()))
+            self._logger.info(format_line(trace, outcome, ended_at, wall))

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from fairq_server.backends.continuation import Progress
 from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
@@ -53,6 +54,7 @@ class AttemptSink:
         self._attempt = ticket.attempt
         self._tokens = 0
         self._uncharged = 0
+        self._progress = ticket.progress
 
     def text(self, delta: TextDelta) -> bool:
         """See :meth:`~fairq_server.backends.stream_reader.StreamSink.text`."""
@@ -64,6 +66,8 @@ class AttemptSink:
         if self._uncharged >= CHARGE_EVERY:
             self._post(ev.Tokens(ticket, attempt, self._uncharged))
             self._uncharged = 0
+        if self._progress is not None:
+            self._progress.record(delta)
         if ticket.outbox.put_text(delta.text, delta.extra):
             return True
         error = SlowClientError(
@@ -128,6 +132,8 @@ class AttemptBook:
         self._launcher = launcher
         self._clock = clock
         self.running = 0
+        #: The tickets running on each backend (by id), for preemption to choose among.
+        self.on_backend: dict[str, set[Ticket]] = {}
 
     def set_window(self, window: float) -> None:
         """Apply a new read-pacing window to attempts started from now on."""
@@ -142,6 +148,10 @@ class AttemptBook:
         backend.started(tier, ticket.user, boosted=ticket.boosted)
         backend.prefixes.add(ticket.prefix)
         self.running += 1
+        self.on_backend.setdefault(backend.id, set()).add(ticket)
+        resumed = ticket.progress is not None and ticket.progress.preemptions > 0
+        if backend.backend.preempt and ticket.progress is None:
+            ticket.progress = Progress()
         if ticket.attempt == 0:
             # The queue charged the estimated prompt at dispatch (vtc); settled at the end.
             ticket.charged_prompt = ticket.prompt_tokens
@@ -155,12 +165,13 @@ class AttemptBook:
         if ticket.boosted:
             t.boosts.labels(backend.id).inc()
         t.dispatches.labels(backend.id, tier).inc()
-        t.queue_wait.labels(tier).observe(now - ticket.arrival)
         t.backend_in_flight.labels(backend.id).set(backend.in_flight)
         # The backend request goes out before the caller is told, so requests dispatched in
         # one pass reach the backend in dispatch order.
         ticket.handle = self._launcher(ticket)
-        ticket.outbox.put(Started(backend.id, now - ticket.arrival, tier))
+        if not resumed:  # a preempted request's caller was told once, and sees one stream
+            t.queue_wait.labels(tier).observe(now - ticket.arrival)
+            ticket.outbox.put(Started(backend.id, now - ticket.arrival, tier))
 
     def _priority(self, ticket: Ticket, backend: BackendState) -> int:
         """Return the backend priority: the tier's, or the overtaken tier's if it aged.
@@ -300,6 +311,7 @@ class AttemptBook:
         ticket.backend = None
         ticket.handle = None
         self.running -= 1
+        self.on_backend.get(backend.id, set()).discard(ticket)
         backend.ended(
             self._settings().tiers[ticket.tier].name,
             ticket.user,

@@ -43,6 +43,7 @@ from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.outbox import Queued
 from fairq_server.scheduling.picking import Picker
 from fairq_server.scheduling.policies import Policies
+from fairq_server.scheduling.preemption import Preemptor
 from fairq_server.scheduling.prefix import PrefixCache
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.settings import Settings
@@ -103,6 +104,7 @@ class Dispatcher:
         read = self._read_settings  # the helpers read the settings; only the loop writes them
         self.attempts = AttemptBook(read, self._models, telemetry, launcher, clock)
         self._picker = Picker(read, self._models, self._backends, self.attempts.start, telemetry)
+        self._preemptor = Preemptor(read, self._models, self._backends, self.attempts, telemetry)
         self.crashes = 0
         self._next_sweep = 0.0
         self.restart_delays: Sequence[float] = RESTART_DELAYS
@@ -274,6 +276,7 @@ class Dispatcher:
                 self._next_sweep = now + _SWEEP_EVERY
                 self._sweep(now)
             more = self._picker.dispatch(now, DISPATCH_BATCH)
+            more |= self._preemptor.run(now) > 0
             for model in self._models.values():
                 model.update_depth()
             if more:

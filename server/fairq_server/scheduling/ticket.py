@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from fairq_server.scheduling.outbox import Outbox
 
 if TYPE_CHECKING:
+    from fairq_server.backends.continuation import Progress
     from fairq_server.backends.request import BackendRequest
     from fairq_server.scheduling.backend_state import BackendState
 
@@ -86,6 +87,7 @@ class Ticket:
     charged_prompt: float = 0.0
     charged_completion: int = 0
     refused: bool = False  # counted once in the gate refusals
+    progress: Progress | None = None  # the output so far, kept where it may be preempted
 
     @property
     def cost(self) -> int:

@@ -7,22 +7,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import sys
 
-from fairq_server.auth import hash_key
+from fairq_server.auth import KEY_PREFIX, hash_key, new_key
 from fairq_server.config import DEFAULT_TIERS, ConfigError
 from fairq_server.config_file import load_config
 
 __all__ = ["KEY_PREFIX", "key_entry", "main", "new_key"]
 
 # A recognisable prefix lets secret scanners and people spot a leaked fairq key.
-KEY_PREFIX = "fq_"
-
-
-def new_key() -> str:
-    """Return a fresh API key: the prefix and 256 random bits, URL-safe base64."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
+# Keys in fairq's store (fairq_server.tools.stored_keys), rather than in the file.
+STORE_ACTIONS = {
+    "create": "make a key in the store",
+    "list": "list the store's keys",
+    "revoke": "revoke a stored key on every replica",
+    "rotate": "replace a stored key",
+}
 
 
 def _toml_string(value: str) -> str:
@@ -66,8 +66,15 @@ def _tier_names(config_path: str | None) -> tuple[tuple[str, ...], str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``fairq keys``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in STORE_ACTIONS:  # keys in the store, over the Admin API
+        from fairq_server.tools.stored_keys import main as stored_keys
+
+        return stored_keys(argv)
     parser = argparse.ArgumentParser(prog="fairq keys", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
+    for action, what in STORE_ACTIONS.items():
+        sub.add_parser(action, help=f"{what} (see fairq keys {action} --help)", add_help=False)
     new = sub.add_parser("new", help="print a fresh key once, and its [[keys]] entry")
     new.add_argument("--user", required=True, help="the user the key identifies")
     new.add_argument(

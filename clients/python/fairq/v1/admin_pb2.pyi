@@ -169,3 +169,121 @@ class GetQueueSnapshotResponse(_message.Message):
     backends: _containers.RepeatedCompositeFieldContainer[BackendLoad]
     known_users: int
     def __init__(self, taken_at_unix_seconds: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelQueue, _Mapping]]] = ..., users: _Optional[_Iterable[_Union[UserLoad, _Mapping]]] = ..., backends: _Optional[_Iterable[_Union[BackendLoad, _Mapping]]] = ..., known_users: _Optional[int] = ...) -> None: ...
+
+class StoredKey(_message.Message):
+    __slots__ = ("id", "user", "team", "tiers", "admin", "created_at_unix_seconds", "expires_at_unix_seconds", "revoked_at_unix_seconds", "replaces")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPLACES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    user: str
+    team: str
+    tiers: _containers.RepeatedScalarFieldContainer[str]
+    admin: bool
+    created_at_unix_seconds: float
+    expires_at_unix_seconds: float
+    revoked_at_unix_seconds: float
+    replaces: str
+    def __init__(self, id: _Optional[str] = ..., user: _Optional[str] = ..., team: _Optional[str] = ..., tiers: _Optional[_Iterable[str]] = ..., admin: _Optional[bool] = ..., created_at_unix_seconds: _Optional[float] = ..., expires_at_unix_seconds: _Optional[float] = ..., revoked_at_unix_seconds: _Optional[float] = ..., replaces: _Optional[str] = ...) -> None: ...
+
+class CreateKeyRequest(_message.Message):
+    __slots__ = ("user", "team", "tiers", "admin", "expires_in_seconds")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    team: str
+    tiers: _containers.RepeatedScalarFieldContainer[str]
+    admin: bool
+    expires_in_seconds: float
+    def __init__(self, user: _Optional[str] = ..., team: _Optional[str] = ..., tiers: _Optional[_Iterable[str]] = ..., admin: _Optional[bool] = ..., expires_in_seconds: _Optional[float] = ...) -> None: ...
+
+class CreateKeyResponse(_message.Message):
+    __slots__ = ("key", "secret")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    key: StoredKey
+    secret: str
+    def __init__(self, key: _Optional[_Union[StoredKey, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class ListKeysRequest(_message.Message):
+    __slots__ = ("include_revoked",)
+    INCLUDE_REVOKED_FIELD_NUMBER: _ClassVar[int]
+    include_revoked: bool
+    def __init__(self, include_revoked: _Optional[bool] = ...) -> None: ...
+
+class ListKeysResponse(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[StoredKey]
+    def __init__(self, keys: _Optional[_Iterable[_Union[StoredKey, _Mapping]]] = ...) -> None: ...
+
+class RevokeKeyRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class RevokeKeyResponse(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: StoredKey
+    def __init__(self, key: _Optional[_Union[StoredKey, _Mapping]] = ...) -> None: ...
+
+class RotateKeyRequest(_message.Message):
+    __slots__ = ("id", "grace_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    grace_seconds: float
+    def __init__(self, id: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+
+class RotateKeyResponse(_message.Message):
+    __slots__ = ("key", "secret")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    key: StoredKey
+    secret: str
+    def __init__(self, key: _Optional[_Union[StoredKey, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class GetUsageReportRequest(_message.Message):
+    __slots__ = ("by", "since_unix_seconds", "until_unix_seconds")
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    since_unix_seconds: float
+    until_unix_seconds: float
+    def __init__(self, by: _Optional[str] = ..., since_unix_seconds: _Optional[float] = ..., until_unix_seconds: _Optional[float] = ...) -> None: ...
+
+class UsageSummary(_message.Message):
+    __slots__ = ("name", "requests", "finished", "input_tokens", "output_tokens", "cost", "no_team")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    NO_TEAM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    requests: int
+    finished: int
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    no_team: bool
+    def __init__(self, name: _Optional[str] = ..., requests: _Optional[int] = ..., finished: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cost: _Optional[float] = ..., no_team: _Optional[bool] = ...) -> None: ...
+
+class GetUsageReportResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageSummary]
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageSummary, _Mapping]]] = ...) -> None: ...

@@ -56,6 +56,31 @@ class AdminStub:
                 request_serializer=fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotRequest.SerializeToString,
                 response_deserializer=fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotResponse.FromString,
                 _registered_method=True)
+        self.CreateKey = channel.unary_unary(
+                '/fairq.v1.Admin/CreateKey',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.CreateKeyRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.CreateKeyResponse.FromString,
+                _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/fairq.v1.Admin/ListKeys',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.ListKeysResponse.FromString,
+                _registered_method=True)
+        self.RevokeKey = channel.unary_unary(
+                '/fairq.v1.Admin/RevokeKey',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.RevokeKeyRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.RevokeKeyResponse.FromString,
+                _registered_method=True)
+        self.RotateKey = channel.unary_unary(
+                '/fairq.v1.Admin/RotateKey',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.RotateKeyRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.RotateKeyResponse.FromString,
+                _registered_method=True)
+        self.GetUsageReport = channel.unary_unary(
+                '/fairq.v1.Admin/GetUsageReport',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.GetUsageReportRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.GetUsageReportResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -95,6 +120,44 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateKey(self, request, context):
+        """CreateKey makes an API key kept in fairq's store (hashed at rest) and
+        returns it once. FAILED_PRECONDITION when fairq runs without a store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListKeys(self, request, context):
+        """ListKeys lists the stored keys (not those in the configuration file).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeKey(self, request, context):
+        """RevokeKey revokes a stored key; every replica sharing the store refuses
+        it within a second. NOT_FOUND for an unknown id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateKey(self, request, context):
+        """RotateKey makes a new key like an existing one and revokes the old one,
+        at once or after a grace period.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUsageReport(self, request, context):
+        """GetUsageReport sums the usage ledger by team, user or model.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -117,6 +180,31 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetQueueSnapshot,
                     request_deserializer=fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotRequest.FromString,
                     response_serializer=fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotResponse.SerializeToString,
+            ),
+            'CreateKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateKey,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.CreateKeyRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.CreateKeyResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.ListKeysRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.ListKeysResponse.SerializeToString,
+            ),
+            'RevokeKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeKey,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.RevokeKeyRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.RevokeKeyResponse.SerializeToString,
+            ),
+            'RotateKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateKey,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.RotateKeyRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.RotateKeyResponse.SerializeToString,
+            ),
+            'GetUsageReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsageReport,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.GetUsageReportRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.GetUsageReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -229,6 +317,141 @@ class Admin:
             '/fairq.v1.Admin/GetQueueSnapshot',
             fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotRequest.SerializeToString,
             fairq_dot_v1_dot_admin__pb2.GetQueueSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/CreateKey',
+            fairq_dot_v1_dot_admin__pb2.CreateKeyRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.CreateKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/ListKeys',
+            fairq_dot_v1_dot_admin__pb2.ListKeysRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.ListKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/RevokeKey',
+            fairq_dot_v1_dot_admin__pb2.RevokeKeyRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.RevokeKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/RotateKey',
+            fairq_dot_v1_dot_admin__pb2.RotateKeyRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.RotateKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsageReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/GetUsageReport',
+            fairq_dot_v1_dot_admin__pb2.GetUsageReportRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.GetUsageReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

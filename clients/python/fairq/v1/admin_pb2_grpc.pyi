@@ -49,6 +49,22 @@ class AdminStub:
     recent service, and each backend's load and gate state per tier. It feeds
     `fairq top` and is meant for scripts too.
     """
+    CreateKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateKeyRequest, _admin_pb2.CreateKeyResponse]
+    """CreateKey makes an API key kept in fairq's store (hashed at rest) and
+    returns it once. FAILED_PRECONDITION when fairq runs without a store.
+    """
+    ListKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListKeysRequest, _admin_pb2.ListKeysResponse]
+    """ListKeys lists the stored keys (not those in the configuration file)."""
+    RevokeKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeKeyRequest, _admin_pb2.RevokeKeyResponse]
+    """RevokeKey revokes a stored key; every replica sharing the store refuses
+    it within a second. NOT_FOUND for an unknown id.
+    """
+    RotateKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RotateKeyRequest, _admin_pb2.RotateKeyResponse]
+    """RotateKey makes a new key like an existing one and revokes the old one,
+    at once or after a grace period.
+    """
+    GetUsageReport: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetUsageReportRequest, _admin_pb2.GetUsageReportResponse]
+    """GetUsageReport sums the usage ledger by team, user or model."""
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -71,6 +87,22 @@ class AdminAsyncStub(AdminStub):
     recent service, and each backend's load and gate state per tier. It feeds
     `fairq top` and is meant for scripts too.
     """
+    CreateKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateKeyRequest, _admin_pb2.CreateKeyResponse]  # type: ignore[assignment]
+    """CreateKey makes an API key kept in fairq's store (hashed at rest) and
+    returns it once. FAILED_PRECONDITION when fairq runs without a store.
+    """
+    ListKeys: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListKeysRequest, _admin_pb2.ListKeysResponse]  # type: ignore[assignment]
+    """ListKeys lists the stored keys (not those in the configuration file)."""
+    RevokeKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeKeyRequest, _admin_pb2.RevokeKeyResponse]  # type: ignore[assignment]
+    """RevokeKey revokes a stored key; every replica sharing the store refuses
+    it within a second. NOT_FOUND for an unknown id.
+    """
+    RotateKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RotateKeyRequest, _admin_pb2.RotateKeyResponse]  # type: ignore[assignment]
+    """RotateKey makes a new key like an existing one and revokes the old one,
+    at once or after a grace period.
+    """
+    GetUsageReport: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetUsageReportRequest, _admin_pb2.GetUsageReportResponse]  # type: ignore[assignment]
+    """GetUsageReport sums the usage ledger by team, user or model."""
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """Admin manages the backends fairq forwards work to. Every call requires an
@@ -114,5 +146,51 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         recent service, and each backend's load and gate state per tier. It feeds
         `fairq top` and is meant for scripts too.
         """
+
+    @_abc_1.abstractmethod
+    def CreateKey(
+        self,
+        request: _admin_pb2.CreateKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CreateKeyResponse, _abc.Awaitable[_admin_pb2.CreateKeyResponse]]:
+        """CreateKey makes an API key kept in fairq's store (hashed at rest) and
+        returns it once. FAILED_PRECONDITION when fairq runs without a store.
+        """
+
+    @_abc_1.abstractmethod
+    def ListKeys(
+        self,
+        request: _admin_pb2.ListKeysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListKeysResponse, _abc.Awaitable[_admin_pb2.ListKeysResponse]]:
+        """ListKeys lists the stored keys (not those in the configuration file)."""
+
+    @_abc_1.abstractmethod
+    def RevokeKey(
+        self,
+        request: _admin_pb2.RevokeKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RevokeKeyResponse, _abc.Awaitable[_admin_pb2.RevokeKeyResponse]]:
+        """RevokeKey revokes a stored key; every replica sharing the store refuses
+        it within a second. NOT_FOUND for an unknown id.
+        """
+
+    @_abc_1.abstractmethod
+    def RotateKey(
+        self,
+        request: _admin_pb2.RotateKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RotateKeyResponse, _abc.Awaitable[_admin_pb2.RotateKeyResponse]]:
+        """RotateKey makes a new key like an existing one and revokes the old one,
+        at once or after a grace period.
+        """
+
+    @_abc_1.abstractmethod
+    def GetUsageReport(
+        self,
+        request: _admin_pb2.GetUsageReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetUsageReportResponse, _abc.Awaitable[_admin_pb2.GetUsageReportResponse]]:
+        """GetUsageReport sums the usage ledger by team, user or model."""
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

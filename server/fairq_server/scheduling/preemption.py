@@ -1,0 +1,234 @@
+"""Preemption by continuation: free a running slot for a request that should run now.
+
+After each dispatch pass, for every model whose next request (the one its highest backlogged
+tier would serve next) has waited longer than its tier's ``preempt_after_seconds``, while
+every running slot of a backend that allows preemption is taken (``in_flight`` at the
+backend's ``max_in_flight``), the dispatcher preempts one running request there
+(:mod:`.victims` chooses it), starts the waiting request in its slot, and queues the victim
+again as a continuation (:mod:`fairq_server.backends.continuation`): its caller keeps reading
+the same stream, which pauses and then goes on.
+
+The prefill the continuation does again is charged to the waiting request's user, who caused
+it; the victim's user pays for its prompt and output once, as if never preempted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+from fairq_server.backends.continuation import exempt_reason
+from fairq_server.errors import NoBackendError
+from fairq_server.preempt_config import PreemptConfig
+from fairq_server.scheduling.attempts import AttemptBook
+from fairq_server.scheduling.backend_set import BackendSet
+from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.model_set import ModelSet
+from fairq_server.scheduling.model_state import ModelState
+from fairq_server.scheduling.settings import Settings
+from fairq_server.scheduling.ticket import Ticket
+from fairq_server.scheduling.victims import RateCap, Running, Waiting, choose_victim
+from fairq_server.telemetry import Telemetry
+
+__all__ = ["Preemptor"]
+
+log = logging.getLogger(__name__)
+
+#: Queued users compared per pass when looking for the one that should run now (bounds the
+#: work of a pass on a tier with very many users).
+MAX_USERS_COMPARED = 256
+
+
+class Preemptor:
+    """The preemption pass over the dispatcher's state (called from its loop only).
+
+    Args:
+        settings: the dispatcher's current settings (read, never written, here).
+        models: every model's state and queue.
+        backends: the registered backends.
+        attempts: the running requests (aborted and started through it).
+        telemetry: metrics sink.
+
+    """
+
+    def __init__(
+        self,
+        settings: Callable[[], Settings],
+        models: ModelSet,
+        backends: BackendSet,
+        attempts: AttemptBook,
+        telemetry: Telemetry,
+    ) -> None:
+        self._settings = settings
+        self._models = models
+        self._backends = backends
+        self._attempts = attempts
+        self._telemetry = telemetry
+        self._caps: dict[str, RateCap] = {}
+
+    def run(self, now: float) -> int:
+        """Preempt for each model's next request if it waited too long; return how many."""
+        if not any(t.preempt_after_seconds is not None for t in self._settings().tiers):
+            return 0
+        done = 0
+        for model in list(self._models.values()):
+            if len(model.queue) and self._preempt_for(model, now):
+                done += 1
+        return done
+
+    def _preempt_for(self, model: ModelState, now: float) -> bool:
+        tier = model.queue.first_tier()
+        if tier is None:
+            return False
+        after = self._settings().tiers[tier].preempt_after_seconds
+        if after is None:
+            return False
+        best: tuple[Running, Ticket, BackendState, Ticket] | None = None
+        for backend in self._full_backends(model.name):
+            cap = self._caps.setdefault(backend.id, RateCap(self._cfg.max_per_second))
+            cap.per_second = self._cfg.max_per_second
+            if not cap.allows(now):
+                continue
+            head = _waiting(model, tier, backend)
+            if (
+                head is None
+                or now - head.arrival < after
+                or backend.id in head.excluded
+                # A preempted request resumes into freed slots; it never preempts in turn.
+                or (head.progress is not None and head.progress.preemptions > 0)
+            ):
+                continue
+            waiting = Waiting(
+                tier=tier,
+                standing=backend.user_in_flight.get(head.user, 0) / head.weight,
+                step=1 / head.weight,
+            )
+            tickets = self._attempts.on_backend.get(backend.id, set())
+            victim = choose_victim(waiting, self._candidates(backend, tickets), self._cfg)
+            if victim is not None and (best is None or _better(victim, best[0])):
+                assert isinstance(victim.key, Ticket)
+                best = (victim, victim.key, backend, head)
+        if best is None:
+            return False
+        victim, ticket, backend, head = best
+        redone = self._preempt(ticket, backend, now, "tier" if victim.tier > tier else "fair-share")
+        self._start_waiting(model, tier, head, backend, now, redone)
+        return True
+
+    @property
+    def _cfg(self) -> PreemptConfig:
+        return self._settings().config.preempt
+
+    def _full_backends(self, model: str) -> Iterator[BackendState]:
+        """Yield the backends of ``model`` that allow preemption and have no free slot."""
+        for backend in self._backends.of(model):
+            if (
+                backend.backend.preempt
+                and backend.max_in_flight
+                and backend.healthy is not False
+                and not backend.draining
+                and backend.in_flight + backend.peer_in_flight >= backend.max_in_flight
+            ):
+                yield backend
+
+    @staticmethod
+    def _candidates(backend: BackendState, tickets: Iterable[Ticket]) -> Iterator[Running]:
+        for ticket in tickets:
+            progress = ticket.progress
+            if progress is None or not ticket.generating:
+                continue
+            weight = ticket.weight
+            remaining = (
+                ticket.request.sampling.max_tokens - progress.tokens
+                if ticket.request.sampling.max_tokens
+                else None
+            )
+            exempt = progress.beside_text or exempt_reason(ticket.request, backend.backend.kind)
+            yield Running(
+                key=ticket,
+                tier=ticket.tier,
+                standing=backend.user_in_flight.get(ticket.user, 0) / weight,
+                step=1 / weight,
+                generated=progress.tokens,
+                remaining=remaining,
+                preemptions=progress.preemptions,
+                seq=ticket.seq,
+                exempt=bool(exempt),
+            )
+
+    def _preempt(self, ticket: Ticket, backend: BackendState, now: float, reason: str) -> int:
+        """Abort ``ticket`` on ``backend``, queue its continuation; return the prefill redone."""
+        progress = ticket.progress
+        assert progress is not None
+        self._caps[backend.id].record(now)
+        progress.preemptions += 1
+        self._attempts.abort(ticket)  # closes the stream: the backend aborts the request
+        resume = progress.resume()
+        ticket.request = dataclasses.replace(ticket.request, resume=resume)
+        ticket.generating = False
+        t = self._telemetry
+        t.preemptions.labels(backend.id, reason).inc()
+        t.preempt_regenerated.labels(backend.id).inc(resume.tokens)
+        t.preempt_prefill.labels(backend.id).inc(ticket.prompt_tokens + resume.tokens)
+        log.info(
+            "preempted request %s on %s after %d tokens (%s)",
+            ticket.request.request_id, backend.id, resume.tokens, reason,
+        )  # fmt: skip
+        redone = ticket.prompt_tokens + resume.tokens
+        model = self._models.get(ticket.request.model)
+        if model is None:  # cannot happen while its backend serves it; kept safe anyway
+            error = NoBackendError(f"no backend serves model '{ticket.request.model}' any more")
+            self._attempts.abandon(ticket, error)
+            return redone
+        # Among its user's requests, oldest first; never expired by the queue's TTL (its
+        # caller is already reading its stream).
+        model.resume(ticket, ttl=False)
+        return redone
+
+    def _start_waiting(
+        self,
+        model: ModelState,
+        tier: int,
+        head: Ticket,
+        backend: BackendState,
+        now: float,
+        redone: int,
+    ) -> None:
+        """Start ``head`` in the freed slot; charge it the prefill it makes redone."""
+        tier_queue = model.queue.tiers[tier]
+        if tier_queue.has_retries and tier_queue.peek_retry() is head:
+            ticket = model.queue.pop(tier)
+        else:
+            ticket = model.queue.pop(tier, head.user)
+        assert ticket is head, "the head of the tier is what is started"
+        model.last_served[tier] = now
+        ticket.priority_tier = tier
+        tier_queue.fairness.charge(ticket.user, Cost(prompt_tokens=redone), ticket.weight)
+        self._attempts.start(ticket, backend, now)
+
+
+def _waiting(model: ModelState, tier: int, backend: BackendState) -> Ticket | None:
+    """Return the request of ``tier`` that should run now on ``backend``.
+
+    A retry first (as in dispatch); else the next request of the queued user who holds least
+    of the backend per unit of weight (ties: the user queued longest). That user is not
+    always fairness's next pick (round-robin may be on another user's turn), but it is the one
+    whose wait for a slot is least fair.
+    """
+    tier_queue = model.queue.tiers[tier]
+    if tier_queue.has_retries:
+        return tier_queue.peek_retry()
+    best: tuple[float, Ticket] | None = None
+    for user in itertools.islice(tier_queue.users(), MAX_USERS_COMPARED):
+        head = tier_queue.head_of(user)
+        standing = backend.user_in_flight.get(user, 0) / head.weight
+        if best is None or standing < best[0]:
+            best = (standing, head)
+    return None if best is None else best[1]
+
+
+def _better(a: Running, b: Running) -> bool:
+    return (-a.tier, -a.standing, a.generated) < (-b.tier, -b.standing, b.generated)

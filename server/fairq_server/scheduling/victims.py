@@ -1,0 +1,115 @@
+"""Which running request to preempt for a waiting one, and how often a backend may preempt.
+
+Pure rules over plain values, so they are tested alone (``docs/design/preemption.md``):
+
+- A victim is of a lower tier than the waiting request, or of the same tier with a user
+  further above its fair share: in running requests per unit of weight, at least one request
+  more than the waiting user would hold after the swap (so the swap never reverses: no
+  ping-pong between two users).
+- Among those: lowest tier first, then the user furthest above its share, then the request
+  that has generated least (cheapest to redo), then the latest arrival.
+- Anti-thrash: never within a request's first ``min_tokens`` tokens, at most
+  ``max_per_request`` preemptions per request, at most ``max_per_second`` per backend.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fairq_server.preempt_config import PreemptConfig
+
+__all__ = ["RateCap", "Running", "Waiting", "choose_victim", "eligible"]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The request that should run now.
+
+    Attributes:
+        tier: its tier index (0 is served first).
+        standing: its user's running requests on the backend per unit of weight.
+        step: what one more running request adds to that standing (1 / weight).
+
+    """
+
+    tier: int
+    standing: float
+    step: float = 1.0
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running request that might be preempted.
+
+    Attributes:
+        key: identifies the request to the caller of :func:`choose_victim`.
+        tier: its tier index.
+        standing: its user's running requests on the backend per unit of weight.
+        step: what one request fewer takes from that standing (1 / weight).
+        generated: tokens it has generated (over all its attempts).
+        remaining: tokens it may still generate (None: no bound known).
+        preemptions: how often it was preempted already.
+        seq: its arrival order.
+        exempt: it may not be preempted at all (``n > 1``, logprobs, a seed, ...).
+
+    """
+
+    key: object
+    tier: int
+    standing: float
+    step: float
+    generated: int
+    remaining: int | None
+    preemptions: int
+    seq: int
+    exempt: bool = False
+
+
+def eligible(victim: Running, waiting: Waiting, cfg: PreemptConfig) -> bool:
+    """Whether ``victim`` may be preempted for ``waiting`` at all."""
+    if victim.exempt or victim.preemptions >= cfg.max_per_request:
+        return False
+    if victim.generated < cfg.min_tokens:
+        return False
+    if victim.remaining is not None and victim.remaining <= cfg.min_tokens:
+        return False  # about to finish: waiting for it is cheaper than redoing it
+    if victim.tier != waiting.tier:
+        return victim.tier > waiting.tier
+    return victim.standing - victim.step >= waiting.standing + waiting.step
+
+
+def choose_victim(
+    waiting: Waiting, running: Iterable[Running], cfg: PreemptConfig
+) -> Running | None:
+    """Return the running request to preempt for ``waiting`` (None: none may be)."""
+    best: Running | None = None
+    for victim in running:
+        if not eligible(victim, waiting, cfg):
+            continue
+        if best is None or _rank(victim) < _rank(best):
+            best = victim
+    return best
+
+
+def _rank(r: Running) -> tuple[int, float, int, int]:
+    return (-r.tier, -r.standing, r.generated, -r.seq)
+
+
+class RateCap:
+    """At most ``per_second`` events in any one-second window (per backend)."""
+
+    def __init__(self, per_second: float) -> None:
+        self.per_second = per_second
+        self._times: deque[float] = deque()
+
+    def allows(self, now: float) -> bool:
+        """Whether one more event may happen at ``now``."""
+        while self._times and self._times[0] <= now - 1.0:
+            self._times.popleft()
+        return len(self._times) < self.per_second
+
+    def record(self, now: float) -> None:
+        """Count an event at ``now``."""
+        self._times.append(now)

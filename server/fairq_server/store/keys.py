@@ -1,0 +1,321 @@
+"""Keys in the store: made, listed, revoked and rotated over the Admin API; read by every replica.
+
+A key is stored only as its SHA-256 digest (as in the configuration file); the key itself is
+shown once, when it is made. Each replica keeps the usable keys in memory, so authenticating
+costs no database round trip, and asks the store every ``key_poll_seconds`` whether the keys'
+version counter moved: one primary-key read of one row. When it did, the replica reloads the
+keys; every change raises the counter in its own transaction, so a revoked key is refused on
+every replica within one poll and one reload (well under a second at the default 0.25 s).
+
+While the store cannot be read, a replica keeps the keys it last read (a revocation made
+meanwhile applies once the store answers again) and logs that, at most every 10 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from fairq_server.auth import Principal, hash_key, new_key
+from fairq_server.errors import InvalidRequestError
+from fairq_server.store.engine import short_error
+from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
+
+__all__ = ["MAX_NAME_CHARS", "KeyStore", "StoredKey"]
+
+log = logging.getLogger(__name__)
+
+MAX_NAME_CHARS = 128
+_LOG_INTERVAL_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    """A stored key's public description (never the key itself).
+
+    Attributes:
+        id: its public id, for revoke and rotate.
+        user: the user it identifies.
+        team: the team it charges (None: none).
+        tiers: tiers it may use (empty: every tier).
+        admin: may call the Admin service.
+        created_at: Unix time it was made.
+        expires_at: Unix time it stops working (None: never).
+        revoked_at: Unix time it was revoked (None: not revoked).
+        replaces: the id of the key it was rotated from.
+
+    """
+
+    id: str
+    user: str
+    team: str | None
+    tiers: tuple[str, ...]
+    admin: bool
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    replaces: str | None
+
+
+def _stamp(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _unix(value: datetime | None) -> float | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # SQLite returns what it stored, without the zone
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+def _from_row(row: Any) -> StoredKey:
+    created = _unix(row.created_at)
+    return StoredKey(
+        id=row.id,
+        user=row.user_name,
+        team=row.team,
+        tiers=tuple(row.tiers),
+        admin=bool(row.admin),
+        created_at=created or 0.0,
+        expires_at=_unix(row.expires_at),
+        revoked_at=_unix(row.revoked_at),
+        replaces=row.replaces,
+    )
+
+
+class KeyStore:
+    """The stored keys: changes through the store, lookups from memory (a ``KeySource``).
+
+    Args:
+        engine: the store's engine (its schema current).
+        tier_names: the configured tiers, in order.
+        poll_seconds: how often to check for changes made by any replica.
+
+    """
+
+    def __init__(self, engine: AsyncEngine, tier_names: Sequence[str], poll_seconds: float) -> None:
+        self._engine = engine
+        self._tier_names = tuple(tier_names)
+        self._poll_seconds = poll_seconds
+        self._version: int | None = None
+        self._by_digest: dict[bytes, tuple[Principal, float | None]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._last_log = -float("inf")
+
+    # -- KeySource ------------------------------------------------------------------------
+
+    def has_keys(self) -> bool:
+        """Return True when the store holds a key that is not revoked."""
+        return bool(self._by_digest)
+
+    def lookup(self, digest: bytes) -> Principal | None:
+        """Return the principal of the unexpired, unrevoked key with SHA-256 ``digest``."""
+        # A dict lookup's time depends on the digest, not on the key: it tells a caller
+        # nothing it could use to find a key (that would need a SHA-256 preimage).
+        found = self._by_digest.get(digest)
+        if found is None:
+            return None
+        principal, expires_at = found
+        if expires_at is not None and time.time() >= expires_at:
+            return None
+        return principal
+
+    # -- life -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the keys, then follow changes."""
+        await self.refresh()
+        self._task = asyncio.create_task(self._follow(), name="key-store")
+
+    async def close(self) -> None:
+        """Stop following changes."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def set_tiers(self, tier_names: Sequence[str]) -> None:
+        """Use ``tier_names`` for keys that name no tiers (configuration reload)."""
+        self._tier_names = tuple(tier_names)
+        self._version = None  # rebuild at the next poll
+
+    async def refresh(self) -> bool:
+        """Reload the keys if their version moved; True when it did."""
+        async with self._engine.connect() as conn:
+            version = await _version(conn)
+            if version == self._version:
+                return False
+            rows = (
+                await conn.execute(select(api_keys).where(api_keys.c.revoked_at.is_(None)))
+            ).all()
+        table: dict[bytes, tuple[Principal, float | None]] = {}
+        for row in rows:
+            key = _from_row(row)
+            principal = Principal(key.user, frozenset(key.tiers or self._tier_names), key.admin,
+                                  team=key.team)  # fmt: skip
+            table[bytes.fromhex(row.sha256)] = (principal, key.expires_at)
+        self._by_digest, self._version = table, version
+        return True
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_seconds)
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                if now - self._last_log >= _LOG_INTERVAL_SECONDS:
+                    self._last_log = now
+                    log.warning(
+                        "key store unreadable, using the %d keys read last (a revocation "
+                        "applies once it answers): %s", len(self._by_digest), short_error(exc),
+                    )  # fmt: skip
+
+    # -- changes --------------------------------------------------------------------------
+
+    def _check(self, user: str, team: str | None, tiers: Sequence[str]) -> None:
+        if not user or len(user) > MAX_NAME_CHARS:
+            raise InvalidRequestError(f"user must be 1-{MAX_NAME_CHARS} characters")
+        if team is not None and (not team or len(team) > MAX_NAME_CHARS):
+            raise InvalidRequestError(f"team must be 1-{MAX_NAME_CHARS} characters")
+        unknown = sorted(set(tiers) - set(self._tier_names))
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown tiers {unknown}; configured: {list(self._tier_names)}"
+            )
+
+    async def create(
+        self,
+        user: str,
+        *,
+        team: str | None = None,
+        tiers: Sequence[str] = (),
+        admin: bool = False,
+        expires_at: float | None = None,
+    ) -> tuple[StoredKey, str]:
+        """Make a key; return its description and the key itself (shown once).
+
+        Raises:
+            InvalidRequestError: a name out of bounds, an unknown tier, an expiry in the past.
+
+        """
+        self._check(user, team, tiers)
+        now = time.time()
+        if expires_at is not None and expires_at <= now:
+            raise InvalidRequestError("expires_at is in the past")
+        async with self._engine.begin() as conn:
+            key, secret = await _insert(
+                conn, user, team, tuple(tiers), admin, now, expires_at, None
+            )
+            await _bump(conn)
+        await self._refresh_quietly()
+        return key, secret
+
+    async def list(self, *, include_revoked: bool = False) -> list[StoredKey]:
+        """Return the stored keys, oldest first."""
+        query = select(api_keys).order_by(api_keys.c.created_at, api_keys.c.id)
+        if not include_revoked:
+            query = query.where(api_keys.c.revoked_at.is_(None))
+        async with self._engine.connect() as conn:
+            return [_from_row(row) for row in (await conn.execute(query)).all()]
+
+    async def revoke(self, key_id: str) -> StoredKey | None:
+        """Revoke key ``key_id`` on every replica; None when there is no such key."""
+        async with self._engine.begin() as conn:
+            row = await _get(conn, key_id)
+            if row is None:
+                return None
+            if row.revoked_at is None:
+                await conn.execute(
+                    update(api_keys).where(api_keys.c.id == key_id)
+                    .values(revoked_at=datetime.now(UTC))
+                )  # fmt: skip
+                await _bump(conn)
+            row = await _get(conn, key_id)
+        await self._refresh_quietly()
+        return _from_row(row)
+
+    async def rotate(self, key_id: str, grace_seconds: float = 0.0) -> tuple[StoredKey, str] | None:
+        """Make a key like ``key_id``; the old one works ``grace_seconds`` more, then not.
+
+        Returns None when there is no such key (or it is revoked).
+        """
+        if not 0 <= grace_seconds <= 30 * 86400:
+            raise InvalidRequestError("grace_seconds must be 0-2592000 (30 days)")
+        now = time.time()
+        async with self._engine.begin() as conn:
+            row = await _get(conn, key_id)
+            if row is None or row.revoked_at is not None:
+                return None
+            old = _from_row(row)
+            key, secret = await _insert(conn, old.user, old.team, old.tiers, old.admin, now,
+                                        old.expires_at, old.id)  # fmt: skip
+            change: dict[str, datetime | None] = {"revoked_at": _stamp(now)}
+            if grace_seconds > 0:
+                end = now + grace_seconds
+                change = {"expires_at": _stamp(min(end, old.expires_at or end))}
+            await conn.execute(update(api_keys).where(api_keys.c.id == key_id).values(**change))
+            await _bump(conn)
+        await self._refresh_quietly()
+        return key, secret
+
+    async def _refresh_quietly(self) -> None:
+        """Apply a change made here at once; if the read fails, the next poll does it."""
+        with contextlib.suppress(Exception):
+            await self.refresh()
+
+
+async def _version(conn: AsyncConnection) -> int:
+    query = select(store_versions.c.version).where(store_versions.c.name == KEYS_VERSION)
+    return int((await conn.execute(query)).scalar_one())
+
+
+async def _bump(conn: AsyncConnection) -> None:
+    await conn.execute(
+        update(store_versions).where(store_versions.c.name == KEYS_VERSION)
+        .values(version=store_versions.c.version + 1)
+    )  # fmt: skip
+
+
+async def _get(conn: AsyncConnection, key_id: str) -> Any:
+    if len(key_id) > 32:
+        return None
+    return (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+
+
+async def _insert(
+    conn: AsyncConnection,
+    user: str,
+    team: str | None,
+    tiers: tuple[str, ...],
+    admin: bool,
+    now: float,
+    expires_at: float | None,
+    replaces: str | None,
+) -> tuple[StoredKey, str]:
+    secret = new_key()  # the same form as a file key
+    key = StoredKey(
+        uuid.uuid4().hex[:16], user, team, tiers, admin, now, expires_at, None, replaces
+    )
+    await conn.execute(
+        api_keys.insert().values(
+            id=key.id, sha256=hash_key(secret), user_name=user, team=team, tiers=list(tiers),
+            admin=admin, created_at=_stamp(now), expires_at=_stamp(expires_at), revoked_at=None,
+            replaces=replaces,
+        )
+    )  # fmt: skip
+    return key, secret

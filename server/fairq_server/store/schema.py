@@ -1,0 +1,87 @@
+"""The store's tables, in SQLAlchemy Core: one description for SQLite and PostgreSQL.
+
+The migrations (``migrations/versions``) create exactly these; a test compares them.
+
+- ``usage``: one row per finished, failed or cancelled request (the usage ledger). ``id`` is
+  made by fairq when the request ends, so a batch retried after a lost acknowledgement is not
+  written twice (inserts skip an id already there).
+- ``api_keys``: keys made with ``fairq keys create``, stored as SHA-256 digests.
+- ``store_versions``: one counter per kind of shared state, raised in the same transaction as
+  every key change, so a replica learns of a change by reading one small row.
+
+``team`` is nullable everywhere: teams (their weights, quotas and budgets) come with later
+migrations that add their own tables beside these.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Double,
+    Index,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+__all__ = ["KEYS_VERSION", "api_keys", "metadata", "store_versions", "usage"]
+
+KEYS_VERSION = "keys"
+
+# Explicit constraint names: migrations that alter these tables later can refer to them on
+# every engine.
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+usage = Table(
+    "usage",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("ended_at", DateTime(timezone=True), nullable=False),
+    Column("request_id", Text, nullable=False),
+    Column("user_name", Text, nullable=False),
+    Column("team", Text, nullable=True),
+    Column("model", Text, nullable=False),
+    Column("backend", Text, nullable=False),
+    Column("tier", Text, nullable=False),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("cost", Double, nullable=True),
+    Column("queue_seconds", Double, nullable=True),
+    Column("ttft_seconds", Double, nullable=True),
+    Column("outcome", String(64), nullable=False),
+    Column("replica", Text, nullable=False),
+    Index("ix_usage_ended_at", "ended_at"),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("sha256", String(64), nullable=False, unique=True),
+    Column("user_name", Text, nullable=False),
+    Column("team", Text, nullable=True),
+    Column("tiers", JSON, nullable=False),
+    Column("admin", Boolean, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+    Column("replaces", String(32), nullable=True),
+)
+
+store_versions = Table(
+    "store_versions",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("version", BigInteger, nullable=False),
+)

@@ -1,0 +1,122 @@
+"""The store as one service: its engine, the usage ledger and the key store, started together.
+
+:class:`Store` is what :class:`~fairq_server.api.server.FairqServer` holds: opened (and the
+schema upgraded) before the server accepts requests, closed after the last request has ended,
+so the ledger's final rows are written before the process exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from fairq_server.store.engine import describe, open_engine, upgrade
+from fairq_server.store.keys import KeyStore
+from fairq_server.store.ledger import Ledger
+from fairq_server.store.records import UsageRecord
+from fairq_server.store.reports import ReportRow, usage_report
+from fairq_server.store.settings import PriceConfig, StoreConfig, engine_url
+
+__all__ = ["Store"]
+
+log = logging.getLogger(__name__)
+
+
+class Store:
+    """The usage ledger and stored keys on one database.
+
+    Args:
+        config: the ``[store]`` section.
+        state_file: the configuration's ``state_file`` (the default SQLite file goes beside it).
+        prices: the ``[prices]`` tables.
+        tier_names: the configured tiers, in order.
+        replica: this process's name, stored with each usage row.
+        registry: where the ledger's metrics go.
+
+    """
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        state_file: str,
+        prices: Mapping[str, PriceConfig],
+        tier_names: Sequence[str],
+        replica: str,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.config = config
+        self._state_file = state_file
+        self._prices = prices
+        self._tier_names = tuple(tier_names)
+        self._replica = replica
+        self._registry = registry
+        self._engine: AsyncEngine | None = None
+        self._ledger: Ledger | None = None
+        self._keys: KeyStore | None = None
+
+    @property
+    def ledger(self) -> Ledger:
+        """The usage ledger (once started)."""
+        assert self._ledger is not None, "Store.start() first"
+        return self._ledger
+
+    @property
+    def keys(self) -> KeyStore:
+        """The key store (once started)."""
+        assert self._keys is not None, "Store.start() first"
+        return self._keys
+
+    async def start(self) -> None:
+        """Open the database, upgrade its schema, read the keys, start the ledger's writer.
+
+        Raises:
+            StoreError: the database cannot be used (one line naming ``store.url``).
+
+        """
+        engine = await open_engine(self.config, self._state_file)
+        try:
+            await upgrade(engine)
+            keys = KeyStore(engine, self._tier_names, self.config.key_poll_seconds)
+            await keys.start()
+        except BaseException:
+            await engine.dispose()
+            raise
+        self._engine, self._keys = engine, keys
+        self._ledger = Ledger(engine, self.config, self._prices, self._replica, self._registry)
+        self._ledger.start()
+        log.info("store: %s", describe(engine_url(self.config, self._state_file)))
+
+    def record(self, entry: UsageRecord) -> None:
+        """Buffer one request's usage row (the request log's ``UsageSink``)."""
+        if self._ledger is not None:
+            self._ledger.record(entry)
+
+    def reconfigure(self, prices: Mapping[str, PriceConfig], tier_names: Sequence[str]) -> None:
+        """Apply reloaded prices and tiers (the URL and bounds need a restart)."""
+        self._prices = prices
+        if self._ledger is not None:
+            self._ledger.set_prices(prices)
+        if self._keys is not None and tuple(tier_names) != self._tier_names:
+            self._keys.set_tiers(tier_names)
+        self._tier_names = tuple(tier_names)
+
+    async def report(self, by: str, since: float, until: float | None = None) -> list[ReportRow]:
+        """Sum usage by team, user or model (what is buffered here is written first)."""
+        assert self._engine is not None and self._ledger is not None, "Store.start() first"
+        # The report says what is stored; the rest is written when the store answers.
+        with contextlib.suppress(OSError):
+            await self._ledger.flush()
+        return await usage_report(self._engine, by, since, until)
+
+    async def close(self) -> None:
+        """Write out the ledger's buffer, stop following keys, close the connections."""
+        if self._ledger is not None:
+            await self._ledger.close()
+        if self._keys is not None:
+            await self._keys.close()
+        if self._engine is not None:
+            await self._engine.dispose()

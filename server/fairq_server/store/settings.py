@@ -1,0 +1,163 @@
+"""The ``[store]`` and ``[prices]`` sections: where usage and keys are kept, and what tokens cost.
+
+Example::
+
+    [store]
+    url = "postgresql://fairq@db.internal/fairq"   # default: a SQLite file, no server
+    password_env = "FAIRQ_DB_PASSWORD"
+    batch_rows = 500
+    buffer_rows = 100000
+    flush_seconds = 1.0
+    key_poll_seconds = 0.25
+
+    [prices.llama-70b]                  # cost units per million tokens
+    input_per_million = 0.5
+    output_per_million = 1.5
+
+No ``[store]`` section: the usage ledger and the key store are a SQLite file beside
+``state_file`` (or ``fairq.db`` in the working directory), so one process needs no database
+server.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+__all__ = [
+    "DEFAULT_SQLITE_NAME",
+    "PriceConfig",
+    "StoreConfig",
+    "StoreError",
+    "check_prices",
+    "engine_url",
+]
+
+DEFAULT_SQLITE_NAME = "fairq.db"
+# The drivers fairq ships for each scheme an operator may write.
+_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+}
+
+
+class StoreError(ValueError):
+    """The store's settings are invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where the usage ledger and the stored keys live.
+
+    Attributes:
+        url: ``sqlite:///path/file.db`` or ``postgresql://user@host:5432/db`` (empty: a
+            SQLite file beside ``state_file``, else ``fairq.db`` in the working directory).
+        password_env: environment variable holding the database password (overrides the
+            URL's).
+        batch_rows: most usage rows written in one transaction.
+        buffer_rows: most rows held in memory while the database is slow or down; a row
+            finished beyond that is dropped and counted (``fairq_ledger_rows_dropped_total``).
+        flush_seconds: longest a finished request's row waits before it is written.
+        key_poll_seconds: how often a replica asks the store whether keys changed (a revoked
+            key is refused everywhere within this and one read).
+        stop_flush_seconds: how long a stopping fairq keeps trying to write what it holds.
+        connect_timeout_seconds: bound on opening a connection.
+
+    """
+
+    url: str = ""
+    password_env: str = ""
+    batch_rows: int = 500
+    buffer_rows: int = 100_000
+    flush_seconds: float = 1.0
+    key_poll_seconds: float = 0.25
+    stop_flush_seconds: float = 10.0
+    connect_timeout_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_rows", "buffer_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise StoreError(f"store.{name} must be an integer >= 1, not {value!r}")
+        for name in ("flush_seconds", "key_poll_seconds", "stop_flush_seconds",
+                     "connect_timeout_seconds"):  # fmt: skip
+            value = getattr(self, name)
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok or not math.isfinite(value) or value <= 0:
+                raise StoreError(f"store.{name} must be a finite number above 0, not {value!r}")
+        if not isinstance(self.url, str) or not isinstance(self.password_env, str):
+            raise StoreError("store.url and store.password_env must be strings")
+        if self.url:
+            scheme = self.url.partition(":")[0].lower()
+            if scheme not in _DRIVERS or "://" not in self.url:
+                raise StoreError(
+                    f"store.url must start with sqlite:/// or postgresql://, not {self.url!r}"
+                )
+
+
+@dataclass(frozen=True)
+class PriceConfig:
+    """What one model's tokens cost, in the operator's units per million tokens."""
+
+    input_per_million: float = 0.0
+    output_per_million: float = 0.0
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """Return the cost of ``input_tokens`` in and ``output_tokens`` out."""
+        return (
+            input_tokens * self.input_per_million + output_tokens * self.output_per_million
+        ) / 1e6
+
+
+def check_prices(prices: Mapping[str, PriceConfig], served: set[str]) -> None:
+    """Refuse a negative or non-finite price, or a price for a model no backend serves.
+
+    Raises:
+        StoreError: naming the ``prices.<model>`` key.
+
+    """
+    for model, price in prices.items():
+        for name in ("input_per_million", "output_per_million"):
+            value = getattr(price, name)
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok or not math.isfinite(value) or value < 0:
+                raise StoreError(
+                    f"prices.{model}.{name} must be a finite number >= 0, not {value!r}"
+                )
+        if model not in served:
+            raise StoreError(
+                f"prices.{model}: no configured backend serves model {model!r} "
+                f"(served: {sorted(served)})"
+            )
+
+
+def engine_url(config: StoreConfig, state_file: str = "") -> str:
+    """Return the SQLAlchemy URL (with its async driver) that ``config`` names.
+
+    Raises:
+        StoreError: ``password_env`` names an unset variable.
+
+    """
+    url = config.url
+    if not url:
+        folder = Path(state_file).parent if state_file else Path()
+        url = f"sqlite:///{folder / DEFAULT_SQLITE_NAME}"
+    scheme, _, rest = url.partition("://")
+    driver = _DRIVERS[scheme.lower()]
+    if config.password_env:
+        password = os.environ.get(config.password_env)
+        if password is None:
+            raise StoreError(f"store.password_env: {config.password_env} is not set")
+        userinfo, at, hostpart = rest.rpartition("@")
+        if not at:
+            raise StoreError("store.password_env needs a user in store.url (user@host)")
+        user = userinfo.partition(":")[0]
+        rest = f"{user}:{quote(password, safe='')}@{hostpart}"
+    return f"{driver}://{rest}"

@@ -1,0 +1,140 @@
+"""Preemption by continuation through a real fairq and a simulated backend (vLLM, TGI modes).
+
+Two power requests hold both running slots of the backend; a light user's request arrives.
+With preemption the light request starts at once (it finishes while the power requests still
+run) and the preempted caller reads one unbroken stream: one start, its text, one finish with
+the full usage and finish reason. Without preemption it waits for a slot to free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+
+import grpc
+import pytest
+
+from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fairq_server.app import FairqServer
+from fairq_server.config import DEFAULT_TIERS
+from fairq_server.preempt_config import PreemptConfig
+from fairq_sim import SimConfig, SimServer
+
+from ..conftest import FairqFactory, make_config, sim_backend
+
+POWER_TOKENS = 300
+SLOTS = 2
+
+
+async def until(predicate: Callable[[], bool], timeout: float) -> None:
+    """Wait for dispatcher state that no event announces, with a deadline."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - polling the dispatcher's state
+            await asyncio.sleep(0.005)
+
+
+@pytest.fixture(params=["vllm", "tgi"])
+async def slow_sim(request: pytest.FixtureRequest) -> AsyncIterator[SimServer]:
+    config = SimConfig(mode=request.param, model="sim", speed=2.0, max_num_seqs=SLOTS)
+    async with SimServer(config) as s:
+        yield s
+
+
+async def start_fairq(factory: FairqFactory, sim: SimServer, *, preempt: bool) -> FairqServer:
+    tiers = tuple(
+        replace(t, preempt_after_seconds=0.0 if preempt else None, max_backend_waiting=0)
+        for t in DEFAULT_TIERS
+    )
+    backend = sim_backend(sim, preempt=preempt, max_in_flight=SLOTS)
+    config = make_config([backend], preempt=PreemptConfig(min_tokens=4, max_per_second=100))
+    return await factory(replace(config, tiers=tiers))
+
+
+def gen(prompt: str, max_tokens: int, seed: int | None = None) -> scheduler_pb2.GenerateRequest:
+    sampling = scheduler_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=seed)
+    return scheduler_pb2.GenerateRequest(model="sim", prompt=prompt, sampling=sampling)
+
+
+async def read_all(
+    stub: scheduler_pb2_grpc.SchedulerStub, req: scheduler_pb2.GenerateRequest, user: str,
+    log: list[str],
+) -> list[scheduler_pb2.GenerateResponse]:  # fmt: skip
+    events = []
+    async for event in stub.Generate(req, metadata=(("x-fairq-user", user),)):
+        events.append(event)
+        if event.WhichOneof("event") == "finished":
+            log.append(f"{user}:{req.prompt}")
+    return events
+
+
+async def power_then_light(
+    server: FairqServer, seed: int | None = None
+) -> tuple[list[str], list[list[object]]]:
+    """Fill both slots with power requests, then send a light one; return finish order."""
+    state = server.core.backend("sim-a")
+    assert state is not None
+    done: list[str] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = scheduler_pb2_grpc.SchedulerStub(ch)
+        power = [
+            asyncio.create_task(
+                read_all(stub, gen(f"power {i}", POWER_TOKENS, seed), "power", done)
+            )
+            for i in range(SLOTS)
+        ]
+        running = server.core.dispatcher.attempts.on_backend
+        await until(
+            lambda: state.in_flight == SLOTS and all(t.generating for t in running["sim-a"]), 30
+        )
+        light = await read_all(stub, gen("light", 4), "light", done)
+        results = [light, *await asyncio.gather(*power)]
+    return done, results  # type: ignore[return-value]
+
+
+def kinds(events: list[scheduler_pb2.GenerateResponse]) -> list[str]:
+    return [e.WhichOneof("event") for e in events]
+
+
+async def test_a_light_request_preempts_and_the_victim_streams_on(
+    slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    server = await start_fairq(fairq_factory, slow_sim, preempt=True)
+    done, (light, *power) = await power_then_light(server)
+    # The light request finished while both power requests were still generating.
+    assert done[0] == "light:light", done
+    telemetry = server.core.telemetry
+    preempted = telemetry.preemptions.labels("sim-a", "fair-share")._value.get()
+    assert preempted == 1
+    assert telemetry.preempt_regenerated.labels("sim-a")._value.get() >= 4
+    for events in power:
+        names = kinds(events)
+        # One start, one finish, nothing after it: the caller never saw the preemption.
+        assert names[:2] == ["queued", "started"]
+        assert names.count("started") == 1 and names.count("finished") == 1
+        assert names[-1] == "finished" and set(names[2:-1]) == {"chunk"}
+        finished = events[-1].finished
+        assert finished.usage.completion_tokens == POWER_TOKENS
+        assert finished.finish_reason == "length"
+        # The prompt, not prompt + output: a text continuation's prompt counts the output as
+        # the engine tokenizes it again, which may differ by a few tokens at most.
+        assert finished.usage.prompt_tokens < 30
+    assert kinds(light)[-1] == "finished"
+
+
+async def test_without_preemption_the_light_request_waits_for_a_slot(
+    slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    server = await start_fairq(fairq_factory, slow_sim, preempt=False)
+    done, _ = await power_then_light(server)
+    assert done[0].startswith("power:"), done
+    assert server.core.telemetry.preemptions.labels("sim-a", "fair-share")._value.get() == 0
+
+
+async def test_a_request_with_a_seed_is_never_preempted(
+    slow_sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    server = await start_fairq(fairq_factory, slow_sim, preempt=True)
+    done, _ = await power_then_light(server, seed=7)
+    assert done[0].startswith("power:"), done
+    assert server.core.telemetry.preemptions.labels("sim-a", "fair-share")._value.get() == 0
