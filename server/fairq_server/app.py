@@ -99,7 +99,7 @@ class FairqServer:
         if self.config.http.listen:
             console = None
             if self.config.console.enabled:
-                console = build_console(self.core, self.auth, self.request_log.recent)
+                console = build_console(self.core, self.auth, self.request_log.recent, self.store)
             self._http = HttpDoor(
                 self.core, self.auth, self.config.http.listen, self.request_log, console
             )

@@ -20,6 +20,8 @@ __all__ = ["VIEWS", "fragment", "login_page", "message_page", "page"]
 
 # Path name -> title, in the navigation's order.
 VIEWS = {"queues": "Queues", "backends": "Backends", "cluster": "Cluster"}
+# The views over fairq's store (when it has one): rendered per request, not pushed.
+STORE_VIEWS = {"usage": "Usage", "keys": "Keys"}
 
 View = dict[str, Any]
 
@@ -53,14 +55,23 @@ def _head(title: str) -> str:
     )
 
 
-def page(view: str, user: str, csrf: str, live: str) -> str:
-    """Return a whole console page for ``view`` with its live fragment ``live``."""
+def page(view: str, user: str, csrf: str, live: str, store: bool = False) -> str:
+    """Return a whole console page for ``view`` with its fragment ``live``.
+
+    ``store``: fairq has a store, so the usage and keys views are linked.
+    """
+    views = {**VIEWS, **STORE_VIEWS} if store else VIEWS
     nav = "".join(
         f'<a href="/console/{name}"{" aria-current=page" if name == view else ""}>{_e(title)}</a>'
-        for name, title in VIEWS.items()
+        for name, title in views.items()
+    )
+    # Only the live views have an event stream (console.js opens it from data-view).
+    data_view = f' data-view="{_e(view)}"' if view in VIEWS else ""
+    status = (
+        '<p id="status" role="status">Live: updates as they happen.</p>' if view in VIEWS else ""
     )
     return (
-        _head(VIEWS[view])
+        _head(views[view])
         + '<a class="skip" href="#main">Skip to the content</a>'
         + '<header><p class="brand">fairq console</p>'
         + f'<nav aria-label="Views">{nav}</nav>'
@@ -68,8 +79,8 @@ def page(view: str, user: str, csrf: str, live: str) -> str:
         + f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
         + f"<span>Signed in as <strong>{_e(user)}</strong></span>"
         + '<button type="submit">Log out</button></form></header>'
-        + f'<main id="main" data-view="{_e(view)}"><h1>{_e(VIEWS[view])}</h1>'
-        + '<p id="status" role="status">Live: updates as they happen.</p>'
+        + f'<main id="main"{data_view}><h1>{_e(views[view])}</h1>'
+        + status
         + f'<div id="live">{live}</div></main></body></html>'
     )
 

@@ -29,6 +29,7 @@ from fairq_server.auth import Authenticator, Principal
 from fairq_server.errors import SchedulerError
 from fairq_server.http.console import render
 from fairq_server.http.console.feed import LiveFeed
+from fairq_server.http.console.manage import ManageRoutes, store_error
 from fairq_server.http.console.session import Session, Sessions, csrf_ok, same_origin
 
 __all__ = ["ConsoleRoutes"]
@@ -62,8 +63,15 @@ class ConsoleRoutes:
 
     """
 
-    def __init__(self, auth: Authenticator, feed: LiveFeed, session_seconds: float) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        feed: LiveFeed,
+        session_seconds: float,
+        manage: ManageRoutes | None = None,
+    ) -> None:
         self._auth = auth
+        self._manage = manage
         self._feed = feed
         self._sessions = Sessions(session_seconds)
         self._static = {name: (_STATIC / name).read_bytes() for name in _STATIC_TYPES}
@@ -80,6 +88,12 @@ class ConsoleRoutes:
         router.add_get("/console/static/{name}", self._static_file)
         for view in render.VIEWS:
             router.add_get(f"/console/{view}", self._page)
+        if self._manage is not None:
+            router.add_get("/console/keys", self._keys)
+            router.add_post("/console/keys", self._keys_change)
+            router.add_post("/console/keys/{id}/{verb:rotate|revoke}", self._keys_change)
+            router.add_get("/console/usage", self._usage)
+            router.add_get("/console/usage.csv", self._usage_csv)
 
     async def start(self) -> None:
         """Start the live feed."""
@@ -171,7 +185,68 @@ class ConsoleRoutes:
         view = request.path.rsplit("/", 1)[-1]
         live = render.fragment(view, await self._feed.current(), self._feed.here)
         csrf = session.csrf if session is not None else ""
-        return _html(render.page(view, principal.user, csrf, live))
+        return _html(render.page(view, principal.user, csrf, live, self._manage is not None))
+
+    # -- the store's views ----------------------------------------------------------------
+
+    async def _store_page(self, request: web.Request, view: str, body: str) -> web.Response:
+        principal, session, status = await self._caller(request)
+        if principal is None:
+            return _redirect("/console/login") if status == 401 else _refusal(status)
+        csrf = session.csrf if session is not None else ""
+        return _html(render.page(view, principal.user, csrf, body, store=True))
+
+    async def _keys(self, request: web.Request) -> web.StreamResponse:
+        principal, session, status = await self._caller(request)
+        if principal is None:
+            return _redirect("/console/login") if status == 401 else _refusal(status)
+        assert self._manage is not None
+        csrf = session.csrf if session is not None else ""
+        return await self._store_page(request, "keys", await self._manage.keys_page(csrf))
+
+    async def _keys_change(self, request: web.Request) -> web.StreamResponse:
+        """Create, rotate or revoke a key: from a logged-in page of this origin only."""
+        session = self._sessions.get(request)
+        form = await _form(request)
+        principal = await self._admin(session.credential) if session is not None else None
+        if session is None or principal is None:
+            return _refusal(401)
+        if not same_origin(request) or form is None or not csrf_ok(session, form.get("csrf", "")):
+            return _html(render.message_page("Refused", "The form came from another site."), 403)
+        assert self._manage is not None
+        key_id, verb = request.match_info.get("id", ""), request.match_info.get("verb", "")
+        try:
+            if verb == "revoke":
+                notice = await self._manage.revoke(key_id, principal.user)
+            elif verb == "rotate":
+                notice = await self._manage.rotate(key_id, principal.user)
+            else:
+                notice = await self._manage.create(form, principal.user)
+        except Exception as exc:  # a refusal or the database down: said on the page
+            notice = store_error(exc)
+        body = await self._manage.keys_page(session.csrf, notice)
+        return _html(render.page("keys", principal.user, session.csrf, body, store=True))
+
+    async def _usage(self, request: web.Request) -> web.StreamResponse:
+        assert self._manage is not None
+        by, since = request.query.get("by", "team"), request.query.get("since", "7d")
+        principal, _, status = await self._caller(request)
+        if principal is None:
+            return _redirect("/console/login") if status == 401 else _refusal(status)
+        return await self._store_page(request, "usage", await self._manage.usage_page(by, since))
+
+    async def _usage_csv(self, request: web.Request) -> web.StreamResponse:
+        principal, _, status = await self._caller(request)
+        if principal is None:
+            return _refusal(status)
+        assert self._manage is not None
+        by, since = request.query.get("by", "team"), request.query.get("since", "7d")
+        try:
+            text = await self._manage.usage_csv(by, since)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400, headers=_HEADERS)
+        headers = {**_HEADERS, "Content-Disposition": f'attachment; filename="usage-{by}.csv"'}
+        return web.Response(text=text, content_type="text/csv", headers=headers)
 
     async def _live_json(self, request: web.Request) -> web.StreamResponse:
         principal, _, status = await self._caller(request)
