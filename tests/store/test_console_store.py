@@ -106,3 +106,38 @@ async def test_key_created_used_revoked_refused_and_usage_csv_matches_the_ledger
         got[1] += row["output_tokens"]
     assert {r["name"]: [int(r["input_tokens"]), int(r["output_tokens"])] for r in table} == expected
     assert {r["name"] for r in table} == {"carol", "alice"}
+
+
+async def test_key_forms_need_the_session_its_csrf_token_and_this_origin(
+    sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
+) -> None:
+    url_db = f"sqlite:///{tmp_path / 'fairq.db'}"
+    config = store_config(url_db, [sim_backend(sim)], keys=tuple(KEYS.values()))
+    server = await fairq_factory(replace(config, console=ConsoleConfig(enabled=True)))
+    url = f"http://127.0.0.1:{server.http_port}"
+    assert server.store is not None
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        form = {"user": "mallory", "csrf": ""}
+        # No session: refused, whatever the headers (a bearer admin key does not post forms).
+        async with http.post(f"{url}/console/keys", data=form, headers=ROOT) as resp:
+            assert resp.status == 401
+        login = await http.post(
+            f"{url}/console/login", data={"key": "root-key"}, headers={"Origin": url},
+            allow_redirects=False,
+        )  # fmt: skip
+        assert login.status == 303
+        async with http.get(f"{url}/console/keys") as page:
+            csrf = (await page.text()).split('name="csrf" value="')[1].split('"')[0]
+        for origin, token in (("http://evil.example", csrf), (url, "wrong")):
+            async with http.post(
+                f"{url}/console/keys", data={**form, "csrf": token}, headers={"Origin": origin}
+            ) as resp:
+                assert resp.status == 403
+        assert await server.store.keys.list(include_revoked=True) == []
+        async with http.post(
+            f"{url}/console/keys", data={**form, "csrf": csrf}, headers={"Origin": url}
+        ) as resp:
+            assert resp.status == 200 and "shown this once" in await resp.text()
+        [key] = await server.store.keys.list()
+        assert key.user == "mallory"
