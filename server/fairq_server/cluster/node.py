@@ -37,7 +37,7 @@ from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.redis_state import RedisState
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
-from fairq_server.cluster.tasks import cancel_all
+from fairq_server.cluster.tasks import cancel_all, forever
 from fairq_server.scheduling import events as ev
 
 __all__ = ["ClusterNode"]
@@ -110,7 +110,7 @@ class ClusterNode:
             self._set_connected(False)
         await self.heartbeat()
         self._tasks = [
-            asyncio.create_task(self._forever(self.heartbeat, self._beat), name="heartbeat"),
+            asyncio.create_task(forever(self.heartbeat, self._beat), name="heartbeat"),
             asyncio.create_task(self._refresher(), name="cluster-refresh"),
             asyncio.create_task(self.fair.run(), name="cluster-fairness"),
         ]
@@ -332,14 +332,6 @@ class ClusterNode:
                 return
             log.warning("Redis reachable again: back on the shared gate")
             self._set_connected(True)
-
-    async def _forever(self, step: Callable[[], Coroutine[Any, Any, None]], every: float) -> None:
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await step()
-            except Exception:  # a bug here must not stop the heartbeat for good
-                log.exception("cluster task step failed")
 
     async def _refresher(self) -> None:
         """Read the shared counts on every announced release, and at least every refresh."""

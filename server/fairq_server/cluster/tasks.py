@@ -1,10 +1,15 @@
-"""Stopping a replica's background tasks for certain."""
+"""A replica's background tasks: run a step forever, and stop them for certain."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-__all__ = ["cancel_all"]
+__all__ = ["cancel_all", "forever"]
+
+log = logging.getLogger(__name__)
 
 
 async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
@@ -18,3 +23,13 @@ async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=0.1)
+
+
+async def forever(step: Callable[[], Coroutine[Any, Any, None]], every: float) -> None:
+    """Run ``step`` every ``every`` seconds until cancelled."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await step()
+        except Exception:  # a bug here must not stop the heartbeat for good
+            log.exception("cluster task step failed")

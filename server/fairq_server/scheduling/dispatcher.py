@@ -27,8 +27,6 @@ from fairq_server.backends.poller import ScrapeResult
 from fairq_server.config import SchedulerConfig, TierConfig
 from fairq_server.errors import (
     InternalError,
-    NoBackendError,
-    QueueTimeoutError,
     SchedulerError,
     ShuttingDownError,
 )
@@ -37,6 +35,7 @@ from fairq_server.scheduling.admission import admission_error
 from fairq_server.scheduling.attempts import AttemptBook, Launcher, StreamLauncher
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.expiry import expire_queued, sweep_unserved
 from fairq_server.scheduling.metric_gaps import relied_on
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
@@ -269,12 +268,13 @@ class Dispatcher:
             self._wake.clear()
             self._apply_inbox()
             now = self._clock()
-            self._expire(now)
+            expire_queued(self._models, self.attempts, self.config.queue_ttl_seconds, now)
             if now >= self._next_sweep:
                 # A grace period in seconds needs no finer check; every pass would cost
                 # O(models) per event, and dead backends' scrapes are events too.
                 self._next_sweep = now + _SWEEP_EVERY
-                self._sweep(now)
+                grace = self.config.no_backend_grace_seconds
+                sweep_unserved(self._models, self._backends.of, self.attempts, grace, now)
             more = self._picker.dispatch(now, DISPATCH_BATCH)
             more |= self._preemptor.run(now) > 0
             for model in self._models.values():
@@ -389,21 +389,6 @@ class Dispatcher:
         self.attempts.set_window(event.config.stream_coalesce_seconds)
         if event.done is not None and not event.done.done():
             event.done.set_result(None)
-
-    def _sweep(self, now: float) -> None:
-        grace = self.config.no_backend_grace_seconds
-        for model, tickets in self._models.sweep(now, grace, self._backends.of):
-            error = NoBackendError(
-                f"no healthy backend has served model '{model.name}' for {grace:g} s"
-            )
-            for ticket in tickets:
-                self.attempts.abandon(ticket, error)
-
-    def _expire(self, now: float) -> None:
-        ttl = self.config.queue_ttl_seconds
-        for ticket in self._models.expire(None if ttl is None else now - ttl):
-            error = QueueTimeoutError(f"request waited in the queue longer than {ttl:g} s")
-            self.attempts.abandon(ticket, error)
 
     def _fail_queued(self, error: SchedulerError) -> None:
         for ticket in self._models.take_queued(self._new_queue):
