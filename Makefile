@@ -5,7 +5,7 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap redis postgres promtool gen-tools sync demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
+.PHONY: help bootstrap redis postgres chromium promtool gen-tools sync demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
@@ -41,6 +41,11 @@ endef
 # redis-server for the cluster tests and demo.
 redis:
 	$(call apt_tool,redis-server,redis-server,tests/cluster and make demo-cluster, or 'brew install redis')
+
+# Chromium and its WebDriver for the console's browser tests (tests/http/console).
+chromium:
+	$(call apt_tool,chromium,chromium,the console's browser tests)
+	$(call apt_tool,chromedriver,chromium-driver,the console's browser tests)
 
 # promtool (Prometheus' rule checker) for make deploy-check.
 promtool:
@@ -90,7 +95,7 @@ lint: sync node
 typecheck: sync
 	$(PY) mypy
 
-test: sync redis postgres node lint typecheck
+test: sync redis postgres chromium node lint typecheck
 	$(PY) pytest -q
 	cd clients/node && npm test --silent
 

@@ -23,6 +23,7 @@ from fairq_server.config import Config
 from fairq_server.core import FairqCore
 from fairq_server.errors import ConfigError
 from fairq_server.http import HttpDoor
+from fairq_server.http.console import build_console
 from fairq_server.listening import listening
 from fairq_server.requests.access_log import RequestLog
 from fairq_server.store.service import Store
@@ -96,7 +97,12 @@ class FairqServer:
         await self._grpc.start()
         self.port = self._grpc.port
         if self.config.http.listen:
-            self._http = HttpDoor(self.core, self.auth, self.config.http.listen, self.request_log)
+            console = None
+            if self.config.console.enabled:
+                console = build_console(self.core, self.auth, self.request_log.recent, self.store)
+            self._http = HttpDoor(
+                self.core, self.auth, self.config.http.listen, self.request_log, console
+            )
             with listening("http.listen", self.config.http.listen):
                 await self._http.start()
             self.http_port = self._http.port

@@ -47,6 +47,7 @@ from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.door_config import HttpConfig, Limits, TlsConfig
 from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig
+from fairq_server.observe.settings import ConsoleConfig
 from fairq_server.preempt_config import PreemptConfig
 from fairq_server.store.settings import PriceConfig, StoreConfig
 from fairq_server.teams import TeamConfig
@@ -59,6 +60,7 @@ __all__ = [
     "ClusterConfig",
     "Config",
     "ConfigError",
+    "ConsoleConfig",
     "HttpConfig",
     "JwtConfig",
     "KeyConfig",
@@ -327,6 +329,7 @@ class Config:
     keys: tuple[KeyConfig, ...] = ()
     teams: tuple[TeamConfig, ...] = ()
     jwt: JwtConfig | None = None
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
     def __post_init__(self) -> None:
         if not self.tiers:

@@ -42,6 +42,7 @@ _POSITIVE = frozenset(
         "head_timeout_seconds", "idle_timeout_seconds", "max_connections",
         "max_connections_per_peer", "max_grpc_connections", "max_answer_chars",
         "max_sequences", "max_prompts",
+        "refresh_seconds", "session_seconds", "starved_after_seconds", "max_users",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})
@@ -104,6 +105,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     config = _with_store_sections(config, store, prices)
+    if config.console.enabled and not config.http.listen:
+        raise ConfigError("console.enabled needs the HTTP door: set http.listen")
     _check_policies(config.scheduler)
     if config.jwt is not None:
         try:

@@ -23,6 +23,7 @@ _FORBIDDEN = {
     "api": ("http", "app", "cli"),
     "http": ("api", "app", "cli"),
     "requests": ("api", "http", "app", "cli"),
+    "observe": ("api", "http", "app", "cli"),
     "scheduling": ("api", "http", "requests", "app", "cli"),
     "backends": ("api", "http", "requests", "scheduling", "cluster", "app", "cli"),
     "errors.py": ("api", "http", "requests", "scheduling", "cluster", "app", "cli"),

@@ -16,6 +16,7 @@ from pathlib import Path
 # Modules, not their functions: a function bound under its module's name would shadow it.
 from fairq_bench.scenarios import (
     backpressure,
+    console_cost,
     http_overhead,
     ledger,
     onoff,
@@ -44,6 +45,7 @@ SCENARIOS: dict[str, Scenario] = {
     "ledger": ledger.ledger,
     "preemption": preemption.preemption,
     "teams": teams.teams,
+    "console-cost": console_cost.console_cost,
 }
 
 TITLES: dict[str, str] = {
@@ -58,4 +60,5 @@ TITLES: dict[str, str] = {
     "ledger": "10. Usage ledger (a replica killed, PostgreSQL restarted, SIGTERM)",
     "preemption": "11. Preemption by continuation (light user under several power users)",
     "teams": "13. Teams (weights 2:1, hierarchical vtc, one replica and three)",
+    "console-cost": "14. The console's own cost (tokens per core with a page open)",
 }

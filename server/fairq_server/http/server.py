@@ -16,6 +16,7 @@ from aiohttp import web
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
 from fairq_server.http.connections import ConnectionGuard, ConnectionLimits
+from fairq_server.http.console import ConsoleRoutes
 from fairq_server.http.door import OpenAIHandlers
 from fairq_server.http.errors import HttpError, error_response
 from fairq_server.requests.access_log import RequestLog
@@ -57,6 +58,7 @@ class HttpDoor:
         auth: the authenticator (shared with the gRPC door).
         listen: ``host:port``; port 0 picks a free one.
         request_log: where finished requests are reported (shared with the gRPC door).
+        console: the operator's console, served under ``/console`` (None: not served).
 
     Attributes:
         port: the bound port once started.
@@ -69,8 +71,10 @@ class HttpDoor:
         auth: Authenticator,
         listen: str,
         request_log: RequestLog | None = None,
+        console: ConsoleRoutes | None = None,
     ) -> None:
         self._listen = listen
+        self._console = console
         self.port = 0
         settings = core.config.http
         self._guard = ConnectionGuard(
@@ -93,6 +97,8 @@ class HttpDoor:
         app.router.add_post("/v1/completions", handlers.completions)
         app.router.add_get("/v1/models", handlers.models)
         app.router.add_get("/v1/models/{model:.+}", handlers.model)
+        if console is not None:
+            console.add_to(app.router)
         # A client that disconnects cancels its handler: that is how a queued or running
         # request learns that nobody waits for it any more.
         # At stop, running streams have had the server's grace period already.
@@ -119,11 +125,15 @@ class HttpDoor:
         site = _GuardedSite(self._runner, self._guard, host.strip("[]") or "127.0.0.1", int(port))
         await site.start()
         self._undo_accept_log = self._guard.install_accept_log(asyncio.get_running_loop())
+        if self._console is not None:
+            await self._console.start()
         self.port = int(self._runner.addresses[0][1])
         log.info("fairq HTTP door on %s (port %d)", self._listen, self.port)
 
     async def stop(self) -> None:
         """Stop accepting and close every connection (queued requests were answered)."""
+        if self._console is not None:
+            await self._console.stop()
         await self._runner.cleanup()
         if self._undo_accept_log is not None:
             self._undo_accept_log()

@@ -1,0 +1,48 @@
+"""The operator's web console under ``/console`` on the HTTP door (``docs/design/console.md``)."""
+
+from __future__ import annotations
+
+from fairq_server.auth import Authenticator
+from fairq_server.core import FairqCore
+from fairq_server.http.console.feed import LiveFeed
+from fairq_server.http.console.manage import ManageRoutes
+from fairq_server.http.console.routes import ConsoleRoutes
+from fairq_server.observe.live import LiveView, read_live
+from fairq_server.observe.replicas import ReplicaViews
+from fairq_server.requests.recent import RecentService
+from fairq_server.store.service import Store
+
+__all__ = ["ConsoleRoutes", "build_console"]
+
+
+def build_console(
+    core: FairqCore, auth: Authenticator, recent: RecentService, store: Store | None = None
+) -> ConsoleRoutes:
+    """Return the console over ``core`` (its settings are read from ``core.config.console``).
+
+    Args:
+        core: the scheduling core (queues, backends; in a cluster, its Redis connection).
+        auth: the authenticator both doors share.
+        recent: the recent service per user (the figures ``GetQueueSnapshot`` shows).
+        store: fairq's store (keys and usage views), if it has one.
+
+    """
+
+    def read() -> LiveView:
+        settings = core.config.console
+        return read_live(
+            core,
+            recent,
+            replica=here,
+            starved_after=settings.starved_after_seconds,
+            max_users=settings.max_users,
+        )
+
+    here, replicas = "", None
+    if core.cluster is not None:
+        here = core.cluster.replica_id
+        ttl = round(3 * core.config.console.refresh_seconds) + 1
+        replicas = ReplicaViews(core.cluster.client, core.cluster.config.key_prefix, here, ttl)
+    feed = LiveFeed(read, lambda: core.config.console.refresh_seconds, replicas, here)
+    manage = ManageRoutes(store) if store is not None else None
+    return ConsoleRoutes(auth, feed, core.config.console.session_seconds, manage)

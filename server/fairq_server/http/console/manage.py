@@ -1,0 +1,212 @@
+"""The console's store views: stored keys (create, rotate, revoke) and usage (table, CSV).
+
+They call the store's own operations, the ones the Admin RPCs (``api/admin_store.py``) and the
+``fairq keys`` / ``fairq usage`` commands reach, so a key revoked here is refused on every
+replica as one revoked by the CLI is. Every change is logged with who made it and what it
+was (``fairq_server.console``). Forms post only from a logged-in page of this origin, with
+the session's CSRF token; a secret is shown once, on the page that answers its creation.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import time
+from html import escape
+
+from fairq_server.errors import SchedulerError
+from fairq_server.store.reports import GROUPINGS
+from fairq_server.store.service import Store
+
+__all__ = ["ManageRoutes", "parse_since", "store_error"]
+
+log = logging.getLogger("fairq_server.console")
+
+_UNITS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: float) -> float:
+    """Return the start of a range given as ``30m``, ``24h`` or ``7d`` before ``now``.
+
+    Raises:
+        ValueError: not a positive number of minutes, hours or days.
+
+    """
+    unit = _UNITS.get(text[-1:])
+    if unit is None or not text[:-1].isdigit() or int(text[:-1]) <= 0:
+        raise ValueError(f"since must be like 30m, 24h or 7d, not {text[:20]!r}")
+    return now - int(text[:-1]) * unit
+
+
+def _e(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+class ManageRoutes:
+    """Keys and usage pages over ``store``; the console's routes check who is asking."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def keys_page(self, csrf: str, notice: str = "") -> str:
+        """Return the keys view's body: the create form and every stored key."""
+        keys = await self._store.keys.list(include_revoked=True)
+        rows = []
+        for k in keys:
+            state = "revoked" if k.revoked_at else "active"
+            actions = ""
+            if not k.revoked_at:
+                actions = "".join(
+                    f'<form method="post" action="/console/keys/{_e(k.id)}/{verb}" class="inline">'
+                    f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+                    f'<button type="submit" aria-label="{verb} the key of {_e(k.user)} '
+                    f'({_e(k.id)})">{verb.capitalize()}</button></form>'
+                    for verb in ("rotate", "revoke")
+                )
+            created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(k.created_at))
+            rows.append(
+                f"<tr><td>{_e(k.id)}</td><td>{_e(k.user)}</td><td>{_e(k.team or '—')}</td>"
+                f"<td>{_e(', '.join(k.tiers) or 'all')}</td><td>{'yes' if k.admin else 'no'}</td>"
+                f"<td>{created} UTC</td><td>{state}</td><td>{actions}</td></tr>"
+            )
+        table = (
+            "<table><caption>Stored keys</caption><thead><tr>"
+            + "".join(
+                f'<th scope="col">{h}</th>'
+                for h in ("Id", "User", "Team", "Tiers", "Admin", "Created", "State", "")
+            )
+            + f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
+        form = (
+            '<form method="post" action="/console/keys" class="create"><fieldset>'
+            "<legend>New key</legend>"
+            f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+            '<label for="user">User</label><input id="user" name="user" required>'
+            '<label for="team">Team (optional)</label><input id="team" name="team">'
+            '<label for="tiers">Tiers (comma-separated; empty: all)</label>'
+            '<input id="tiers" name="tiers">'
+            '<label><input type="checkbox" name="admin" value="1"> Admin</label>'
+            '<button type="submit">Create key</button></fieldset></form>'
+        )
+        return notice + form + table
+
+    async def create(self, form: dict[str, str], who: str) -> str:
+        """Create a key from ``form``; return the notice showing its secret (once)."""
+        tiers = tuple(t.strip() for t in form.get("tiers", "").split(",") if t.strip())
+        key, secret = await self._store.keys.create(
+            form.get("user", "").strip(),
+            team=form.get("team", "").strip() or None,
+            tiers=tiers,
+            admin=form.get("admin") == "1",
+        )
+        log.info("console: '%s' created key %s for user '%s'", who, key.id, key.user)
+        return (
+            f'<div class="notice" role="status"><p>Key {_e(key.id)} created for '
+            f"<strong>{_e(key.user)}</strong>. Its secret is shown this once; copy it now:</p>"
+            f'<p><output class="secret" aria-label="the new secret">{_e(secret)}</output></p></div>'
+        )
+
+    async def revoke(self, key_id: str, who: str) -> str:
+        """Revoke ``key_id``; return the notice."""
+        key = await self._store.keys.revoke(key_id)
+        if key is None:
+            return f'<p class="error" role="alert">No stored key {_e(key_id[:64])}.</p>'
+        log.info("console: '%s' revoked key %s of user '%s'", who, key.id, key.user)
+        return f'<p class="notice" role="status">Key {_e(key.id)} of {_e(key.user)} revoked.</p>'
+
+    async def rotate(self, key_id: str, who: str) -> str:
+        """Rotate ``key_id`` (the old one stops at once); return the notice with the secret."""
+        rotated = await self._store.keys.rotate(key_id, 0.0)
+        if rotated is None:
+            return f'<p class="error" role="alert">No active stored key {_e(key_id[:64])}.</p>'
+        key, secret = rotated
+        log.info("console: '%s' rotated key %s into %s (user '%s')", who, key_id, key.id, key.user)
+        return (
+            f'<div class="notice" role="status"><p>Key {_e(key_id)} replaced by {_e(key.id)}. '
+            "Its secret is shown this once; copy it now:</p>"
+            f'<p><output class="secret" aria-label="the new secret">{_e(secret)}</output></p></div>'
+        )
+
+    async def usage_rows(self, by: str, since: str) -> list[list[object]]:
+        """Return the usage report as rows (name first), most output tokens first.
+
+        Raises:
+            ValueError: ``by`` or ``since`` is not valid.
+
+        """
+        if by not in GROUPINGS:
+            raise ValueError(f"by must be one of {', '.join(sorted(GROUPINGS))}")
+        report = await self._store.report(by, parse_since(since, time.time()))
+        return [
+            [r.name or "", r.requests, r.finished, r.input_tokens, r.output_tokens, r.cost]
+            for r in report
+        ]
+
+    async def usage_page(self, by: str, since: str) -> str:
+        """Return the usage view's body: the range form and the report table."""
+        try:
+            rows = await self.usage_rows(by, since)
+        except ValueError as exc:
+            return f'<p class="error" role="alert">{_e(exc)}</p>' + _usage_form("team", "7d")
+        body = "".join(
+            "<tr>"
+            + "".join(f"<td>{_e(c if i != 5 else f'{c:.4f}')}</td>" for i, c in enumerate(r))
+            + "</tr>"
+            for r in rows
+        )
+        bars = "".join(
+            f'<li>{_e(r[0] or "(no team)")}: <meter min="0" max="{max(1, int(str(rows[0][4])))}" '
+            f'value="{int(str(r[4]))}">{_e(r[4])}</meter> {_e(r[4])} output tokens</li>'
+            for r in rows
+        )
+        csv_link = f"/console/usage.csv?by={_e(by)}&amp;since={_e(since)}"
+        return (
+            _usage_form(by, since)
+            + f'<ul class="bars" aria-label="output tokens by {_e(by)}">{bars}</ul>'
+            + "<table><caption>Usage by "
+            + _e(by)
+            + " over the last "
+            + _e(since)
+            + "</caption><thead><tr>"
+            + "".join(f'<th scope="col">{h}</th>' for h in _CSV_HEADER)
+            + f"</tr></thead><tbody>{body}</tbody></table>"
+            + f'<p><a href="{csv_link}" download>Download as CSV</a></p>'
+        )
+
+    async def usage_csv(self, by: str, since: str) -> str:
+        """Return the usage report as CSV text.
+
+        Raises:
+            ValueError: ``by`` or ``since`` is not valid.
+
+        """
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(_CSV_HEADER)
+        writer.writerows(await self.usage_rows(by, since))
+        return out.getvalue()
+
+
+_CSV_HEADER = ["name", "requests", "finished", "input_tokens", "output_tokens", "cost"]
+
+
+def _usage_form(by: str, since: str) -> str:
+    options = "".join(
+        f'<option value="{g}"{" selected" if g == by else ""}>{g}</option>'
+        for g in sorted(GROUPINGS)
+    )
+    return (
+        '<form method="get" action="/console/usage" class="range">'
+        f'<label for="by">By</label><select id="by" name="by">{options}</select>'
+        '<label for="since">Over the last (30m, 24h, 7d)</label>'
+        f'<input id="since" name="since" value="{_e(since)}" size="6">'
+        '<button type="submit">Show</button></form>'
+    )
+
+
+def store_error(exc: Exception) -> str:
+    """Return the notice for an operation the store refused or could not do."""
+    if isinstance(exc, SchedulerError | ValueError):
+        return f'<p class="error" role="alert">{_e(str(exc)[:300])}</p>'
+    return f'<p class="error" role="alert">The store did not answer: {_e(str(exc)[:300])}</p>'

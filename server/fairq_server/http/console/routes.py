@@ -1,0 +1,320 @@
+"""The console's routes under ``/console`` on the HTTP door: login, pages, live data.
+
+Only admins get anything: an API key marked ``admin`` or a token with the identity
+provider's admin claim, presented once at the login form (the browser then holds an
+HttpOnly session cookie, :mod:`.session`) or as ``Authorization: Bearer`` on every request
+(scripts). A page asked for without either redirects to the login form; a data endpoint
+answers 401; a caller who is not an admin gets 403 from both.
+
+Routes:
+
+* ``GET /console/login``, ``POST /console/login``, ``POST /console/logout``;
+* ``GET /console/{queues,backends,cluster}``: a page, its live part rendered at once;
+* ``GET /console/events?view=NAME``: server-sent events, one ``data:`` frame per refresh
+  carrying the view's HTML fragment (``event: logout`` when the credential stops working);
+* ``GET /console/api/live``: every replica's live view as JSON;
+* ``GET /console/static/{console.js,console.css}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from fairq_server.auth import Authenticator, Principal
+from fairq_server.errors import SchedulerError
+from fairq_server.http.console import render
+from fairq_server.http.console.feed import LiveFeed
+from fairq_server.http.console.manage import ManageRoutes, store_error
+from fairq_server.http.console.session import Session, Sessions, csrf_ok, same_origin
+
+__all__ = ["ConsoleRoutes"]
+
+log = logging.getLogger("fairq_server.console")
+
+_STATIC = Path(__file__).parent / "static"
+_STATIC_TYPES = {"console.js": "text/javascript", "console.css": "text/css"}
+_MAX_FORM_BYTES = 16_384
+# Pages and data are the console's own: no other origin may frame, script or read them.
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    # "no-referrer" would make browsers send "Origin: null" with the forms' own POSTs.
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+}
+
+
+class ConsoleRoutes:
+    """The console's handlers over the shared authenticator and a live feed.
+
+    Args:
+        auth: the authenticator both doors share (keys, JWTs).
+        feed: the live views.
+        session_seconds: how long a login lasts.
+
+    """
+
+    def __init__(
+        self,
+        auth: Authenticator,
+        feed: LiveFeed,
+        session_seconds: float,
+        manage: ManageRoutes | None = None,
+    ) -> None:
+        self._auth = auth
+        self._manage = manage
+        self._feed = feed
+        self._sessions = Sessions(session_seconds)
+        self._static = {name: (_STATIC / name).read_bytes() for name in _STATIC_TYPES}
+
+    def add_to(self, router: web.UrlDispatcher) -> None:
+        """Add the console's routes to ``router``."""
+        router.add_get("/console", self._index)
+        router.add_get("/console/", self._index)
+        router.add_get("/console/login", self._login_form)
+        router.add_post("/console/login", self._login)
+        router.add_post("/console/logout", self._logout)
+        router.add_get("/console/events", self._events)
+        router.add_get("/console/api/live", self._live_json)
+        router.add_get("/console/static/{name}", self._static_file)
+        for view in render.VIEWS:
+            router.add_get(f"/console/{view}", self._page)
+        if self._manage is not None:
+            router.add_get("/console/keys", self._keys)
+            router.add_post("/console/keys", self._keys_change)
+            router.add_post("/console/keys/{id}/{verb:rotate|revoke}", self._keys_change)
+            router.add_get("/console/usage", self._usage)
+            router.add_get("/console/usage.csv", self._usage_csv)
+
+    async def start(self) -> None:
+        """Start the live feed."""
+        self._feed.start()
+
+    async def stop(self) -> None:
+        """Stop the live feed."""
+        await self._feed.stop()
+
+    # -- who is asking --------------------------------------------------------------------
+
+    async def _admin(self, credential: str) -> Principal | None:
+        """Return the admin behind ``credential``; None if it is not one (or not valid)."""
+        try:
+            principal = await self._auth.authenticate([("authorization", f"Bearer {credential}")])
+        except SchedulerError:
+            return None
+        return principal if principal.admin else None
+
+    async def _caller(self, request: web.Request) -> tuple[Principal | None, Session | None, int]:
+        """Return the admin calling, its session, or the status to refuse with (401, 403)."""
+        session = self._sessions.get(request)
+        header = request.headers.get("Authorization")
+        if session is None and header is None:
+            return None, None, 401
+        if session is not None:
+            principal = await self._admin(session.credential)
+            if principal is None:  # revoked, expired, or no longer an admin
+                self._sessions.close(session)
+                return None, None, 401
+            return principal, session, 200
+        try:
+            principal = await self._auth.authenticate([("authorization", header or "")])
+        except SchedulerError:
+            return None, None, 401
+        return (principal, None, 200) if principal.admin else (None, None, 403)
+
+    # -- login ----------------------------------------------------------------------------
+
+    async def _login_form(self, request: web.Request) -> web.StreamResponse:
+        return _html(render.login_page())
+
+    async def _login(self, request: web.Request) -> web.StreamResponse:
+        if not same_origin(request):
+            return _html(render.message_page("Refused", "The form came from another site."), 403)
+        form = await _form(request)
+        if form is None:
+            return _html(render.login_page("The form is too large."), 413)
+        credential = form.get("key", "").strip()
+        try:
+            principal = await self._auth.authenticate([("authorization", f"Bearer {credential}")])
+        except SchedulerError as exc:
+            log.warning("console: login refused from %s: %s", request.remote, exc)
+            return _html(render.login_page(f"Not logged in: {exc}"), 401)
+        if not principal.admin:
+            log.warning("console: login refused, '%s' is not an admin", principal.user)
+            text = f"'{principal.user}' is not an admin: the console is for admins only."
+            return _html(render.message_page("Not an admin", text), 403)
+        session = self._sessions.open(credential, principal.user)
+        log.info("console: '%s' logged in from %s", principal.user, request.remote)
+        response = _redirect("/console/queues")
+        self._sessions.set_cookie(response, session, secure=request.secure)
+        return response
+
+    async def _logout(self, request: web.Request) -> web.StreamResponse:
+        session = self._sessions.get(request)
+        form = await _form(request)
+        if session is None:
+            return _redirect("/console/login")
+        if not same_origin(request) or form is None or not csrf_ok(session, form.get("csrf", "")):
+            return _html(render.message_page("Refused", "The form came from another site."), 403)
+        self._sessions.close(session)
+        log.info("console: '%s' logged out", session.user)
+        response = _redirect("/console/login")
+        Sessions.clear_cookie(response)
+        return response
+
+    # -- pages and data -------------------------------------------------------------------
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        return _redirect("/console/queues")
+
+    async def _page(self, request: web.Request) -> web.StreamResponse:
+        principal, session, status = await self._caller(request)
+        if principal is None:
+            if status == 401:
+                return _redirect("/console/login")
+            return _html(render.message_page("Not an admin", "The console is for admins."), 403)
+        view = request.path.rsplit("/", 1)[-1]
+        live = render.fragment(view, await self._feed.current(), self._feed.here)
+        csrf = session.csrf if session is not None else ""
+        return _html(render.page(view, principal.user, csrf, live, self._manage is not None))
+
+    # -- the store's views ----------------------------------------------------------------
+
+    async def _store_page(self, request: web.Request, view: str, body: str) -> web.Response:
+        principal, session, status = await self._caller(request)
+        if principal is None:
+            return _redirect("/console/login") if status == 401 else _refusal(status)
+        csrf = session.csrf if session is not None else ""
+        return _html(render.page(view, principal.user, csrf, body, store=True))
+
+    async def _keys(self, request: web.Request) -> web.StreamResponse:
+        principal, session, status = await self._caller(request)
+        if principal is None:
+            return _redirect("/console/login") if status == 401 else _refusal(status)
+        assert self._manage is not None
+        csrf = session.csrf if session is not None else ""
+        return await self._store_page(request, "keys", await self._manage.keys_page(csrf))
+
+    async def _keys_change(self, request: web.Request) -> web.StreamResponse:
+        """Create, rotate or revoke a key: from a logged-in page of this origin only."""
+        session = self._sessions.get(request)
+        form = await _form(request)
+        principal = await self._admin(session.credential) if session is not None else None
+        if session is None or principal is None:
+            return _refusal(401)
+        if not same_origin(request) or form is None or not csrf_ok(session, form.get("csrf", "")):
+            return _html(render.message_page("Refused", "The form came from another site."), 403)
+        assert self._manage is not None
+        key_id, verb = request.match_info.get("id", ""), request.match_info.get("verb", "")
+        try:
+            if verb == "revoke":
+                notice = await self._manage.revoke(key_id, principal.user)
+            elif verb == "rotate":
+                notice = await self._manage.rotate(key_id, principal.user)
+            else:
+                notice = await self._manage.create(form, principal.user)
+        except Exception as exc:  # a refusal or the database down: said on the page
+            notice = store_error(exc)
+        body = await self._manage.keys_page(session.csrf, notice)
+        return _html(render.page("keys", principal.user, session.csrf, body, store=True))
+
+    async def _usage(self, request: web.Request) -> web.StreamResponse:
+        assert self._manage is not None
+        by, since = request.query.get("by", "team"), request.query.get("since", "7d")
+        principal, _, status = await self._caller(request)
+        if principal is None:
+            return _redirect("/console/login") if status == 401 else _refusal(status)
+        return await self._store_page(request, "usage", await self._manage.usage_page(by, since))
+
+    async def _usage_csv(self, request: web.Request) -> web.StreamResponse:
+        principal, _, status = await self._caller(request)
+        if principal is None:
+            return _refusal(status)
+        assert self._manage is not None
+        by, since = request.query.get("by", "team"), request.query.get("since", "7d")
+        try:
+            text = await self._manage.usage_csv(by, since)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400, headers=_HEADERS)
+        headers = {**_HEADERS, "Content-Disposition": f'attachment; filename="usage-{by}.csv"'}
+        return web.Response(text=text, content_type="text/csv", headers=headers)
+
+    async def _live_json(self, request: web.Request) -> web.StreamResponse:
+        principal, _, status = await self._caller(request)
+        if principal is None:
+            return _refusal(status)
+        body = json.dumps({"replicas": await self._feed.current()}, separators=(",", ":"))
+        return web.Response(text=body, content_type="application/json", headers=_HEADERS)
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        principal, session, status = await self._caller(request)
+        if principal is None:
+            return _refusal(status)
+        view = request.query.get("view", "queues")
+        if view not in render.VIEWS:
+            return web.json_response({"error": f"no view {view[:40]!r}"}, status=404)
+        response = web.StreamResponse(
+            headers={**_HEADERS, "Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
+        )
+        await response.prepare(request)
+        self._feed.watchers += 1
+        try:
+            seq = self._feed.seq
+            while True:
+                seq = await self._feed.wait(seq)
+                # The credential is checked again at every push: a revoked key stops here.
+                if session is not None and await self._admin(session.credential) is None:
+                    self._sessions.close(session)
+                    await response.write(b"event: logout\ndata: {}\n\n")
+                    break
+                frame = json.dumps({"html": self._feed.html(view)}, separators=(",", ":"))
+                await response.write(f"data: {frame}\n\n".encode())
+        except ConnectionResetError:
+            pass  # the page was closed
+        finally:
+            self._feed.watchers -= 1
+        return response
+
+    async def _static_file(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in self._static:
+            raise web.HTTPNotFound()
+        headers = {**_HEADERS, "Cache-Control": "no-cache"}
+        return web.Response(
+            body=self._static[name], content_type=_STATIC_TYPES[name], headers=headers
+        )
+
+
+async def _form(request: web.Request) -> dict[str, str] | None:
+    """Read a small urlencoded form (None: larger than a form of the console's can be)."""
+    if request.content_length is not None and request.content_length > _MAX_FORM_BYTES:
+        return None
+    body = await request.content.read(_MAX_FORM_BYTES + 1)
+    if len(body) > _MAX_FORM_BYTES:
+        return None
+    try:
+        return dict(parse_qsl(body.decode(errors="replace"), max_num_fields=20))
+    except ValueError:  # more fields than any of the console's forms has
+        return None
+
+
+def _html(text: str, status: int = 200) -> web.Response:
+    return web.Response(text=text, status=status, content_type="text/html", headers=_HEADERS)
+
+
+def _redirect(location: str) -> web.Response:
+    return web.Response(status=303, headers={**_HEADERS, "Location": location})
+
+
+def _refusal(status: int) -> web.Response:
+    text = "log in at /console/login" if status == 401 else "the console is for admins only"
+    return web.json_response({"error": text}, status=status, headers=_HEADERS)

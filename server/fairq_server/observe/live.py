@@ -1,0 +1,252 @@
+"""One replica's live queues and backends, read from the core into plain values.
+
+The console reads here what ``GetQueueSnapshot`` reads (the dispatcher's queues, the backends'
+state and gate, the recent service per user), with more detail per user: where its next
+request stands, how long it has waited, and its share of recent service against its
+entitlement. Everything is read synchronously on the event loop, so the figures are of one
+moment; the result holds no reference into the core.
+
+Entitlement: the user's weight over the weights of every user contending now (queued, or
+with a request running). A user is *over* when its share of recent service exceeds its
+entitlement by a quarter while someone else waits; *starved* when its next request has waited
+``starved_after`` seconds and it received less than half its entitlement.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fairq_server.config import Config
+from fairq_server.core import FairqCore
+from fairq_server.requests.recent import RecentService
+
+__all__ = ["BackendRow", "LiveView", "ModelRow", "UserRow", "read_live"]
+
+OVER_FACTOR = 1.25
+STARVED_FACTOR = 0.5
+
+
+@dataclass(frozen=True)
+class UserRow:
+    """One user's queued work in one tier of one model.
+
+    Attributes:
+        tier: the tier's name.
+        user: the user.
+        team: its team from the key configuration ("" when none is known).
+        queued: its requests queued in this tier.
+        position: requests of other users served before its next one (an estimate: every
+            higher tier's queue, then one request of each user ahead of it in the tier).
+        waiting_seconds: how long its next request has waited.
+        weight: its fairness weight.
+        share: its part of the service (tokens) all users received lately (0-1).
+        entitled: its weight over the weights of every contending user (0-1).
+        status: ``over``, ``starved`` or empty.
+
+    """
+
+    tier: str
+    user: str
+    team: str
+    queued: int
+    position: int
+    waiting_seconds: float
+    weight: float
+    share: float
+    entitled: float
+    status: str
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One model's queue: depth per tier, and the users listed (the first ``max_users``)."""
+
+    model: str
+    tiers: list[tuple[str, int]]
+    users: int
+    rows: list[UserRow]
+
+    @property
+    def queued(self) -> int:
+        """Requests queued over all tiers."""
+        return sum(n for _, n in self.tiers)
+
+
+@dataclass(frozen=True)
+class BackendRow:
+    """One backend's state as the scheduler sees it.
+
+    Attributes:
+        id: the backend's id.
+        models: the models it serves.
+        health: ``up``, ``suspect``, ``down`` or ``unknown``; ``stale`` when its last
+            metrics are older than the gate accepts.
+        running: requests running there, from its metrics.
+        waiting: requests waiting there, from its metrics.
+        kv_usage: its KV-cache usage (0-1) if reported.
+        in_flight: this replica's requests on it.
+        peer_in_flight: the other replicas' requests on it (cluster only).
+        tpot_seconds: its recent time per output token (None: not measured).
+        gates: per tier, the gate's verdict now and the tier's TPOT limit.
+        draining: deregistered, finishing what it runs.
+        error: the last scrape error while unhealthy.
+
+    """
+
+    id: str
+    models: list[str]
+    health: str
+    running: float
+    waiting: float
+    kv_usage: float | None
+    in_flight: int
+    peer_in_flight: int
+    tpot_seconds: float | None
+    gates: list[tuple[str, str, float | None]]
+    draining: bool
+    error: str
+
+
+@dataclass
+class LiveView:
+    """One replica's view at one moment."""
+
+    replica: str
+    taken_at: float
+    tiers: list[str]
+    models: list[ModelRow] = field(default_factory=list)
+    backends: list[BackendRow] = field(default_factory=list)
+    contending: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the view as JSON-ready values (what a replica publishes)."""
+        return asdict(self)
+
+
+def read_live(
+    core: FairqCore,
+    recent: RecentService,
+    *,
+    replica: str = "",
+    starved_after: float = 10.0,
+    max_users: int = 50,
+) -> LiveView:
+    """Read queues, per-user standing and backends from ``core`` now (on the event loop).
+
+    Args:
+        core: the scheduling core (read only).
+        recent: the recent service per user (the same figures ``GetQueueSnapshot`` shows).
+        replica: this replica's name (empty in one process).
+        starved_after: seconds of waiting past which a user short of its share is starved.
+        max_users: users listed per model (the first by position).
+
+    """
+    config = core.config
+    now = time.monotonic()
+    tiers = [t.name for t in config.tiers]
+    view = LiveView(replica=replica, taken_at=time.time(), tiers=tiers)
+    served = recent.values()
+    total_served = sum(served.values())
+    teams, key_weights = _key_tables(config)
+
+    # Every user waiting or running now, with its weight (a queued ticket's, else its key's).
+    contenders: dict[str, float] = {}
+    for backend in core.backends():
+        for user in backend.user_in_flight:
+            contenders.setdefault(user, key_weights.get(user, 1.0))
+    # model -> tier index -> [(user, queued, head arrival, weight)]
+    queued: dict[str, list[list[tuple[str, int, float, float]]]] = {}
+    for model in sorted(core.dispatcher.model_states(), key=lambda m: m.name):
+        per_tier = []
+        for tier in model.queue.tiers:
+            entries = []
+            for user in list(tier.users()):
+                head = tier.head_of(user)
+                entries.append((user, tier.user_len(user), head.arrival, head.weight))
+                contenders[user] = head.weight
+            per_tier.append(entries)
+        queued[model.name] = per_tier
+    weight_sum = sum(contenders.values()) or 1.0
+    view.contending = len(contenders)
+
+    for name, per_tier in queued.items():
+        rows: list[UserRow] = []
+        ahead = 0
+        users: set[str] = set()
+        for tier_name, entries in zip(tiers, per_tier, strict=True):
+            # Served in turn, one request each: the longest-waiting head goes first.
+            entries.sort(key=lambda e: e[2])
+            for rank, (user, n, arrival, weight) in enumerate(entries):
+                users.add(user)
+                share = served.get(user, 0.0) / total_served if total_served else 0.0
+                entitled = contenders[user] / weight_sum
+                waited = max(0.0, now - arrival)
+                status = ""
+                if share > OVER_FACTOR * entitled and len(contenders) > 1:
+                    status = "over"
+                elif waited >= starved_after and share < STARVED_FACTOR * entitled:
+                    status = "starved"
+                rows.append(
+                    UserRow(
+                        tier_name, user, teams.get(user, ""), n, ahead + rank,
+                        round(waited, 3), weight, round(share, 4), round(entitled, 4), status,
+                    )
+                )  # fmt: skip
+            ahead += sum(e[1] for e in entries)
+        rows.sort(key=lambda r: (r.position, r.user))
+        view.models.append(
+            ModelRow(
+                name,
+                [
+                    (t, sum(e[1] for e in entries))
+                    for t, entries in zip(tiers, per_tier, strict=True)
+                ],
+                len(users),
+                rows[:max_users],
+            )
+        )
+    view.backends = _backends(core, now)
+    return view
+
+
+def _key_tables(config: Config) -> tuple[dict[str, str], dict[str, float]]:
+    """Return the configured keys' team and weight per user."""
+    teams = {k.user: k.team for k in config.keys if k.team}
+    weights = {k.user: k.weight for k in config.keys}
+    return teams, weights
+
+
+def _backends(core: FairqCore, now: float) -> list[BackendRow]:
+    config = core.config
+    stale_after = config.scheduler.stale_after_seconds
+    gate = core.policies.gate
+    rows = []
+    for state in sorted(core.backends(), key=lambda b: b.id):
+        sample = state.sample
+        health = state.health.value
+        if health == "up" and (sample is None or now - state.sampled_at > stale_after):
+            health = "stale"
+        # The gate is a pure check: asking it here changes nothing, and counts no refusal.
+        gates = [
+            (tier.name, gate.check(state, tier, now, stale_after).value, tier.tpot_limit_seconds)
+            for tier in config.tiers
+        ]
+        rows.append(
+            BackendRow(
+                id=state.id,
+                models=list(state.backend.models),
+                health=health,
+                running=sample.running if sample else 0.0,
+                waiting=sample.waiting if sample else 0.0,
+                kv_usage=sample.kv_usage if sample else None,
+                in_flight=state.in_flight,
+                peer_in_flight=state.peer_in_flight,
+                tpot_seconds=state.tpot_seconds,
+                gates=gates,
+                draining=state.draining,
+                error=state.last_error[:300] if state.healthy is not True else "",
+            )
+        )
+    return rows
