@@ -8,10 +8,11 @@ runs under :func:`supervise`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-__all__ = ["RESTART_DELAYS", "supervise"]
+__all__ = ["RESTART_DELAYS", "stop_task", "supervise"]
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +50,11 @@ async def supervise(
             await asyncio.sleep(delays[min(crashes, len(delays) - 1)])
             crashes += 1
             on_restart()
+
+
+async def stop_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

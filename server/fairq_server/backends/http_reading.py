@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -151,3 +152,16 @@ def token_count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
         raise ValueError(f"token count {value!r} is not a whole number in [0, 2**31)")
     return value
+
+
+def usage_tokens(event: Mapping[str, Any], prompt: int, completion: int) -> tuple[int, int]:
+    """Return the prompt and completion token counts of ``event``'s usage, else those given.
+
+    Raises:
+        ValueError: a count that is not a whole number 0 <= n < 2**31 (see :func:`token_count`).
+
+    """
+    usage = event.get("usage")
+    if not usage:
+        return prompt, completion
+    return token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens"))

@@ -23,7 +23,12 @@ import orjson
 from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import relay_payload, resumed_usage
 from fairq_server.backends.errors import BackendError, BackendFailure
-from fairq_server.backends.http_reading import http_error, read_at_most, token_count, utf8_chunks
+from fairq_server.backends.http_reading import (
+    http_error,
+    read_at_most,
+    usage_tokens,
+    utf8_chunks,
+)
 from fairq_server.backends.request import BackendRequest, StreamEnd, StreamEvent, TextDelta
 from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
 
@@ -115,10 +120,9 @@ async def openai_stream(
                         for choice in obj.get("choices") or ():
                             if choice.get("finish_reason"):
                                 finish = str(choice["finish_reason"])
-                        usage = obj.get("usage")
-                        if usage:
-                            prompt_tokens = token_count(usage.get("prompt_tokens"))
-                            completion_tokens = token_count(usage.get("completion_tokens"))
+                        prompt_tokens, completion_tokens = usage_tokens(
+                            obj, prompt_tokens, completion_tokens
+                        )
                     except Exception as exc:  # any shape the code above did not foresee
                         raise backend.shape_error(obj) from exc
                     if not request.relay_usage and not obj.get("choices") and obj.get("usage"):

@@ -7,7 +7,7 @@ from typing import Any
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import continue_openai, resumed_usage
-from fairq_server.backends.http_reading import token_count
+from fairq_server.backends.http_reading import usage_tokens
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
 from fairq_server.backends.passthrough import openai_stream
@@ -133,10 +133,9 @@ class VllmBackend(Backend):
                                 prompt_ids = tuple(_token_ids(choice["prompt_token_ids"]))
                         if choice.get("finish_reason"):
                             finish = str(choice["finish_reason"])
-                    usage = obj.get("usage")
-                    if usage:
-                        prompt_tokens = token_count(usage.get("prompt_tokens"))
-                        completion_tokens = token_count(usage.get("completion_tokens"))
+                    prompt_tokens, completion_tokens = usage_tokens(
+                        obj, prompt_tokens, completion_tokens
+                    )
                 except Exception as exc:  # any shape the code above did not foresee
                     raise self.shape_error(obj) from exc
             if texts or extras or ids:

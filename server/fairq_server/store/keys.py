@@ -30,6 +30,7 @@ from fairq_server.auth import Principal, hash_key, new_key
 from fairq_server.errors import InvalidRequestError
 from fairq_server.store.engine import short_error
 from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
+from fairq_server.supervisor import stop_task
 
 __all__ = ["MAX_NAME_CHARS", "KeyStore", "StoredKey"]
 
@@ -140,11 +141,8 @@ class KeyStore:
 
     async def close(self) -> None:
         """Stop following changes."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     def set_tiers(self, tier_names: Sequence[str]) -> None:
         """Use ``tier_names`` for keys that name no tiers (configuration reload)."""

@@ -32,6 +32,7 @@ from fairq_server.store.engine import short_error
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.schema import usage
 from fairq_server.store.settings import PriceConfig, StoreConfig
+from fairq_server.supervisor import stop_task
 
 __all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics"]
 
@@ -176,11 +177,8 @@ class Ledger:
 
     async def close(self) -> None:
         """Stop the writer and write out what is buffered (within ``stop_flush_seconds``)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         deadline = time.monotonic() + self._config.stop_flush_seconds
         pause = _FIRST_RETRY_SECONDS
         while self._buffer and time.monotonic() < deadline:
