@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -219,7 +220,9 @@ class _GuardedProtocol(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport, though not necessarily a subclass of asyncio.Transport (uvloop's
+        # TCPTransport is not one): use it by its interface.
+        transport = typing.cast(asyncio.Transport, transport)
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
