@@ -30,3 +30,6 @@ def configure(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(OneLineFormatter(FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    # The store's migration library logs a line per plugin and per migration context at INFO:
+    # noise beside fairq's own line naming the store it opened.
+    logging.getLogger("alembic").setLevel(logging.WARNING)

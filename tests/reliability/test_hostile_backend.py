@@ -91,7 +91,8 @@ GENERATE_CASES = {
     "error-declared-huge": ("vllm", grpc.StatusCode.UNAVAILABLE, "answered HTTP 500"),
     # item 6: usage fairq cannot count; a TGI stream missing fields
     "usage-negative": ("vllm", grpc.StatusCode.INTERNAL, "backend bad: unexpected stream"),
-    "usage-infinity": ("vllm", grpc.StatusCode.INTERNAL, "backend bad: unexpected stream"),
+    # Infinity is not JSON: refused by the decoder, before the usage is read.
+    "usage-infinity": ("vllm", grpc.StatusCode.INTERNAL, "backend bad: malformed stream event"),
     "usage-huge": ("vllm", grpc.StatusCode.INTERNAL, "backend bad: unexpected stream"),
     "usage-fraction": ("vllm", grpc.StatusCode.INTERNAL, "backend bad: unexpected stream"),
     "usage-string": ("vllm", grpc.StatusCode.INTERNAL, "backend bad: unexpected stream"),

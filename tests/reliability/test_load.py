@@ -115,5 +115,8 @@ async def test_per_user_fairness_state_does_not_outlive_its_users(
     dispatcher = server.core.dispatcher.model_state("sim")
     assert len(dispatcher.queue) == 0
     # White-box on purpose: no public figure exposes per-user records.
-    remembered = sum(len(tier.fairness._users) for tier in dispatcher.queue.tiers)  # type: ignore[attr-defined,misc]
+    # Teams wrap the configured policy: its users' records are at the top level (a user with
+    # no team is its own team), the teams' own below.
+    policies = [tier.fairness for tier in dispatcher.queue.tiers]
+    remembered = sum(len(p._top._users) + len(p._teams) for p in policies)  # type: ignore[attr-defined]
     assert remembered == 0

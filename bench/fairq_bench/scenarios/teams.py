@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fairq_bench.cluster.fairness import jain
-from fairq_bench.cluster.setup import running_cluster
 from fairq_bench.report import markdown_table
 from fairq_bench.scenarios.common import api_key
 from fairq_bench.scenarios.docs import RESULT_PREFIX
+from fairq_bench.scenarios.service import jain
 from fairq_bench.targets import keyed_sender
 from fairq_bench.workload import RequestSpec, SendFn
 from fairq_server.auth import hash_key
@@ -108,6 +107,10 @@ async def _user(
 
 async def run_teams(replicas: int, seconds: float) -> TeamsRun:
     """Run the teams workload on ``replicas`` fairq processes (shared Redis when > 1)."""
+    # Imported here: the cluster helpers import the scenario registry (its process helpers),
+    # which imports this module.
+    from fairq_bench.cluster.setup import running_cluster
+
     async with running_cluster(
         replicas, replicas > 1, max_num_seqs=4, fairness="vtc", extra=teams_toml()
     ) as cluster:
