@@ -188,7 +188,13 @@ async def test_token_ids_and_prompt_lists_same_as_direct(vllm_fcfs: VllmProcess)
         assert single[0].choices[0].text == single[1].choices[0].text
         assert single[0].usage == single[1].usage
 
-        prompts: list[Any] = ["Once upon", ids, "The colour of the sky is"]
+        # vLLM takes a list of texts or a list of id lists, not the two mixed (fairq does).
+        id_lists = [
+            await c.completions.create(model=model, prompt=[ids, ids[:-1]], max_tokens=8, **GREEDY)
+            for c in (via, direct)
+        ]
+        assert [c.text for c in id_lists[0].choices] == [c.text for c in id_lists[1].choices]
+        prompts: list[Any] = ["Once upon", "Hello there", "The colour of the sky is"]
         both = [
             await c.completions.create(model=model, prompt=prompts, max_tokens=8, **GREEDY)
             for c in (via, direct)
