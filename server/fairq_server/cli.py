@@ -18,20 +18,33 @@ from fairq_server.app import FairqServer
 from fairq_server.config_file import load_config
 from fairq_server.errors import ConfigError, SchedulerError
 
-__all__ = ["event_loop_factory", "main"]
+__all__ = ["LOOPS", "event_loop_factory", "main"]
 
 
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """Return uvloop's loop factory where it is installed (Linux, macOS), else None.
+LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def event_loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """Return the loop factory ``fairq serve --loop CHOICE`` runs on; None is asyncio's own.
 
     Every token through either door is a socket read and a socket write on this loop; with
     uvloop the loop's own share of that (callbacks, transports, the selector) is compiled
-    code. None leaves asyncio's default loop. docs/design/hot-path.md has the measured
-    difference.
+    code, so ``auto`` takes uvloop where it is installed (Linux, macOS). ``asyncio`` keeps
+    the standard loop (to compare, or to rule the loop out when chasing a fault).
+    docs/design/hot-path.md has the measured difference.
+
+    Raises:
+        ConfigError: ``uvloop`` was asked for and is not installed, or the choice is unknown.
     """
+    if choice not in LOOPS:
+        raise ConfigError(f"--loop {choice!r}: expected one of {', '.join(LOOPS)}")
+    if choice == "asyncio":
+        return None
     try:
         import uvloop  # optional: not built for Windows
     except ImportError:
+        if choice == "uvloop":
+            raise ConfigError("--loop uvloop: uvloop is not installed") from None
         return None
     return uvloop.new_event_loop
 
@@ -41,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         if args.access_log:
             config = dataclasses.replace(config, access_log=True)
+        loop_factory = event_loop_factory(args.loop)
     except (OSError, ConfigError) as exc:
         print(f"fairq: {exc}", file=sys.stderr)
         return 2
@@ -80,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.info("stopped after %.1f s", time.monotonic() - started)
 
     try:
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(run())
     except (ConfigError, SchedulerError, OSError, ValueError) as exc:
         # A configuration that parses but cannot work (bad backend URL, unknown policy,
@@ -120,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
     serve.add_argument(
         "--access-log", action="store_true", help="one JSON line per request on stdout"
+    )
+    serve.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="auto",
+        help="event loop: uvloop where installed (auto), or asyncio's own",
     )
     sub.add_parser("health", help="exit 0 if a fairq reports SERVING", add_help=False)
     sub.add_parser(

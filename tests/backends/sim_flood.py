@@ -36,11 +36,13 @@ SPEED = 1.0
 SLOTS = 4
 SIZES = "120 power x 100 tokens; 3 light x 16 tokens at 0.5, 1.0, 1.5 s; tiny-cpu, speed 1, 4 slots"
 LIGHT_TTFT_RATIO = 0.1
-# Measured 0.99-1.07x on this two-core machine, idle or with one or two busy-looping processes
-# beside it; a CI machine measured 1.26-1.28x in both attempts of one run (light user 0.07x),
-# which no local condition reproduced. The makespan target (about 1.05x) is the benchmarks'
-# to report; this bound catches a fairq that holds work back.
-MAKESPAN_RATIO = 1.4
+# Measured 0.98-1.04x (gRPC and HTTP doors, vLLM and TGI modes), idle or with a busy loop on
+# the simulator's CPU. CI once measured 1.5-1.8x: the simulator lost engine time while it
+# rendered /metrics for fairq's 50 ms polls (8 ms a render, more on a busy machine) and caught
+# up only 10 ms of lateness; its engine now keeps time like a real engine in its own process
+# (fairq_sim/runner.py). The makespan target (about 1.05x) is the benchmarks' to report; this
+# bound catches a fairq that holds work back.
+MAKESPAN_RATIO = 1.2
 ATTEMPTS = 2
 # Poll as the e2e tests do: the default 100 ms would add up to a poll interval to every
 # dispatch decision, which is large next to a 0.2 s request.
@@ -110,7 +112,7 @@ async def run_flood(mode: str, door: str = "grpc") -> FloodOutcome:
 
 
 async def assert_fairq_protects_the_light_user(mode: str, door: str = "grpc") -> FloodOutcome:
-    """Light TTFT through fairq <= 1/10 of direct, power makespan <= 1.15x direct.
+    """Light TTFT through fairq <= 1/10 of direct, power makespan <= 1.2x direct.
 
     Returns:
         The passing comparison (printed by the caller for ``-s`` runs).

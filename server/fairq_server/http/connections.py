@@ -19,7 +19,9 @@ counted in ``fairq_http_connections_refused_total`` by reason.
 Failures to accept a connection at all (the process is out of descriptors) are reported by
 asyncio's accept loop once per pending connection (a traceback each, thousands a second);
 :meth:`ConnectionGuard.install_accept_log` logs them at most once per
-:data:`ACCEPT_LOG_EVERY_SECONDS` with a count instead.
+:data:`ACCEPT_LOG_EVERY_SECONDS` with a count instead. uvloop (``fairq serve``'s default
+loop) reports none: libuv accepts and closes what it cannot hold, so a client sees its
+connection closed and the process recovers once descriptors are free.
 """
 
 from __future__ import annotations
