@@ -35,6 +35,7 @@ def event_loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEve
 
     Raises:
         ConfigError: ``uvloop`` was asked for and is not installed, or the choice is unknown.
+
     """
     if choice not in LOOPS:
         raise ConfigError(f"--loop {choice!r}: expected one of {', '.join(LOOPS)}")
