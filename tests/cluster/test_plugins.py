@@ -138,7 +138,9 @@ async def test_the_shared_reservation_applies_the_configured_gate_and_its_option
     threshold (the rule copied into Redis) would hold the backend queue at 1; the gate's own
     rule, on every replica's counts, lets it reach 3 and no further."""
     register(monkeypatch, registry.GATES, "headroom", HeadroomGate)
-    async with SimServer(SimConfig(mode="vllm", model="sim", speed=5.0, max_num_seqs=4)) as sim:
+    # One slot, so what fairq holds on the backend beyond it waits in the engine's queue,
+    # where the engine's own peak sees it (four fast slots left that queue empty).
+    async with SimServer(SimConfig(mode="vllm", model="sim", speed=1.0, max_num_seqs=1)) as sim:
         shared = [await fairq_factory(headroom_config(sim, redis_server.url, r)) for r in "ab"]
         peak, outcomes = await flood(shared, sim, 12)
     assert all(o.code is grpc.StatusCode.OK for o in outcomes), outcomes
