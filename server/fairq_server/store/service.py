@@ -19,6 +19,7 @@ from fairq_server.store.keys import KeyStore
 from fairq_server.store.ledger import Ledger
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.reports import ReportRow, usage_report
+from fairq_server.store.series import Series, usage_series
 from fairq_server.store.settings import PriceConfig, StoreConfig, engine_url
 
 __all__ = ["Store"]
@@ -111,6 +112,13 @@ class Store:
         with contextlib.suppress(OSError):
             await self._ledger.flush()
         return await usage_report(self._engine, by, since, until)
+
+    async def series(self, by: str, step: str, since: float, until: float) -> Series:
+        """Sum usage per hour or day and per team, user or model (flushed first, as above)."""
+        assert self._engine is not None and self._ledger is not None, "Store.start() first"
+        with contextlib.suppress(OSError):
+            await self._ledger.flush()
+        return await usage_series(self._engine, by, step, since, until)
 
     async def close(self) -> None:
         """Write out the ledger's buffer, stop following keys, close the connections."""

@@ -16,7 +16,9 @@ import time
 from html import escape
 
 from fairq_server.errors import SchedulerError
+from fairq_server.http.console.plot import usage_plot
 from fairq_server.store.reports import GROUPINGS
+from fairq_server.store.series import MEASURES, STEPS
 from fairq_server.store.service import Store
 
 __all__ = ["ManageRoutes", "parse_since", "store_error"]
@@ -143,27 +145,33 @@ class ManageRoutes:
             for r in report
         ]
 
-    async def usage_page(self, by: str, since: str) -> str:
-        """Return the usage view's body: the range form and the report table."""
+    async def usage_page(
+        self, by: str, since: str, step: str = "auto", measure: str = "output_tokens"
+    ) -> str:
+        """Return the usage view's body: the range form, the plot over time and the report."""
+        now = time.time()
         try:
             rows = await self.usage_rows(by, since)
+            if measure not in MEASURES:
+                raise ValueError(f"measure must be one of {', '.join(MEASURES)}")
+            start = parse_since(since, now)
+            if step == "auto":
+                step = "hour" if now - start <= 2 * 86400 else "day"
+            series = await self._store.series(by, step, start, now)
         except ValueError as exc:
-            return f'<p class="error" role="alert">{_e(exc)}</p>' + _usage_form("team", "7d")
+            return f'<p class="error" role="alert">{_e(exc)}</p>' + _usage_form(
+                "team", "7d", "auto", "output_tokens"
+            )
         body = "".join(
             "<tr>"
             + "".join(f"<td>{_e(c if i != 5 else f'{c:.4f}')}</td>" for i, c in enumerate(r))
             + "</tr>"
             for r in rows
         )
-        bars = "".join(
-            f'<li>{_e(r[0] or "(no team)")}: <meter min="0" max="{max(1, int(str(rows[0][4])))}" '
-            f'value="{int(str(r[4]))}">{_e(r[4])}</meter> {_e(r[4])} output tokens</li>'
-            for r in rows
-        )
         csv_link = f"/console/usage.csv?by={_e(by)}&amp;since={_e(since)}"
         return (
-            _usage_form(by, since)
-            + f'<ul class="bars" aria-label="output tokens by {_e(by)}">{bars}</ul>'
+            _usage_form(by, since, step, measure)
+            + usage_plot(series, measure, by)
             + "<table><caption>Usage by "
             + _e(by)
             + " over the last "
@@ -191,17 +199,25 @@ class ManageRoutes:
 _CSV_HEADER = ["name", "requests", "finished", "input_tokens", "output_tokens", "cost"]
 
 
-def _usage_form(by: str, since: str) -> str:
+def _select(name: str, label: str, choices: list[str], chosen: str) -> str:
     options = "".join(
-        f'<option value="{g}"{" selected" if g == by else ""}>{g}</option>'
-        for g in sorted(GROUPINGS)
+        f'<option value="{c}"{" selected" if c == chosen else ""}>{c.replace("_", " ")}</option>'
+        for c in choices
     )
     return (
+        f'<label for="{name}">{label}</label><select id="{name}" name="{name}">{options}</select>'
+    )
+
+
+def _usage_form(by: str, since: str, step: str, measure: str) -> str:
+    return (
         '<form method="get" action="/console/usage" class="range">'
-        f'<label for="by">By</label><select id="by" name="by">{options}</select>'
-        '<label for="since">Over the last (30m, 24h, 7d)</label>'
-        f'<input id="since" name="since" value="{_e(since)}" size="6">'
-        '<button type="submit">Show</button></form>'
+        + _select("by", "By", sorted(GROUPINGS), by)
+        + _select("measure", "Plot", list(MEASURES), measure)
+        + '<label for="since">Over the last (30m, 24h, 7d)</label>'
+        + f'<input id="since" name="since" value="{_e(since)}" size="6">'
+        + _select("step", "Per", ["auto", *STEPS], step)
+        + '<button type="submit">Show</button></form>'
     )
 
 

@@ -233,7 +233,9 @@ class ConsoleRoutes:
         principal, _, status = await self._caller(request)
         if principal is None:
             return _redirect("/console/login") if status == 401 else _refusal(status)
-        return await self._store_page(request, "usage", await self._manage.usage_page(by, since))
+        step, measure = request.query.get("step", "auto"), request.query.get("measure", "")
+        body = await self._manage.usage_page(by, since, step, measure or "output_tokens")
+        return await self._store_page(request, "usage", body)
 
     async def _usage_csv(self, request: web.Request) -> web.StreamResponse:
         principal, _, status = await self._caller(request)
