@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import describe, open_engine, upgrade
 from fairq_server.store.keys import KeyStore
 from fairq_server.store.ledger import Ledger
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class Store:
-    """The usage ledger and stored keys on one database.
+    """The usage ledger, stored keys and the audit log on one database.
 
     Args:
         config: the ``[store]`` section.
@@ -58,6 +59,7 @@ class Store:
         self._engine: AsyncEngine | None = None
         self._ledger: Ledger | None = None
         self._keys: KeyStore | None = None
+        self._audit: AuditLog | None = None
 
     @property
     def ledger(self) -> Ledger:
@@ -70,6 +72,12 @@ class Store:
         """The key store (once started)."""
         assert self._keys is not None, "Store.start() first"
         return self._keys
+
+    @property
+    def audit(self) -> AuditLog:
+        """The audit log of admins' changes (once started)."""
+        assert self._audit is not None, "Store.start() first"
+        return self._audit
 
     async def start(self) -> None:
         """Open the database, upgrade its schema, read the keys, start the ledger's writer.
@@ -87,6 +95,8 @@ class Store:
             await engine.dispose()
             raise
         self._engine, self._keys = engine, keys
+        retention = self.config.audit_retention_days * 86400
+        self._audit = AuditLog(engine, self._replica, retention, self.config.audit_max_rows)
         self._ledger = Ledger(engine, self.config, self._prices, self._replica, self._registry)
         self._ledger.start()
         log.info("store: %s", describe(engine_url(self.config, self._state_file)))

@@ -17,6 +17,7 @@ from html import escape
 
 from fairq_server.errors import SchedulerError
 from fairq_server.http.console.plot import usage_plot
+from fairq_server.store.audit import ACTIONS
 from fairq_server.store.reports import GROUPINGS
 from fairq_server.store.series import MEASURES, STEPS
 from fairq_server.store.service import Store
@@ -25,6 +26,7 @@ __all__ = ["ManageRoutes", "parse_since", "store_error"]
 
 log = logging.getLogger("fairq_server.console")
 
+AUDIT_ROWS = 200
 _UNITS = {"m": 60, "h": 3600, "d": 86400}
 
 
@@ -93,6 +95,24 @@ class ManageRoutes:
         )
         return notice + form + table
 
+    async def record(self, who: str, action: str, target: str, detail: str = "") -> str:
+        """Write the change to the audit log; return a warning to show if that failed.
+
+        The change is made by then: a failed audit write is said on the page and logged, and
+        does not undo it.
+        """
+        try:
+            await self._store.audit.record(who, "console", action, target, detail)
+        except Exception as exc:
+            log.error(
+                "console: the audit log did not take %s %s by '%s': %s", action, target, who, exc
+            )
+            return (
+                '<p class="error" role="alert">Done, but the audit log did not record it: '
+                f"{_e(str(exc)[:200])}</p>"
+            )
+        return ""
+
     async def create(self, form: dict[str, str], who: str) -> str:
         """Create a key from ``form``; return the notice showing its secret (once)."""
         tiers = tuple(t.strip() for t in form.get("tiers", "").split(",") if t.strip())
@@ -103,7 +123,9 @@ class ManageRoutes:
             admin=form.get("admin") == "1",
         )
         log.info("console: '%s' created key %s for user '%s'", who, key.id, key.user)
-        return (
+        detail = f"user {key.user}, team {key.team or '-'}, tiers {','.join(key.tiers) or 'all'}"
+        warning = await self.record(who, "key.create", key.id, detail + (", admin" * key.admin))
+        return warning + (
             f'<div class="notice" role="status"><p>Key {_e(key.id)} created for '
             f"<strong>{_e(key.user)}</strong>. Its secret is shown this once; copy it now:</p>"
             f'<p><output class="secret" aria-label="the new secret">{_e(secret)}</output></p></div>'
@@ -115,7 +137,11 @@ class ManageRoutes:
         if key is None:
             return f'<p class="error" role="alert">No stored key {_e(key_id[:64])}.</p>'
         log.info("console: '%s' revoked key %s of user '%s'", who, key.id, key.user)
-        return f'<p class="notice" role="status">Key {_e(key.id)} of {_e(key.user)} revoked.</p>'
+        warning = await self.record(who, "key.revoke", key.id, f"user {key.user}")
+        return (
+            warning
+            + f'<p class="notice" role="status">Key {_e(key.id)} of {_e(key.user)} revoked.</p>'
+        )
 
     async def rotate(self, key_id: str, who: str) -> str:
         """Rotate ``key_id`` (the old one stops at once); return the notice with the secret."""
@@ -124,10 +150,40 @@ class ManageRoutes:
             return f'<p class="error" role="alert">No active stored key {_e(key_id[:64])}.</p>'
         key, secret = rotated
         log.info("console: '%s' rotated key %s into %s (user '%s')", who, key_id, key.id, key.user)
-        return (
+        detail = f"replaced by {key.id}, user {key.user}"
+        warning = await self.record(who, "key.rotate", key_id, detail)
+        return warning + (
             f'<div class="notice" role="status"><p>Key {_e(key_id)} replaced by {_e(key.id)}. '
             "Its secret is shown this once; copy it now:</p>"
             f'<p><output class="secret" aria-label="the new secret">{_e(secret)}</output></p></div>'
+        )
+
+    async def audit_page(self, action: str) -> str:
+        """Return the audit view's body: the newest changes (of ``action`` only, if given)."""
+        if action and action not in ACTIONS:
+            return f'<p class="error" role="alert">No action {_e(action[:64])}.</p>' + _audit_form(
+                ""
+            )
+        entries = await self._store.audit.recent(AUDIT_ROWS, action)
+        rows = "".join(
+            "<tr>"
+            + f"<td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(a.at))} UTC</td>"
+            + "".join(f"<td>{_e(c)}</td>" for c in (a.actor, a.via, a.action, a.target, a.detail))
+            + f"<td>{_e(a.replica)}</td></tr>"
+            for a in entries
+        )
+        retention = self._store.config.audit_retention_days
+        caption = (
+            f"The newest {AUDIT_ROWS} changes{f' ({_e(action)})' if action else ''}; "
+            f"kept {retention:g} days, at most {self._store.config.audit_max_rows} rows"
+        )
+        headers = ("When", "Who", "Through", "Action", "Target", "Detail", "Replica")
+        return (
+            _audit_form(action)
+            + f"<table><caption>{caption}</caption><thead><tr>"
+            + "".join(f'<th scope="col">{h}</th>' for h in headers)
+            + f"</tr></thead><tbody>{rows}</tbody></table>"
+            + ("" if entries else '<p class="empty">No change recorded.</p>')
         )
 
     async def usage_rows(self, by: str, since: str) -> list[list[object]]:
@@ -217,6 +273,16 @@ def _usage_form(by: str, since: str, step: str, measure: str) -> str:
         + '<label for="since">Over the last (30m, 24h, 7d)</label>'
         + f'<input id="since" name="since" value="{_e(since)}" size="6">'
         + _select("step", "Per", ["auto", *STEPS], step)
+        + '<button type="submit">Show</button></form>'
+    )
+
+
+def _audit_form(action: str) -> str:
+    return (
+        '<form method="get" action="/console/audit" class="range">'
+        + _select("action", "Action", ["", *ACTIONS], action).replace(
+            '<option value=""', '<option value="" label="every action"'
+        )
         + '<button type="submit">Show</button></form>'
     )
 

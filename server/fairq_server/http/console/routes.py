@@ -10,6 +10,8 @@ Routes:
 
 * ``GET /console/login``, ``POST /console/login``, ``POST /console/logout``;
 * ``GET /console/{queues,backends,cluster}``: a page, its live part rendered at once;
+* ``GET /console/{usage,keys,audit}`` (with a store): usage plots and reports, stored keys,
+  the audit log of admins' changes;
 * ``GET /console/events?view=NAME``: server-sent events, one ``data:`` frame per refresh
   carrying the view's HTML fragment (``event: logout`` when the credential stops working);
 * ``GET /console/api/live``: every replica's live view as JSON;
@@ -94,6 +96,7 @@ class ConsoleRoutes:
             router.add_post("/console/keys/{id}/{verb:rotate|revoke}", self._keys_change)
             router.add_get("/console/usage", self._usage)
             router.add_get("/console/usage.csv", self._usage_csv)
+            router.add_get("/console/audit", self._audit)
 
     async def start(self) -> None:
         """Start the live feed."""
@@ -154,6 +157,10 @@ class ConsoleRoutes:
             return _html(render.message_page("Not an admin", text), 403)
         session = self._sessions.open(credential, principal.user)
         log.info("console: '%s' logged in from %s", principal.user, request.remote)
+        if self._manage is not None:
+            await self._manage.record(
+                principal.user, "console.login", "console", str(request.remote)
+            )
         response = _redirect("/console/queues")
         self._sessions.set_cookie(response, session, secure=request.secure)
         return response
@@ -236,6 +243,14 @@ class ConsoleRoutes:
         step, measure = request.query.get("step", "auto"), request.query.get("measure", "")
         body = await self._manage.usage_page(by, since, step, measure or "output_tokens")
         return await self._store_page(request, "usage", body)
+
+    async def _audit(self, request: web.Request) -> web.StreamResponse:
+        principal, _, status = await self._caller(request)
+        if principal is None:
+            return _redirect("/console/login") if status == 401 else _refusal(status)
+        assert self._manage is not None
+        body = await self._manage.audit_page(request.query.get("action", ""))
+        return await self._store_page(request, "audit", body)
 
     async def _usage_csv(self, request: web.Request) -> web.StreamResponse:
         principal, _, status = await self._caller(request)
