@@ -4,13 +4,16 @@ by age and by rows, on both engines."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
+import aiohttp
 import grpc
 import pytest
 from sqlalchemy import select
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
+from fairq_server.config import ConsoleConfig
 from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.schema import audit_log
@@ -106,3 +109,31 @@ async def test_admin_api_changes_are_recorded_with_the_admin(
     assert details[0] == "user carol, team red, tiers batch"
     assert details[1] == f"replaced by {rotated.key.id}, user carol"
     assert details[3] == f"vllm {sim.url.rstrip('/')} models sim" and details[4] == "drained"
+
+
+async def test_console_audit_and_plot_pages_refuse_bad_input_and_non_admins(
+    sim: SimServer, fairq_factory: FairqFactory, tmp_path: object
+) -> None:
+    url_db = f"sqlite:///{tmp_path}/fairq.db"
+    config = store_config(url_db, [sim_backend(sim)], keys=tuple(KEYS.values()))
+    server = await fairq_factory(replace(config, console=ConsoleConfig(enabled=True)))
+    base = f"http://127.0.0.1:{server.http_port}"
+    root = {"Authorization": "Bearer root-key"}
+    async with aiohttp.ClientSession() as http:
+        for path, said in (
+            ("/console/audit?action=drop%3Cb%3E", "No action drop&lt;b&gt;."),
+            ("/console/usage?step=week", "step must be one of"),
+            ("/console/usage?measure=bogus", "measure must be one of"),
+            ("/console/usage?since=9999d&step=hour", "at most 800 are plotted"),
+            ("/console/usage?since=24h&by=user", "No usage in this range"),
+            ("/console/audit", "No change recorded."),
+        ):
+            async with http.get(base + path, headers=root) as resp:
+                assert resp.status == 200, path
+                assert said in await resp.text(), path
+        async with http.get(
+            f"{base}/console/audit", headers={"Authorization": "Bearer alice-key"}
+        ) as resp:
+            assert resp.status == 403
+        async with http.get(f"{base}/console/audit", allow_redirects=False) as resp:
+            assert resp.status == 303 and resp.headers["Location"] == "/console/login"

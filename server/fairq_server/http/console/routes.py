@@ -241,7 +241,10 @@ class ConsoleRoutes:
         if principal is None:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         step, measure = request.query.get("step", "auto"), request.query.get("measure", "")
-        body = await self._manage.usage_page(by, since, step, measure or "output_tokens")
+        try:
+            body = await self._manage.usage_page(by, since, step, measure or "output_tokens")
+        except Exception as exc:  # the database down or refusing: said on the page
+            body = store_error(exc)
         return await self._store_page(request, "usage", body)
 
     async def _audit(self, request: web.Request) -> web.StreamResponse:
@@ -249,7 +252,10 @@ class ConsoleRoutes:
         if principal is None:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         assert self._manage is not None
-        body = await self._manage.audit_page(request.query.get("action", ""))
+        try:
+            body = await self._manage.audit_page(request.query.get("action", ""))
+        except Exception as exc:  # the database down or refusing: said on the page
+            body = store_error(exc)
         return await self._store_page(request, "audit", body)
 
     async def _usage_csv(self, request: web.Request) -> web.StreamResponse:
