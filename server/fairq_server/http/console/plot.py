@@ -46,6 +46,14 @@ def _fmt(value: float, measure: str) -> str:
     return f"{value:.0f}"
 
 
+def _tick(value: float, measure: str) -> str:
+    # Whole numbers written out (1000000, not 1e+06); fractions of a token or of a cost unit
+    # kept as they are.
+    if measure == "cost" or value != int(value):
+        return f"{value:g}" if value < 1000 else f"{value:.0f}"
+    return f"{value:.0f}"
+
+
 def _nice_top(value: float) -> float:
     """Return a round number at or above ``value`` for the y axis (1, 2 or 5 times 10^k)."""
     if value <= 0:
@@ -101,7 +109,7 @@ def usage_plot(series: Series, measure: str, by: str) -> str:
         parts.append(
             f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{gy:.1f}" y2="{gy:.1f}"/>'
             f'<text class="tick" x="{_LEFT - 6}" y="{gy + 4:.1f}" text-anchor="end">'
-            f"{_e(_fmt(top * frac, measure) if measure == 'cost' else f'{top * frac:g}')}</text>"
+            f"{_e(_tick(top * frac, measure))}</text>"
         )
     for i in sorted({0, n // 2, n - 1}):  # first, middle and last bucket on the x axis
         anchor = "start" if i == 0 and n > 1 else "end" if i == n - 1 and n > 1 else "middle"
