@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 
 from fairq_server.config import DEFAULT_TIERS, ConsoleConfig, HttpConfig
 from fairq_server.preempt_config import PreemptConfig
@@ -16,6 +20,8 @@ from fairq_sim import SimConfig, SimServer
 
 from ...conftest import KEYS, FairqFactory, make_config, sim_backend
 from ..test_preemption_http import body, until
+from .browser import DOCS, chrome
+from .browser import until as until_shown
 
 ROOT = {"Authorization": "Bearer root-key"}
 SLOTS = 2
@@ -35,8 +41,22 @@ async def slow_sim() -> AsyncIterator[SimServer]:
         yield s
 
 
+def _backends_page(driver: Any, url: str) -> str:
+    """Log in, open the backends view; return its live part once it shows the preemption."""
+    driver.get(f"{url}/console/login")
+    driver.find_element(By.ID, "key").send_keys("root-key", Keys.ENTER)
+    until_shown(driver, lambda d: d.current_url.endswith("/console/queues"))
+    driver.get(f"{url}/console/backends")
+    text = until_shown(
+        driver, lambda d: "tier 1" in (t := d.find_element(By.ID, "live").text) and t
+    )
+    driver.save_screenshot(str(DOCS / "backends-preemptions.png"))
+    return str(text)
+
+
+@pytest.mark.timeout(120)
 async def test_backends_view_counts_preemptions_and_the_users_resumed(
-    slow_sim: SimServer, fairq_factory: FairqFactory
+    slow_sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
 ) -> None:
     tiers = tuple(
         replace(t, preempt_after_seconds=0.0, max_backend_waiting=0) for t in DEFAULT_TIERS
@@ -94,3 +114,6 @@ async def test_backends_view_counts_preemptions_and_the_users_resumed(
     assert "1 (tier 1)" in page
     assert f"{int(regenerated)} tokens generated again" in page
     assert "running after preemption: alice (1)" in page
+    with chrome(tmp_path / "profile") as driver:  # the same figures in a browser
+        text = await asyncio.to_thread(_backends_page, driver, base)
+    assert "1 (tier 1)" in text and f"{int(regenerated)} tokens generated again" in text
