@@ -4,11 +4,15 @@ and day, read back from the page's SVG (values, not pixels)."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import time
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -36,7 +40,9 @@ def _plotted(driver: Any, url: str, query: str) -> dict[str, Any]:
         values = [float(v) for v in g.get_attribute("data-values").split(",")]
         lines[g.get_attribute("data-group")] = {"points": points, "values": values, "tips": tips}
     legend = [li.text for li in driver.find_elements(By.CSS_SELECTOR, "ul.legend li")]
-    return {"lines": lines, "legend": legend}
+    link = driver.find_element(By.PARTIAL_LINK_TEXT, "as CSV").get_attribute("href")
+    series = driver.find_elements(By.PARTIAL_LINK_TEXT, "Download per")[0].get_attribute("href")
+    return {"lines": lines, "legend": legend, "csv": link, "series_csv": series}
 
 
 def _login(driver: Any, url: str) -> None:
@@ -91,3 +97,22 @@ async def test_usage_plot_shows_the_ledgers_sums_per_hour_and_per_day(
     assert {m: line["points"] for m, line in daily["lines"].items()} == want_cost
     assert sum(daily["lines"]["m2"]["values"]) == pytest.approx(2.125)
     assert "m1: 2.2500 cost" in daily["legend"]
+
+    # The per-bucket CSV linked under the plot has the same numbers, every measure.
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(hourly["series_csv"], headers={"Authorization": "Bearer root-key"}) as resp,
+    ):
+        assert resp.status == 200 and resp.content_type == "text/csv"
+        table = list(csv.DictReader(io.StringIO(await resp.text())))
+    for measure in ("output_tokens", "input_tokens", "requests", "cost"):
+        got: dict[str | None, dict[int, float]] = {}
+        for r in table:
+            start = int(
+                datetime.strptime(r["bucket_start"], "%Y-%m-%dT%H:%M:%SZ")
+                .replace(tzinfo=UTC)
+                .timestamp()
+            )
+            if float(r[measure]):
+                got.setdefault(r["name"], {})[start] = float(r[measure])
+        assert got == expected_series(rows, "team", measure, hour, since, now + 60), measure

@@ -19,7 +19,7 @@ from fairq_server.errors import SchedulerError
 from fairq_server.http.console.plot import usage_plot
 from fairq_server.store.audit import ACTIONS
 from fairq_server.store.reports import GROUPINGS
-from fairq_server.store.series import MEASURES, STEPS
+from fairq_server.store.series import MEASURES, STEPS, Series
 from fairq_server.store.service import Store
 
 __all__ = ["ManageRoutes", "parse_since", "store_error"]
@@ -210,10 +210,7 @@ class ManageRoutes:
             rows = await self.usage_rows(by, since)
             if measure not in MEASURES:
                 raise ValueError(f"measure must be one of {', '.join(MEASURES)}")
-            start = parse_since(since, now)
-            if step == "auto":
-                step = "hour" if now - start <= 2 * 86400 else "day"
-            series = await self._store.series(by, step, start, now)
+            step, series = await self._series(by, since, step, now)
         except ValueError as exc:
             return f'<p class="error" role="alert">{_e(exc)}</p>' + _usage_form(
                 "team", "7d", "auto", "output_tokens"
@@ -225,6 +222,7 @@ class ManageRoutes:
             for r in rows
         )
         csv_link = f"/console/usage.csv?by={_e(by)}&amp;since={_e(since)}"
+        series_link = f"/console/usage-series.csv?by={_e(by)}&amp;since={_e(since)}&amp;step={step}"
         return (
             _usage_form(by, since, step, measure)
             + usage_plot(series, measure, by)
@@ -235,8 +233,49 @@ class ManageRoutes:
             + "</caption><thead><tr>"
             + "".join(f'<th scope="col">{h}</th>' for h in _CSV_HEADER)
             + f"</tr></thead><tbody>{body}</tbody></table>"
-            + f'<p><a href="{csv_link}" download>Download as CSV</a></p>'
+            + f'<p><a href="{csv_link}" download>Download as CSV</a> · '
+            + f'<a href="{series_link}" download>Download per {step} as CSV</a></p>'
         )
+
+    async def _series(self, by: str, since: str, step: str, now: float) -> tuple[str, Series]:
+        """Return the step taken (``auto``: hours up to two days, else days) and the series.
+
+        Raises:
+            ValueError: ``by``, ``since`` or ``step`` is not valid, or too many buckets.
+
+        """
+        start = parse_since(since, now)
+        if step == "auto":
+            step = "hour" if now - start <= 2 * 86400 else "day"
+        return step, await self._store.series(by, step, start, now)
+
+    async def usage_series_csv(self, by: str, since: str, step: str) -> str:
+        """Return usage per bucket and group as CSV (the plot's numbers, every measure).
+
+        One row per group and bucket with some usage, oldest first; ``bucket_start`` in UTC.
+
+        Raises:
+            ValueError: ``by``, ``since`` or ``step`` is not valid, or too many buckets.
+
+        """
+        _, series = await self._series(by, since, step, time.time())
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["bucket_start", "name", *MEASURES])
+        groups = sorted(series.values["requests"], key=lambda g: (g is not None, g or ""))
+        for i, start in enumerate(series.starts):
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+            for g in groups:
+                values = [series.values[m][g][i] for m in MEASURES]
+                if any(values):
+                    writer.writerow(
+                        [
+                            when,
+                            g or "",
+                            *(_csv_number(m, v) for m, v in zip(MEASURES, values, strict=True)),
+                        ]
+                    )
+        return out.getvalue()
 
     async def usage_csv(self, by: str, since: str) -> str:
         """Return the usage report as CSV text.
@@ -250,6 +289,10 @@ class ManageRoutes:
         writer.writerow(_CSV_HEADER)
         writer.writerows(await self.usage_rows(by, since))
         return out.getvalue()
+
+
+def _csv_number(measure: str, value: float) -> str:
+    return repr(value) if measure == "cost" else str(int(value))
 
 
 _CSV_HEADER = ["name", "requests", "finished", "input_tokens", "output_tokens", "cost"]

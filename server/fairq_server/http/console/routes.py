@@ -11,7 +11,8 @@ Routes:
 * ``GET /console/login``, ``POST /console/login``, ``POST /console/logout``;
 * ``GET /console/{queues,backends,cluster}``: a page, its live part rendered at once;
 * ``GET /console/{usage,keys,audit}`` (with a store): usage plots and reports, stored keys,
-  the audit log of admins' changes;
+  the audit log of admins' changes; ``GET /console/usage.csv`` (totals) and
+  ``GET /console/usage-series.csv`` (per hour or day);
 * ``GET /console/events?view=NAME``: server-sent events, one ``data:`` frame per refresh
   carrying the view's HTML fragment (``event: logout`` when the credential stops working);
 * ``GET /console/api/live``: every replica's live view as JSON;
@@ -96,6 +97,7 @@ class ConsoleRoutes:
             router.add_post("/console/keys/{id}/{verb:rotate|revoke}", self._keys_change)
             router.add_get("/console/usage", self._usage)
             router.add_get("/console/usage.csv", self._usage_csv)
+            router.add_get("/console/usage-series.csv", self._usage_csv)
             router.add_get("/console/audit", self._audit)
 
     async def start(self) -> None:
@@ -264,11 +266,21 @@ class ConsoleRoutes:
             return _refusal(status)
         assert self._manage is not None
         by, since = request.query.get("by", "team"), request.query.get("since", "7d")
+        per_bucket = request.path.endswith("/usage-series.csv")
         try:
-            text = await self._manage.usage_csv(by, since)
+            if per_bucket:
+                text = await self._manage.usage_series_csv(
+                    by, since, request.query.get("step", "auto")
+                )
+            else:
+                text = await self._manage.usage_csv(by, since)
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400, headers=_HEADERS)
-        headers = {**_HEADERS, "Content-Disposition": f'attachment; filename="usage-{by}.csv"'}
+        except Exception as exc:  # the database down or refusing: said, not a 500
+            error = f"the store did not answer: {str(exc)[:300]}"
+            return web.json_response({"error": error}, status=503, headers=_HEADERS)
+        name = f"usage-{by}{'-series' if per_bucket else ''}.csv"
+        headers = {**_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
         return web.Response(text=text, content_type="text/csv", headers=headers)
 
     async def _live_json(self, request: web.Request) -> web.StreamResponse:
