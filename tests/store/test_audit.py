@@ -3,6 +3,7 @@ by age and by rows, on both engines."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
+from fairq_bench.postgres_process import PostgresProcess
 from fairq_server.config import ConsoleConfig
 from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import open_engine, upgrade
@@ -137,3 +139,30 @@ async def test_console_audit_and_plot_pages_refuse_bad_input_and_non_admins(
             assert resp.status == 403
         async with http.get(f"{base}/console/audit", allow_redirects=False) as resp:
             assert resp.status == 303 and resp.headers["Location"] == "/console/login"
+
+
+async def test_console_store_views_say_the_database_is_down_instead_of_failing(
+    sim: SimServer,
+    fairq_factory: FairqFactory,
+    postgres: PostgresProcess,
+    postgres_url: str,
+) -> None:
+    config = store_config(postgres_url, [sim_backend(sim)], keys=tuple(KEYS.values()))
+    settings = replace(config.store, connect_timeout_seconds=1.0, stop_flush_seconds=1.0)
+    config = replace(config, store=settings, console=ConsoleConfig(enabled=True))
+    server = await fairq_factory(config)
+    base = f"http://127.0.0.1:{server.http_port}"
+    root = {"Authorization": "Bearer root-key"}
+    postgres.stop()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/console/audit", "/console/usage?since=24h", "/console/keys"):
+                async with http.get(base + path, headers=root) as resp:
+                    assert resp.status == 200, path
+                    assert "The store did not answer" in await resp.text(), path
+            for path in ("/console/usage-series.csv?since=24h", "/console/usage.csv"):
+                async with http.get(base + path, headers=root) as resp:
+                    assert resp.status == 503, path
+                    assert "the store did not answer" in (await resp.json())["error"]
+    finally:
+        await asyncio.to_thread(postgres.start)

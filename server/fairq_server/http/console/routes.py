@@ -211,7 +211,11 @@ class ConsoleRoutes:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         assert self._manage is not None
         csrf = session.csrf if session is not None else ""
-        return await self._store_page(request, "keys", await self._manage.keys_page(csrf))
+        try:
+            body = await self._manage.keys_page(csrf)
+        except Exception as exc:  # the database down or refusing: said on the page
+            body = store_error(exc)
+        return await self._store_page(request, "keys", body)
 
     async def _keys_change(self, request: web.Request) -> web.StreamResponse:
         """Create, rotate or revoke a key: from a logged-in page of this origin only."""
