@@ -99,6 +99,12 @@ async def test_key_created_used_revoked_refused_and_usage_csv_matches_the_ledger
             text = await asyncio.to_thread(lambda: driver.find_element(By.ID, "main").text)
             assert "carol" in text and "alice" in text
             await asyncio.to_thread(driver.save_screenshot, str(DOCS / "usage.png"))
+            plotted = {
+                g.get_attribute("data-group"): sum(
+                    float(v) for v in g.get_attribute("data-values").split(",")
+                )
+                for g in driver.find_elements(By.CSS_SELECTOR, "svg.plot g[data-group]")
+            }
             link = driver.find_element(By.LINK_TEXT, "Download as CSV").get_attribute("href")
             audit = await asyncio.to_thread(_audit_rows, driver, url)
         async with (
@@ -116,6 +122,8 @@ async def test_key_created_used_revoked_refused_and_usage_csv_matches_the_ledger
         got[1] += row["output_tokens"]
     assert {r["name"]: [int(r["input_tokens"]), int(r["output_tokens"])] for r in table} == expected
     assert {r["name"] for r in table} == {"carol", "alice"}
+    # The plot over the last hour, of requests served here, sums to the same output tokens.
+    assert plotted == {name: float(got[1]) for name, got in expected.items()}
     # The audit view lists what the admin did here, newest first, with who did it.
     assert [(r[1], r[2], r[3]) for r in audit] == [
         ("root", "console", "key.revoke"),
