@@ -59,6 +59,15 @@ def _revoke(driver: object, user: str) -> str:
     return str(notice)
 
 
+def _audit_rows(driver: object, url: str) -> list[list[str]]:
+    d = driver
+    d.get(f"{url}/console/audit")  # type: ignore[attr-defined]
+    rows = d.find_elements(By.CSS_SELECTOR, "main table tbody tr")  # type: ignore[attr-defined]
+    cells = [[c.text for c in r.find_elements(By.TAG_NAME, "td")] for r in rows]
+    d.save_screenshot(str(DOCS / "audit.png"))  # type: ignore[attr-defined]
+    return cells
+
+
 @pytest.mark.timeout(120)
 async def test_key_created_used_revoked_refused_and_usage_csv_matches_the_ledger(
     sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
@@ -90,7 +99,14 @@ async def test_key_created_used_revoked_refused_and_usage_csv_matches_the_ledger
             text = await asyncio.to_thread(lambda: driver.find_element(By.ID, "main").text)
             assert "carol" in text and "alice" in text
             await asyncio.to_thread(driver.save_screenshot, str(DOCS / "usage.png"))
+            plotted = {
+                g.get_attribute("data-group"): sum(
+                    float(v) for v in g.get_attribute("data-values").split(",")
+                )
+                for g in driver.find_elements(By.CSS_SELECTOR, "svg.plot g[data-group]")
+            }
             link = driver.find_element(By.LINK_TEXT, "Download as CSV").get_attribute("href")
+            audit = await asyncio.to_thread(_audit_rows, driver, url)
         async with (
             aiohttp.ClientSession() as http,
             http.get(str(link), headers=ROOT) as resp,
@@ -106,6 +122,16 @@ async def test_key_created_used_revoked_refused_and_usage_csv_matches_the_ledger
         got[1] += row["output_tokens"]
     assert {r["name"]: [int(r["input_tokens"]), int(r["output_tokens"])] for r in table} == expected
     assert {r["name"] for r in table} == {"carol", "alice"}
+    # The plot over the last hour, of requests served here, sums to the same output tokens.
+    assert plotted == {name: float(got[1]) for name, got in expected.items()}
+    # The audit view lists what the admin did here, newest first, with who did it.
+    assert [(r[1], r[2], r[3]) for r in audit] == [
+        ("root", "console", "key.revoke"),
+        ("root", "console", "key.create"),
+        ("root", "console", "console.login"),
+    ]
+    assert audit[0][4] == audit[1][4]  # the key revoked is the key created
+    assert audit[1][5] == "user carol, team research, tiers all"
 
 
 async def test_key_forms_need_the_session_its_csrf_token_and_this_origin(

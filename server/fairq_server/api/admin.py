@@ -45,12 +45,14 @@ class AdminServicer(StoreAdmin, admin_pb2_grpc.AdminServicer):
         self._recent = recent if recent is not None else RecentService()
         self._store = store
 
-    async def _authorize(self, context: Context[object, object]) -> None:
+    async def _authorize(self, context: Context[object, object]) -> str:
+        """Return the calling admin's identity (the call is aborted for anyone else)."""
         try:
             principal = await self._auth.authenticate(context.invocation_metadata() or ())
             self._auth.require_admin(principal)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))
+        return principal.user
 
     async def RegisterBackend(
         self,
@@ -58,7 +60,7 @@ class AdminServicer(StoreAdmin, admin_pb2_grpc.AdminServicer):
         context: Context[admin_pb2.RegisterBackendRequest, admin_pb2.RegisterBackendResponse],
     ) -> admin_pb2.RegisterBackendResponse:
         """Register a backend (checked like one in the file); its first scrape comes first."""
-        await self._authorize(context)  # type: ignore[arg-type]
+        who = await self._authorize(context)  # type: ignore[arg-type]
         b = request.backend
         try:
             if b.kind not in _KIND_NAMES:
@@ -84,6 +86,8 @@ class AdminServicer(StoreAdmin, admin_pb2_grpc.AdminServicer):
             state = await self._core.register_backend(cfg, from_rpc=True)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))
+        detail = f"{cfg.kind} {cfg.base_url} models {','.join(cfg.models)}"
+        await self._audit(who, "backend.register", cfg.id, detail)
         return admin_pb2.RegisterBackendResponse(status=self._status(state))
 
     async def DeregisterBackend(
@@ -92,9 +96,10 @@ class AdminServicer(StoreAdmin, admin_pb2_grpc.AdminServicer):
         context: Context[admin_pb2.DeregisterBackendRequest, admin_pb2.DeregisterBackendResponse],
     ) -> admin_pb2.DeregisterBackendResponse:
         """Remove a backend, optionally waiting for its in-flight requests."""
-        await self._authorize(context)  # type: ignore[arg-type]
+        who = await self._authorize(context)  # type: ignore[arg-type]
         if not await self._core.deregister_backend(request.id, drain=request.drain):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no backend '{request.id[:128]}'")
+        await self._audit(who, "backend.deregister", request.id, "drained" if request.drain else "")
         return admin_pb2.DeregisterBackendResponse()
 
     async def ListBackends(

@@ -7,6 +7,7 @@ the rest of the Admin service does. A fairq configured without a store answers
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Awaitable
@@ -22,6 +23,8 @@ from fairq_server.store.reports import GROUPINGS
 from fairq_server.store.service import Store
 
 __all__ = ["StoreAdmin", "stored_key_message"]
+
+log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext
 T = TypeVar("T")
@@ -48,8 +51,23 @@ class StoreAdmin:
 
     _store: Store | None
 
-    async def _authorize(self, context: Context[object, object]) -> None:
+    async def _authorize(self, context: Context[object, object]) -> str:
         raise NotImplementedError  # provided by AdminServicer
+
+    async def _audit(self, who: str, action: str, target: str, detail: str = "") -> None:
+        """Record a change made through the Admin API (when fairq has a store).
+
+        The change is made by then: an audit write that fails is logged and does not turn
+        the call into an error.
+        """
+        if self._store is None:
+            return
+        try:
+            await self._store.audit.record(who, "admin-api", action, target, detail)
+        except Exception as exc:
+            log.error(
+                "admin: the audit log did not take %s %s by '%s': %s", action, target, who, exc
+            )
 
     async def _store_call(self, context: Context[object, object], call: Awaitable[T]) -> T:
         """Await ``call``, answering a domain error or a database failure with a status."""
@@ -65,20 +83,21 @@ class StoreAdmin:
             )
         raise AssertionError("unreachable")  # abort raises
 
-    async def _need_store(self, context: Context[object, object]) -> Store:
-        await self._authorize(context)
+    async def _need_store(self, context: Context[object, object]) -> tuple[Store, str]:
+        """Return the store and the calling admin's identity."""
+        who = await self._authorize(context)
         if self._store is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, "this fairq runs without a [store]"
             )
         assert self._store is not None
-        return self._store
+        return self._store, who
 
     async def CreateKey(
         self, request: admin_pb2.CreateKeyRequest, context: Context[object, object]
     ) -> admin_pb2.CreateKeyResponse:
         """Make a stored key and return it once."""
-        store = await self._need_store(context)
+        store, who = await self._need_store(context)
         expires = request.expires_in_seconds
         if not math.isfinite(expires) or expires < 0:
             await context.abort(
@@ -96,13 +115,15 @@ class StoreAdmin:
                 expires_at=time.time() + expires if expires else None,
             ),
         )
+        detail = f"user {key.user}, team {key.team or '-'}, tiers {','.join(key.tiers) or 'all'}"
+        await self._audit(who, "key.create", key.id, detail + (", admin" * key.admin))
         return admin_pb2.CreateKeyResponse(key=stored_key_message(key), secret=secret)
 
     async def ListKeys(
         self, request: admin_pb2.ListKeysRequest, context: Context[object, object]
     ) -> admin_pb2.ListKeysResponse:
         """List the stored keys."""
-        store = await self._need_store(context)
+        store, _ = await self._need_store(context)
         keys = await self._store_call(
             context, store.keys.list(include_revoked=request.include_revoked)
         )
@@ -112,18 +133,19 @@ class StoreAdmin:
         self, request: admin_pb2.RevokeKeyRequest, context: Context[object, object]
     ) -> admin_pb2.RevokeKeyResponse:
         """Revoke a stored key on every replica."""
-        store = await self._need_store(context)
+        store, who = await self._need_store(context)
         key = await self._store_call(context, store.keys.revoke(request.id))
         if key is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no stored key {request.id[:64]!r}")
         assert key is not None
+        await self._audit(who, "key.revoke", key.id, f"user {key.user}")
         return admin_pb2.RevokeKeyResponse(key=stored_key_message(key))
 
     async def RotateKey(
         self, request: admin_pb2.RotateKeyRequest, context: Context[object, object]
     ) -> admin_pb2.RotateKeyResponse:
         """Replace a stored key by a new one like it."""
-        store = await self._need_store(context)
+        store, who = await self._need_store(context)
         if not math.isfinite(request.grace_seconds):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "grace_seconds must be finite")
         rotated = await self._store_call(
@@ -134,13 +156,15 @@ class StoreAdmin:
                 grpc.StatusCode.NOT_FOUND, f"no unrevoked stored key {request.id[:64]!r}"
             )
         assert rotated is not None
+        detail = f"replaced by {rotated[0].id}, user {rotated[0].user}"
+        await self._audit(who, "key.rotate", request.id, detail)
         return admin_pb2.RotateKeyResponse(key=stored_key_message(rotated[0]), secret=rotated[1])
 
     async def GetUsageReport(
         self, request: admin_pb2.GetUsageReportRequest, context: Context[object, object]
     ) -> admin_pb2.GetUsageReportResponse:
         """Sum the usage ledger by team, user or model."""
-        store = await self._need_store(context)
+        store, _ = await self._need_store(context)
         if request.by not in GROUPINGS:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -15,12 +15,16 @@ entitlement by a quarter while someone else waits; *starved* when its next reque
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from prometheus_client import Metric
 
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
 from fairq_server.requests.recent import RecentService
+from fairq_server.scheduling.ticket import Ticket
 
 __all__ = ["BackendRow", "LiveView", "ModelRow", "UserRow", "read_live"]
 
@@ -44,6 +48,8 @@ class UserRow:
         share: its part of the service (tokens) all users received lately (0-1).
         entitled: its weight over the weights of every contending user (0-1).
         status: ``over``, ``starved`` or empty.
+        preempted: how often its next request was preempted already (a continuation waiting
+            for a slot; 0 for a request not yet started).
 
     """
 
@@ -57,6 +63,7 @@ class UserRow:
     share: float
     entitled: float
     status: str
+    preempted: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,9 @@ class BackendRow:
         gates: per tier, the gate's verdict now and the tier's TPOT limit.
         draining: deregistered, finishing what it runs.
         error: the last scrape error while unhealthy.
+        preemptions: this replica's preemptions there since it started, by reason.
+        regenerated_tokens: the tokens those preempted requests' continuations read again.
+        resumed: per user, its requests running there now that were preempted before.
 
     """
 
@@ -107,6 +117,9 @@ class BackendRow:
     gates: list[tuple[str, str, float | None]]
     draining: bool
     error: str
+    preemptions: list[tuple[str, int]] = field(default_factory=list)
+    regenerated_tokens: int = 0
+    resumed: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -158,12 +171,15 @@ def read_live(
             contenders.setdefault(user, key_weights.get(user, 1.0))
     # model -> tier index -> [(user, queued, head arrival, weight)]
     queued: dict[str, list[list[tuple[str, int, float, float]]]] = {}
+    preempted: dict[tuple[str, int, str], int] = {}  # (model, tier, user) -> its head's
     for model in sorted(core.dispatcher.model_states(), key=lambda m: m.name):
         per_tier = []
-        for tier in model.queue.tiers:
+        for index, tier in enumerate(model.queue.tiers):
             entries = []
             for user in list(tier.users()):
                 head = tier.head_of(user)
+                if head.progress is not None and head.progress.preemptions:
+                    preempted[(model.name, index, user)] = head.progress.preemptions
                 entries.append((user, tier.user_len(user), head.arrival, head.weight))
                 contenders[user] = head.weight
             per_tier.append(entries)
@@ -175,7 +191,7 @@ def read_live(
         rows: list[UserRow] = []
         ahead = 0
         users: set[str] = set()
-        for tier_name, entries in zip(tiers, per_tier, strict=True):
+        for index, (tier_name, entries) in enumerate(zip(tiers, per_tier, strict=True)):
             # Served in turn, one request each: the longest-waiting head goes first.
             entries.sort(key=lambda e: e[2])
             for rank, (user, n, arrival, weight) in enumerate(entries):
@@ -192,6 +208,7 @@ def read_live(
                     UserRow(
                         tier_name, user, teams.get(user, ""), n, ahead + rank,
                         round(waited, 3), weight, round(share, 4), round(entitled, 4), status,
+                        preempted.get((name, index, user), 0),
                     )
                 )  # fmt: skip
             ahead += sum(e[1] for e in entries)
@@ -222,6 +239,9 @@ def _backends(core: FairqCore, now: float) -> list[BackendRow]:
     config = core.config
     stale_after = config.scheduler.stale_after_seconds
     gate = core.policies.gate
+    preemptions = _per_backend(core.telemetry.preemptions.collect(), "reason")
+    regenerated = _per_backend(core.telemetry.preempt_regenerated.collect(), "")
+    running = core.dispatcher.attempts.on_backend
     rows = []
     for state in sorted(core.backends(), key=lambda b: b.id):
         sample = state.sample
@@ -247,6 +267,30 @@ def _backends(core: FairqCore, now: float) -> list[BackendRow]:
                 gates=gates,
                 draining=state.draining,
                 error=state.last_error[:300] if state.healthy is not True else "",
+                preemptions=sorted(preemptions.get(state.id, {}).items()),
+                regenerated_tokens=sum(regenerated.get(state.id, {}).values()),
+                resumed=_resumed(running.get(state.id, ())),
             )
         )
     return rows
+
+
+def _per_backend(families: Iterable[Metric], label: str) -> dict[str, dict[str, int]]:
+    """Return a counter's totals per backend and per ``label`` (one key "" without one)."""
+    out: dict[str, dict[str, int]] = {}
+    for family in families:
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                per = out.setdefault(sample.labels.get("backend", ""), {})
+                key = sample.labels.get(label, "") if label else ""
+                per[key] = per.get(key, 0) + int(sample.value)
+    return out
+
+
+def _resumed(tickets: Iterable[Ticket]) -> list[tuple[str, int]]:
+    """Return, per user, the running requests that were preempted before (resumed ones)."""
+    users: dict[str, int] = {}
+    for ticket in tickets:
+        if ticket.progress is not None and ticket.progress.preemptions:
+            users[ticket.user] = users.get(ticket.user, 0) + 1
+    return sorted(users.items())

@@ -6,6 +6,8 @@ The migrations (``migrations/versions``) create exactly these; a test compares t
   made by fairq when the request ends, so a batch retried after a lost acknowledgement is not
   written twice (inserts skip an id already there).
 - ``api_keys``: keys made with ``fairq keys create``, stored as SHA-256 digests.
+- ``audit_log``: who (the admin's identity) did what through the console or the Admin API,
+  and when; kept for ``store.audit_retention_days`` and at most ``store.audit_max_rows`` rows.
 - ``store_versions``: one counter per kind of shared state, raised in the same transaction as
   every key change, so a replica learns of a change by reading one small row.
 
@@ -29,7 +31,7 @@ from sqlalchemy import (
     Text,
 )
 
-__all__ = ["KEYS_VERSION", "api_keys", "metadata", "store_versions", "usage"]
+__all__ = ["KEYS_VERSION", "api_keys", "audit_log", "metadata", "store_versions", "usage"]
 
 KEYS_VERSION = "keys"
 
@@ -84,4 +86,18 @@ store_versions = Table(
     metadata,
     Column("name", String(32), primary_key=True),
     Column("version", BigInteger, nullable=False),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("via", String(32), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("replica", Text, nullable=False),
+    Index("ix_audit_log_at", "at"),
 )

@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import describe, open_engine, upgrade
 from fairq_server.store.keys import KeyStore
 from fairq_server.store.ledger import Ledger
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.reports import ReportRow, usage_report
+from fairq_server.store.series import Series, usage_series
 from fairq_server.store.settings import PriceConfig, StoreConfig, engine_url
 
 __all__ = ["Store"]
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class Store:
-    """The usage ledger and stored keys on one database.
+    """The usage ledger, stored keys and the audit log on one database.
 
     Args:
         config: the ``[store]`` section.
@@ -57,6 +59,7 @@ class Store:
         self._engine: AsyncEngine | None = None
         self._ledger: Ledger | None = None
         self._keys: KeyStore | None = None
+        self._audit: AuditLog | None = None
 
     @property
     def ledger(self) -> Ledger:
@@ -69,6 +72,12 @@ class Store:
         """The key store (once started)."""
         assert self._keys is not None, "Store.start() first"
         return self._keys
+
+    @property
+    def audit(self) -> AuditLog:
+        """The audit log of admins' changes (once started)."""
+        assert self._audit is not None, "Store.start() first"
+        return self._audit
 
     async def start(self) -> None:
         """Open the database, upgrade its schema, read the keys, start the ledger's writer.
@@ -86,6 +95,8 @@ class Store:
             await engine.dispose()
             raise
         self._engine, self._keys = engine, keys
+        retention = self.config.audit_retention_days * 86400
+        self._audit = AuditLog(engine, self._replica, retention, self.config.audit_max_rows)
         self._ledger = Ledger(engine, self.config, self._prices, self._replica, self._registry)
         self._ledger.start()
         log.info("store: %s", describe(engine_url(self.config, self._state_file)))
@@ -111,6 +122,13 @@ class Store:
         with contextlib.suppress(OSError):
             await self._ledger.flush()
         return await usage_report(self._engine, by, since, until)
+
+    async def series(self, by: str, step: str, since: float, until: float) -> Series:
+        """Sum usage per hour or day and per team, user or model (flushed first, as above)."""
+        assert self._engine is not None and self._ledger is not None, "Store.start() first"
+        with contextlib.suppress(OSError):
+            await self._ledger.flush()
+        return await usage_series(self._engine, by, step, since, until)
 
     async def close(self) -> None:
         """Write out the ledger's buffer, stop following keys, close the connections."""

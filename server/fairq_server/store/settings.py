@@ -9,6 +9,8 @@ Example::
     buffer_rows = 100000
     flush_seconds = 1.0
     key_poll_seconds = 0.25
+    audit_retention_days = 90
+    audit_max_rows = 100000
 
     [prices.llama-70b]                  # cost units per million tokens
     input_per_million = 0.5
@@ -69,6 +71,8 @@ class StoreConfig:
             key is refused everywhere within this and one read).
         stop_flush_seconds: how long a stopping fairq keeps trying to write what it holds.
         connect_timeout_seconds: bound on opening a connection.
+        audit_retention_days: how long the audit log keeps a change (console and Admin API).
+        audit_max_rows: most rows the audit log keeps (the oldest go first).
 
     """
 
@@ -80,14 +84,16 @@ class StoreConfig:
     key_poll_seconds: float = 0.25
     stop_flush_seconds: float = 10.0
     connect_timeout_seconds: float = 5.0
+    audit_retention_days: float = 90.0
+    audit_max_rows: int = 100_000
 
     def __post_init__(self) -> None:
-        for name in ("batch_rows", "buffer_rows"):
+        for name in ("batch_rows", "buffer_rows", "audit_max_rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise StoreError(f"store.{name} must be an integer >= 1, not {value!r}")
         for name in ("flush_seconds", "key_poll_seconds", "stop_flush_seconds",
-                     "connect_timeout_seconds"):  # fmt: skip
+                     "connect_timeout_seconds", "audit_retention_days"):  # fmt: skip
             value = getattr(self, name)
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or value <= 0:

@@ -16,13 +16,17 @@ import time
 from html import escape
 
 from fairq_server.errors import SchedulerError
+from fairq_server.http.console.plot import usage_plot
+from fairq_server.store.audit import ACTIONS
 from fairq_server.store.reports import GROUPINGS
+from fairq_server.store.series import MEASURES, STEPS, Series
 from fairq_server.store.service import Store
 
 __all__ = ["ManageRoutes", "parse_since", "store_error"]
 
 log = logging.getLogger("fairq_server.console")
 
+AUDIT_ROWS = 200
 _UNITS = {"m": 60, "h": 3600, "d": 86400}
 
 
@@ -91,6 +95,24 @@ class ManageRoutes:
         )
         return notice + form + table
 
+    async def record(self, who: str, action: str, target: str, detail: str = "") -> str:
+        """Write the change to the audit log; return a warning to show if that failed.
+
+        The change is made by then: a failed audit write is said on the page and logged, and
+        does not undo it.
+        """
+        try:
+            await self._store.audit.record(who, "console", action, target, detail)
+        except Exception as exc:
+            log.error(
+                "console: the audit log did not take %s %s by '%s': %s", action, target, who, exc
+            )
+            return (
+                '<p class="error" role="alert">Done, but the audit log did not record it: '
+                f"{_e(str(exc)[:200])}</p>"
+            )
+        return ""
+
     async def create(self, form: dict[str, str], who: str) -> str:
         """Create a key from ``form``; return the notice showing its secret (once)."""
         tiers = tuple(t.strip() for t in form.get("tiers", "").split(",") if t.strip())
@@ -101,7 +123,9 @@ class ManageRoutes:
             admin=form.get("admin") == "1",
         )
         log.info("console: '%s' created key %s for user '%s'", who, key.id, key.user)
-        return (
+        detail = f"user {key.user}, team {key.team or '-'}, tiers {','.join(key.tiers) or 'all'}"
+        warning = await self.record(who, "key.create", key.id, detail + (", admin" * key.admin))
+        return warning + (
             f'<div class="notice" role="status"><p>Key {_e(key.id)} created for '
             f"<strong>{_e(key.user)}</strong>. Its secret is shown this once; copy it now:</p>"
             f'<p><output class="secret" aria-label="the new secret">{_e(secret)}</output></p></div>'
@@ -113,7 +137,11 @@ class ManageRoutes:
         if key is None:
             return f'<p class="error" role="alert">No stored key {_e(key_id[:64])}.</p>'
         log.info("console: '%s' revoked key %s of user '%s'", who, key.id, key.user)
-        return f'<p class="notice" role="status">Key {_e(key.id)} of {_e(key.user)} revoked.</p>'
+        warning = await self.record(who, "key.revoke", key.id, f"user {key.user}")
+        return (
+            warning
+            + f'<p class="notice" role="status">Key {_e(key.id)} of {_e(key.user)} revoked.</p>'
+        )
 
     async def rotate(self, key_id: str, who: str) -> str:
         """Rotate ``key_id`` (the old one stops at once); return the notice with the secret."""
@@ -122,10 +150,40 @@ class ManageRoutes:
             return f'<p class="error" role="alert">No active stored key {_e(key_id[:64])}.</p>'
         key, secret = rotated
         log.info("console: '%s' rotated key %s into %s (user '%s')", who, key_id, key.id, key.user)
-        return (
+        detail = f"replaced by {key.id}, user {key.user}"
+        warning = await self.record(who, "key.rotate", key_id, detail)
+        return warning + (
             f'<div class="notice" role="status"><p>Key {_e(key_id)} replaced by {_e(key.id)}. '
             "Its secret is shown this once; copy it now:</p>"
             f'<p><output class="secret" aria-label="the new secret">{_e(secret)}</output></p></div>'
+        )
+
+    async def audit_page(self, action: str) -> str:
+        """Return the audit view's body: the newest changes (of ``action`` only, if given)."""
+        if action and action not in ACTIONS:
+            return f'<p class="error" role="alert">No action {_e(action[:64])}.</p>' + _audit_form(
+                ""
+            )
+        entries = await self._store.audit.recent(AUDIT_ROWS, action)
+        rows = "".join(
+            "<tr>"
+            + f"<td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(a.at))} UTC</td>"
+            + "".join(f"<td>{_e(c)}</td>" for c in (a.actor, a.via, a.action, a.target, a.detail))
+            + f"<td>{_e(a.replica)}</td></tr>"
+            for a in entries
+        )
+        retention = self._store.config.audit_retention_days
+        caption = (
+            f"The newest {AUDIT_ROWS} changes{f' ({_e(action)})' if action else ''}; "
+            f"kept {retention:g} days, at most {self._store.config.audit_max_rows} rows"
+        )
+        headers = ("When", "Who", "Through", "Action", "Target", "Detail", "Replica")
+        return (
+            _audit_form(action)
+            + f"<table><caption>{caption}</caption><thead><tr>"
+            + "".join(f'<th scope="col">{h}</th>' for h in headers)
+            + f"</tr></thead><tbody>{rows}</tbody></table>"
+            + ("" if entries else '<p class="empty">No change recorded.</p>')
         )
 
     async def usage_rows(self, by: str, since: str) -> list[list[object]]:
@@ -143,27 +201,31 @@ class ManageRoutes:
             for r in report
         ]
 
-    async def usage_page(self, by: str, since: str) -> str:
-        """Return the usage view's body: the range form and the report table."""
+    async def usage_page(
+        self, by: str, since: str, step: str = "auto", measure: str = "output_tokens"
+    ) -> str:
+        """Return the usage view's body: the range form, the plot over time and the report."""
+        now = time.time()
         try:
             rows = await self.usage_rows(by, since)
+            if measure not in MEASURES:
+                raise ValueError(f"measure must be one of {', '.join(MEASURES)}")
+            step, series = await self._series(by, since, step, now)
         except ValueError as exc:
-            return f'<p class="error" role="alert">{_e(exc)}</p>' + _usage_form("team", "7d")
+            return f'<p class="error" role="alert">{_e(exc)}</p>' + _usage_form(
+                "team", "7d", "auto", "output_tokens"
+            )
         body = "".join(
             "<tr>"
             + "".join(f"<td>{_e(c if i != 5 else f'{c:.4f}')}</td>" for i, c in enumerate(r))
             + "</tr>"
             for r in rows
         )
-        bars = "".join(
-            f'<li>{_e(r[0] or "(no team)")}: <meter min="0" max="{max(1, int(str(rows[0][4])))}" '
-            f'value="{int(str(r[4]))}">{_e(r[4])}</meter> {_e(r[4])} output tokens</li>'
-            for r in rows
-        )
         csv_link = f"/console/usage.csv?by={_e(by)}&amp;since={_e(since)}"
+        series_link = f"/console/usage-series.csv?by={_e(by)}&amp;since={_e(since)}&amp;step={step}"
         return (
-            _usage_form(by, since)
-            + f'<ul class="bars" aria-label="output tokens by {_e(by)}">{bars}</ul>'
+            _usage_form(by, since, step, measure)
+            + usage_plot(series, measure, by)
             + "<table><caption>Usage by "
             + _e(by)
             + " over the last "
@@ -171,8 +233,49 @@ class ManageRoutes:
             + "</caption><thead><tr>"
             + "".join(f'<th scope="col">{h}</th>' for h in _CSV_HEADER)
             + f"</tr></thead><tbody>{body}</tbody></table>"
-            + f'<p><a href="{csv_link}" download>Download as CSV</a></p>'
+            + f'<p><a href="{csv_link}" download>Download as CSV</a> · '
+            + f'<a href="{series_link}" download>Download per {step} as CSV</a></p>'
         )
+
+    async def _series(self, by: str, since: str, step: str, now: float) -> tuple[str, Series]:
+        """Return the step taken (``auto``: hours up to two days, else days) and the series.
+
+        Raises:
+            ValueError: ``by``, ``since`` or ``step`` is not valid, or too many buckets.
+
+        """
+        start = parse_since(since, now)
+        if step == "auto":
+            step = "hour" if now - start <= 2 * 86400 else "day"
+        return step, await self._store.series(by, step, start, now)
+
+    async def usage_series_csv(self, by: str, since: str, step: str) -> str:
+        """Return usage per bucket and group as CSV (the plot's numbers, every measure).
+
+        One row per group and bucket with some usage, oldest first; ``bucket_start`` in UTC.
+
+        Raises:
+            ValueError: ``by``, ``since`` or ``step`` is not valid, or too many buckets.
+
+        """
+        _, series = await self._series(by, since, step, time.time())
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["bucket_start", "name", *MEASURES])
+        groups = sorted(series.values["requests"], key=lambda g: (g is not None, g or ""))
+        for i, start in enumerate(series.starts):
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+            for g in groups:
+                values = [series.values[m][g][i] for m in MEASURES]
+                if any(values):
+                    writer.writerow(
+                        [
+                            when,
+                            g or "",
+                            *(_csv_number(m, v) for m, v in zip(MEASURES, values, strict=True)),
+                        ]
+                    )
+        return out.getvalue()
 
     async def usage_csv(self, by: str, since: str) -> str:
         """Return the usage report as CSV text.
@@ -188,20 +291,42 @@ class ManageRoutes:
         return out.getvalue()
 
 
+def _csv_number(measure: str, value: float) -> str:
+    return repr(value) if measure == "cost" else str(int(value))
+
+
 _CSV_HEADER = ["name", "requests", "finished", "input_tokens", "output_tokens", "cost"]
 
 
-def _usage_form(by: str, since: str) -> str:
+def _select(name: str, label: str, choices: list[str], chosen: str) -> str:
     options = "".join(
-        f'<option value="{g}"{" selected" if g == by else ""}>{g}</option>'
-        for g in sorted(GROUPINGS)
+        f'<option value="{c}"{" selected" if c == chosen else ""}>{c.replace("_", " ")}</option>'
+        for c in choices
     )
     return (
+        f'<label for="{name}">{label}</label><select id="{name}" name="{name}">{options}</select>'
+    )
+
+
+def _usage_form(by: str, since: str, step: str, measure: str) -> str:
+    return (
         '<form method="get" action="/console/usage" class="range">'
-        f'<label for="by">By</label><select id="by" name="by">{options}</select>'
-        '<label for="since">Over the last (30m, 24h, 7d)</label>'
-        f'<input id="since" name="since" value="{_e(since)}" size="6">'
-        '<button type="submit">Show</button></form>'
+        + _select("by", "By", sorted(GROUPINGS), by)
+        + _select("measure", "Plot", list(MEASURES), measure)
+        + '<label for="since">Over the last (30m, 24h, 7d)</label>'
+        + f'<input id="since" name="since" value="{_e(since)}" size="6">'
+        + _select("step", "Per", ["auto", *STEPS], step)
+        + '<button type="submit">Show</button></form>'
+    )
+
+
+def _audit_form(action: str) -> str:
+    return (
+        '<form method="get" action="/console/audit" class="range">'
+        + _select("action", "Action", ["", *ACTIONS], action).replace(
+            '<option value=""', '<option value="" label="every action"'
+        )
+        + '<button type="submit">Show</button></form>'
     )
 
 

@@ -21,7 +21,7 @@ __all__ = ["VIEWS", "fragment", "login_page", "message_page", "page"]
 # Path name -> title, in the navigation's order.
 VIEWS = {"queues": "Queues", "backends": "Backends", "cluster": "Cluster"}
 # The views over fairq's store (when it has one): rendered per request, not pushed.
-STORE_VIEWS = {"usage": "Usage", "keys": "Keys"}
+STORE_VIEWS = {"usage": "Usage", "keys": "Keys", "audit": "Audit"}
 
 View = dict[str, Any]
 
@@ -179,6 +179,9 @@ def _queues(views: list[View]) -> str:
                 f"{share:.0%} / {entitled:.0%}"
             )
             badge = f'<span class="badge {_e(status)}">{_e(status)}</span>' if status else ""
+            preempted = int(_num(r.get("preempted")))
+            if preempted:  # its next request is a continuation, waiting for a slot again
+                badge += f' <span class="badge preempted">preempted {preempted}x</span>'
             cells = [_e(r.get("tier", "")), _e(r.get("user", "")), _e(r.get("team", "") or "—")]
             cells += [_e(replica)] if cluster else []
             cells += [
@@ -203,6 +206,39 @@ def _in_flight_by_backend(views: list[View]) -> dict[str, int]:
     return totals
 
 
+def _preemptions_by_backend(views: list[View]) -> dict[str, str]:
+    """Return each backend's preemptions cell, summed over every replica's view."""
+    reasons: dict[str, dict[str, int]] = {}
+    tokens: dict[str, int] = {}
+    resumed: dict[str, dict[str, int]] = {}
+    for v in views:
+        for b in _list(v.get("backends")):
+            if not isinstance(b, dict):
+                continue
+            bid = str(b.get("id", ""))
+            per = reasons.setdefault(bid, {})
+            for p in _list(b.get("preemptions")):
+                if _pair(p):
+                    per[str(p[0])] = per.get(str(p[0]), 0) + int(_num(p[1]))
+            tokens[bid] = tokens.get(bid, 0) + int(_num(b.get("regenerated_tokens")))
+            users = resumed.setdefault(bid, {})
+            for p in _list(b.get("resumed")):
+                if _pair(p):
+                    users[str(p[0])] = users.get(str(p[0]), 0) + int(_num(p[1]))
+    cells = {}
+    for bid, per in reasons.items():
+        total = sum(per.values())
+        text = str(total)
+        if total:
+            text += " (" + ", ".join(f"{_e(r)} {n}" for r, n in sorted(per.items())) + ")"
+            text += f'<br><span class="detail">{tokens.get(bid, 0)} tokens generated again</span>'
+        if resumed.get(bid):
+            who = ", ".join(f"{_e(u)} ({n})" for u, n in sorted(resumed[bid].items()))
+            text += f'<br><span class="detail">running after preemption: {who}</span>'
+        cells[bid] = text
+    return cells
+
+
 def _backends(views: list[View]) -> str:
     if not views or not _list(views[0].get("backends")):
         return '<p class="empty">No backend is registered.</p>'
@@ -210,7 +246,8 @@ def _backends(views: list[View]) -> str:
     totals = _in_flight_by_backend(views)
     headers = ["Backend", "Models", "Health", "Running", "Waiting", "KV cache"]
     headers += ["fairq in flight (here / cluster)" if cluster else "fairq in flight"]
-    headers += ["TPOT", "Gate per tier (TPOT limit)"]
+    headers += ["TPOT", "Gate per tier (TPOT limit)", "Preemptions"]
+    preemptions = _preemptions_by_backend(views)
     body = []
     for b in _list(views[0].get("backends")):  # this replica's view of every backend
         if not isinstance(b, dict):
@@ -247,6 +284,7 @@ def _backends(views: list[View]) -> str:
                     flight,
                     f"{_num(tpot) * 1000:.0f} ms" if tpot is not None else "—",
                     "<br>".join(gates),
+                    preemptions.get(str(b.get("id", "")), "0"),
                 ]
             )
         )

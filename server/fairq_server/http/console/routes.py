@@ -10,6 +10,9 @@ Routes:
 
 * ``GET /console/login``, ``POST /console/login``, ``POST /console/logout``;
 * ``GET /console/{queues,backends,cluster}``: a page, its live part rendered at once;
+* ``GET /console/{usage,keys,audit}`` (with a store): usage plots and reports, stored keys,
+  the audit log of admins' changes; ``GET /console/usage.csv`` (totals) and
+  ``GET /console/usage-series.csv`` (per hour or day);
 * ``GET /console/events?view=NAME``: server-sent events, one ``data:`` frame per refresh
   carrying the view's HTML fragment (``event: logout`` when the credential stops working);
 * ``GET /console/api/live``: every replica's live view as JSON;
@@ -94,6 +97,8 @@ class ConsoleRoutes:
             router.add_post("/console/keys/{id}/{verb:rotate|revoke}", self._keys_change)
             router.add_get("/console/usage", self._usage)
             router.add_get("/console/usage.csv", self._usage_csv)
+            router.add_get("/console/usage-series.csv", self._usage_csv)
+            router.add_get("/console/audit", self._audit)
 
     async def start(self) -> None:
         """Start the live feed."""
@@ -154,6 +159,10 @@ class ConsoleRoutes:
             return _html(render.message_page("Not an admin", text), 403)
         session = self._sessions.open(credential, principal.user)
         log.info("console: '%s' logged in from %s", principal.user, request.remote)
+        if self._manage is not None:
+            await self._manage.record(
+                principal.user, "console.login", "console", str(request.remote)
+            )
         response = _redirect("/console/queues")
         self._sessions.set_cookie(response, session, secure=request.secure)
         return response
@@ -202,7 +211,11 @@ class ConsoleRoutes:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         assert self._manage is not None
         csrf = session.csrf if session is not None else ""
-        return await self._store_page(request, "keys", await self._manage.keys_page(csrf))
+        try:
+            body = await self._manage.keys_page(csrf)
+        except Exception as exc:  # the database down or refusing: said on the page
+            body = store_error(exc)
+        return await self._store_page(request, "keys", body)
 
     async def _keys_change(self, request: web.Request) -> web.StreamResponse:
         """Create, rotate or revoke a key: from a logged-in page of this origin only."""
@@ -233,7 +246,23 @@ class ConsoleRoutes:
         principal, _, status = await self._caller(request)
         if principal is None:
             return _redirect("/console/login") if status == 401 else _refusal(status)
-        return await self._store_page(request, "usage", await self._manage.usage_page(by, since))
+        step, measure = request.query.get("step", "auto"), request.query.get("measure", "")
+        try:
+            body = await self._manage.usage_page(by, since, step, measure or "output_tokens")
+        except Exception as exc:  # the database down or refusing: said on the page
+            body = store_error(exc)
+        return await self._store_page(request, "usage", body)
+
+    async def _audit(self, request: web.Request) -> web.StreamResponse:
+        principal, _, status = await self._caller(request)
+        if principal is None:
+            return _redirect("/console/login") if status == 401 else _refusal(status)
+        assert self._manage is not None
+        try:
+            body = await self._manage.audit_page(request.query.get("action", ""))
+        except Exception as exc:  # the database down or refusing: said on the page
+            body = store_error(exc)
+        return await self._store_page(request, "audit", body)
 
     async def _usage_csv(self, request: web.Request) -> web.StreamResponse:
         principal, _, status = await self._caller(request)
@@ -241,11 +270,21 @@ class ConsoleRoutes:
             return _refusal(status)
         assert self._manage is not None
         by, since = request.query.get("by", "team"), request.query.get("since", "7d")
+        per_bucket = request.path.endswith("/usage-series.csv")
         try:
-            text = await self._manage.usage_csv(by, since)
+            if per_bucket:
+                text = await self._manage.usage_series_csv(
+                    by, since, request.query.get("step", "auto")
+                )
+            else:
+                text = await self._manage.usage_csv(by, since)
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400, headers=_HEADERS)
-        headers = {**_HEADERS, "Content-Disposition": f'attachment; filename="usage-{by}.csv"'}
+        except Exception as exc:  # the database down or refusing: said, not a 500
+            error = f"the store did not answer: {str(exc)[:300]}"
+            return web.json_response({"error": error}, status=503, headers=_HEADERS)
+        name = f"usage-{by}{'-series' if per_bucket else ''}.csv"
+        headers = {**_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
         return web.Response(text=text, content_type="text/csv", headers=headers)
 
     async def _live_json(self, request: web.Request) -> web.StreamResponse:
