@@ -6,7 +6,9 @@ The limit book's clock is injected (wall-clock seconds), so windows roll without
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,10 +16,13 @@ import pytest
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
 from fairq_server.auth import hash_key
+from fairq_server.cli import _reload
 from fairq_server.config import Config, KeyConfig
+from fairq_server.config_file import load_config
 from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
 from fairq_server.entitlement.checker import Entitlement
 from fairq_server.entitlement.settings import QuotaConfig
+from fairq_server.teams import TeamConfig
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend
@@ -216,3 +221,66 @@ async def test_unicode_long_and_key_shaped_names_are_limited_apart(
         assert repr(name) in (info.value.details() or "")
     for _ in range(2):  # a near name is another user, with no quota
         assert (await as_key(3))[-1].WhichOneof("event") == "finished"
+
+
+async def test_a_reload_applies_new_limits_and_a_bad_file_is_refused_whole(
+    sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    head = f"""
+listen = "127.0.0.1:0"
+[[backends]]
+id = "sim-a"
+kind = "vllm"
+base_url = "{sim.url}"
+models = ["sim"]
+"""
+    path = tmp_path / "fairq.toml"
+    path.write_text(head + "[[quotas]]\nuser = 'ann'\nrequests_per_minute = 1\n")
+    server = await fairq_factory(load_config(path))
+    entitlement(server).clock = Clock()
+    await call(server, gen())
+    await refused(server, gen())
+    path.write_text(head + "[[quotas]]\nuser = 'ann'\nrequests_per_minute = 3\n")
+    await _reload(server, str(path), access_log=False)
+    await call(server, gen())  # the counters are kept: 2 of 3 now
+    await call(server, gen())
+    await refused(server, gen())
+    # A zero quota, beside a change that would be valid alone: nothing of it applies.
+    path.write_text(
+        head + "[[quotas]]\nuser = 'ann'\nrequests_per_minute = 9\n"
+        "[[quotas]]\nuser = 'bob'\ntokens_per_minute = 0\n"
+    )
+    with caplog.at_level(logging.ERROR):
+        await _reload(server, str(path), access_log=False)
+    assert "quotas[1].tokens_per_minute must be above 0" in caplog.text
+    assert "configuration unchanged" in caplog.text
+    await refused(server, gen())  # still 3 per minute
+    assert server.config.quotas[0].requests_per_minute == 3
+
+
+async def test_per_team_gauges_show_the_use_of_each_limit(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    keys = [KeyConfig("ann", hash_key("ann-key"), team="research")]
+    config = replace(
+        make_config([sim_backend(sim)], keys=keys),
+        teams=(TeamConfig("research"),),
+    )
+    quota = QuotaConfig(team="research", tokens_per_minute=100)
+    server, clock = await start(fairq_factory, config, quota)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        md = (("authorization", "Bearer ann-key"),)
+        events = [e async for e in stub.Generate(gen(max_tokens=8), metadata=md)]
+    usage = events[-1].finished.usage
+    clock.now += 2  # the gauges are refreshed at most once a second, from the dispatch loop
+    entitlement(server).tick()
+    registry = server.core.telemetry.registry
+    labels = {"team": "research", "kind": "tokens_per_minute", "model": "", "mode": "hard"}
+    spent = usage.prompt_tokens + usage.completion_tokens
+    assert registry.get_sample_value("fairq_team_limit_used", labels) == spent
+    assert registry.get_sample_value("fairq_team_limit", labels) == 100
+    assert registry.get_sample_value("fairq_team_limit_used_ratio", labels) == spent / 100
+    clock.now += 61
+    entitlement(server).tick()
+    assert registry.get_sample_value("fairq_team_limit_used_ratio", labels) == 0.0
