@@ -84,7 +84,7 @@ class LimitKey:
         if cached is None:
             cached = hash((self.scope, self.subject, self.model, self.measure, self.window))
             object.__setattr__(self, "_hash", cached)
-        return cached  # type: ignore[no-any-return]
+        return cached
 
     def __getstate__(self) -> dict[str, object]:
         # A string's hash differs between processes: a pickled key does not carry it.
