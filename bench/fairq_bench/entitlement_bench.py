@@ -15,9 +15,10 @@ request. Requests come from ``--users`` users in ``--teams`` teams, the clock ad
 ``--rate`` requests per second so windows roll and the book sweeps as it would live.
 
 Each phase is timed over the whole run with :func:`time.perf_counter` (the loop's own cost
-included) and reported in microseconds per request; the sum is what the request path pays, to
-set against a time to first token (a request adds it once: admission, dispatch and the end are
-each on its path once). Run::
+included) and reported in microseconds per request. Admission, the band's check and the
+reservation come before a request's first token (what TTFT pays); settling comes after its
+last. The run's CPU share is printed too: on a busy machine the wall times include other
+processes' turns, and the total scaled by the share is what the CPU spent. Run::
 
     uv run python -m fairq_bench.entitlement_bench
     uv run python -m fairq_bench.entitlement_bench --requests 20000 --users 100
@@ -70,6 +71,7 @@ def run(requests: int, users: int, teams: int, rate: float, seed: int = 1) -> di
     claims: list[tuple[Claim, int, int]] = []
     gc.collect()
     gc.disable()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     try:
         for i, ((user, team), (prompt, output)) in enumerate(zip(picks, sizes, strict=True)):
             clock[0] = _T0 + i / rate
@@ -92,9 +94,13 @@ def run(requests: int, users: int, teams: int, rate: float, seed: int = 1) -> di
                 spent["settle"] += time.perf_counter() - t4
     finally:
         gc.enable()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     settled = requests - len(claims)
     per = {k: 1e6 * v / (settled if k == "settle" else requests) for k, v in spent.items()}
     per["total"] = sum(per.values())
+    # This process's share of the wall time: under 1, other processes held the CPU (the
+    # phases' wall times include their turns); the total scaled by it is the CPU's cost.
+    per["share"] = cpu / wall
     assert isinstance(entitlement.book, LocalBook)
     per["counters"] = float(len(entitlement.book))
     return per
@@ -117,10 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for phase in ("admit", "band", "reserve", "settle", "total"):
         print(f"  {phase:8s} {best[phase]:8.2f}")
+    before_first_token = best["admit"] + best["band"] + best["reserve"]
+    print(f"  before the first token (admit + band + reserve): {before_first_token:.2f}")
+    print(
+        f"  CPU share of the run: {best['share']:.2f} "
+        f"(total at a full CPU: {best['total'] * best['share']:.2f})"
+    )
     print(f"  counters held at the end: {int(best['counters'])}")
-    verdict = "within" if best["total"] <= TARGET_US else "OVER"
-    print(f"  {verdict} the {TARGET_US:g} us bound on what checks add to TTFT p50")
-    return 0 if best["total"] <= TARGET_US else 1
+    ok = before_first_token <= TARGET_US
+    print(f"  {'within' if ok else 'OVER'} the {TARGET_US:g} us bound on what checks add to TTFT")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
