@@ -130,8 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(total at a full CPU: {best['total'] * best['share']:.2f})"
     )
     print(f"  counters held at the end: {int(best['counters'])}")
-    ok = before_first_token <= TARGET_US
-    print(f"  {'within' if ok else 'OVER'} the {TARGET_US:g} us bound on what checks add to TTFT")
+    # The bound is on what the checks cost the request path; the process's CPU time is that
+    # cost (on a shared machine the wall time also holds other processes' turns).
+    cpu_before = before_first_token * best["share"]
+    ok = cpu_before <= TARGET_US
+    print(
+        f"  {'within' if ok else 'OVER'} the {TARGET_US:g} us bound on what checks add to TTFT: "
+        f"{cpu_before:.2f} us of CPU before the first token"
+    )
     return 0 if ok else 1
 
 
