@@ -6,8 +6,9 @@ expired since the last read and nothing else. Calendar windows (a UTC day or mon
 number and the period it belongs to; a new period starts at zero.
 
 Memory is bounded by what is live, not by history: a counter holds at most 60 buckets, and
-counters with nothing left in their window are dropped once a minute (a user seen once
-costs nothing after its windows pass).
+counters with nothing left in their window are dropped by a sweep every minute, spread over
+the reservations that follow (a user seen once costs nothing after its windows pass, and the
+loop never stops for all counters at once).
 
 Besides the async :class:`~fairq_server.entitlement.book.LimitBook` protocol, the book offers
 synchronous twins (:meth:`LocalBook.reserve_now`, :meth:`LocalBook.settle_now`,
@@ -30,6 +31,9 @@ __all__ = ["LocalBook", "period_end", "period_of", "period_start"]
 _MINUTE = 60
 # Seconds between sweeps of counters whose windows are empty.
 _SWEEP_EVERY = 60.0
+# Counters a reservation checks for the sweep: a sweep is spread over many reservations, so
+# the dispatcher's loop never stands still for all the counters at once.
+_SWEEP_SLICE = 256
 
 
 def period_of(window: Window, now: float) -> int:
@@ -156,6 +160,7 @@ class LocalBook:
     def __init__(self) -> None:
         self._counters: dict[LimitKey, _Counter] = {}
         self._next_sweep = 0.0
+        self._unswept: list[LimitKey] = []  # the keys the current sweep has still to check
 
     def __len__(self) -> int:
         """Return how many counters are held (for the bounded-memory check)."""
@@ -172,8 +177,8 @@ class LocalBook:
 
     def reserve_now(self, uses: Sequence[LimitUse], now: float) -> Grant | Refusal:
         """Grant every use or none: refused if a key's used amount reached its limit."""
-        if now >= self._next_sweep:
-            self.sweep(now)
+        if self._unswept or now >= self._next_sweep:
+            self._sweep_some(now)
         counters = [self._counter(use.key) for use in uses]
         for use, counter in zip(uses, counters, strict=True):
             used = counter.used(now)
@@ -206,12 +211,24 @@ class LocalBook:
         return out
 
     def sweep(self, now: float) -> int:
-        """Drop counters whose window holds nothing; return how many were dropped."""
+        """Drop every counter whose window holds nothing; return how many were dropped."""
         self._next_sweep = now + _SWEEP_EVERY
+        self._unswept = []
         dead = [key for key, counter in self._counters.items() if counter.empty(now)]
         for key in dead:
             del self._counters[key]
         return len(dead)
+
+    def _sweep_some(self, now: float) -> None:
+        """Check the next slice of the sweep (starting one if it is due)."""
+        if not self._unswept:
+            self._next_sweep = now + _SWEEP_EVERY
+            self._unswept = list(self._counters)
+        for _ in range(min(_SWEEP_SLICE, len(self._unswept))):
+            key = self._unswept.pop()
+            counter = self._counters.get(key)
+            if counter is not None and counter.empty(now):
+                del self._counters[key]
 
     # -- the LimitBook protocol --------------------------------------------------------------
 
