@@ -140,9 +140,10 @@ async def test_a_hard_limit_reached_while_queued_refuses_at_dispatch(
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         md = (("x-fairq-user", "ann"),)
-        calls = [stub.Generate(gen(max_tokens=8), metadata=md, timeout=20) for _ in range(2)]
-        for c in calls:
-            assert (await c.read()).WhichOneof("event") == "queued"
+        calls = []
+        for _ in range(2):  # one after the other: the first queued is the first dispatched
+            calls.append(stub.Generate(gen(max_tokens=8), metadata=md, timeout=20))
+            assert (await calls[-1].read()).WhichOneof("event") == "queued"
         await server.core.register_backend(backend)  # the gate opens
         outcomes = []
         for c in calls:
