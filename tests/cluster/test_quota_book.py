@@ -164,3 +164,15 @@ async def test_bad_amounts_are_refused_with_the_key_named(redis_url: str) -> Non
         with pytest.raises(ValueError, match="limit 0"):
             await book.reserve([LimitUse(tpm("f"), 1, 0)], time.time())
         assert await book.used([tpm("f")], time.time()) == [0]
+
+
+async def test_stored_amounts_go_into_an_empty_redis_once(redis_url: str) -> None:
+    day, month = tpm("gil", window=W.DAY), tpm("gil", window=W.MONTH)
+    stored = [(day, 40.0), (month, 900.0), (tpm("gil"), 5.0)]  # a rolling window: skipped
+    async with books(redis_url, 2) as [(a, _, _), (b, _, _)]:
+        assert isinstance(await a.reserve([LimitUse(day, 10, 100)], time.time()), Grant)
+        assert await a.restore(stored) == 2  # the first replica to start
+        assert await b.restore(stored) == 0  # the next: already there
+        assert await b.used([day, month, tpm("gil")], time.time()) == [50, 900, 0]
+        refusal = await b.reserve([LimitUse(day, 60, 50)], time.time())
+        assert isinstance(refusal, Refusal) and refusal.used == 50

@@ -1,0 +1,149 @@
+"""Quota and budget state in the store: calendar amounts outlive a restart (SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import select, update
+
+from fairq_bench.postgres_process import PostgresProcess
+from fairq_server.entitlement.book import Grant, LimitKey, LimitUse, Measure, Scope, Window
+from fairq_server.entitlement.persisted import PersistedBook
+from fairq_server.store.engine import open_engine, upgrade
+from fairq_server.store.limits import LimitState, period_of
+from fairq_server.store.schema import limit_usage
+from fairq_server.store.settings import StoreConfig
+from tests.cluster.quota_helpers import CountingBook
+
+from .helpers import until
+
+DAY = LimitKey(Scope.USER, "ann:1", "m", Measure.COST, Window.DAY)
+MONTH = LimitKey(Scope.TEAM, "équipe «a»", None, Measure.TOKENS, Window.MONTH)
+NAMES = [
+    LimitKey(Scope.USER, "a:1", None, Measure.TOKENS, Window.DAY),
+    LimitKey(Scope.USER, "a", "1", Measure.TOKENS, Window.DAY),
+    LimitKey(Scope.USER, "x" * 3000, None, Measure.TOKENS, Window.DAY),
+    LimitKey(Scope.TEAM, "a:1", None, Measure.TOKENS, Window.DAY),
+]
+
+
+async def _state(url: str, **config: float) -> tuple[LimitState, CollectorRegistry]:
+    engine = await open_engine(StoreConfig(url=url))
+    await upgrade(engine)
+    registry = CollectorRegistry()
+    return LimitState(engine, StoreConfig(url=url, **config), registry), registry  # type: ignore[arg-type]
+
+
+async def test_amounts_are_summed_per_period_and_read_back(store_url: str) -> None:
+    now = time.time()
+    one, _ = await _state(store_url)
+    two, _ = await _state(store_url)  # another replica on the same database
+    one.add(DAY, now, 1.5)
+    one.add(DAY, now, 0.25)
+    two.add(DAY, now, 2.0)
+    one.add(MONTH, now, 100)
+    one.add(LimitKey(Scope.USER, "ann", None, Measure.TOKENS, Window.MINUTE), now, 5)  # none
+    for i, key in enumerate(NAMES):
+        two.add(key, now, i + 1)
+    one.add(MONTH, now - 40 * 86400, 7)  # an earlier month: stored, not current
+    assert one.pending == 3 and two.pending == 5
+    await one.flush()
+    await two.flush()
+    await two.flush()  # nothing held: nothing added twice
+    three, _ = await _state(store_url)
+    loaded = dict(await three.load(now))
+    assert loaded == {DAY: 3.75, MONTH: 100.0, **{k: float(i + 1) for i, k in enumerate(NAMES)}}
+    for state in (one, two, three):
+        await state.close()
+        await state._engine.dispose()
+
+
+async def test_a_restart_keeps_the_days_budget(store_url: str) -> None:
+    """One process: settle, stop, start again: the book counts the day from where it was."""
+    now = time.time()
+    state, _ = await _state(store_url)
+    book = PersistedBook(CountingBook(), state.add)
+    uses = [LimitUse(DAY, 10, 12), LimitUse(MONTH, 1000, 5000)]
+    grant = await book.reserve(uses, now)
+    assert isinstance(grant, Grant)
+    await book.settle(grant, [4, 300])
+    await state.close()  # stopping writes what is held
+    assert state.pending == 0
+    await state._engine.dispose()
+
+    again, _ = await _state(store_url)
+    restarted = PersistedBook(CountingBook(), again.add)
+    assert await restarted.restore(await again.load(time.time()), time.time()) == 2
+    assert await restarted.used([DAY, MONTH], time.time()) == [4, 300]
+    await again.close()
+    await again._engine.dispose()
+
+
+async def test_a_row_from_a_newer_fairq_is_skipped_the_rest_loads(store_url: str) -> None:
+    now = time.time()
+    state, _ = await _state(store_url)
+    state.add(DAY, now, 1)
+    state.add(MONTH, now, 2)
+    await state.flush()
+    async with state._engine.begin() as conn:
+        await conn.execute(
+            update(limit_usage).where(limit_usage.c.scope == "team").values(measure="watts")
+        )
+    assert await state.load(now) == [(DAY, 1.0)]
+    await state.close()
+    await state._engine.dispose()
+
+
+async def test_a_database_that_goes_away_loses_nothing(
+    postgres: PostgresProcess, postgres_url: str
+) -> None:
+    now = time.time()
+    state, registry = await _state(postgres_url, flush_seconds=0.05)
+    state.start()
+    try:
+        postgres.stop()
+        state.add(DAY, now, 1)
+        await until(
+            lambda: (registry.get_sample_value("fairq_limit_state_write_errors_total") or 0) >= 1
+        )
+        state.add(DAY, now, 2)  # added to the held amount
+        assert state.pending == 1
+        postgres.start()
+        await until(lambda: state.pending == 0, timeout=30)
+    finally:
+        await state.close()
+    async with state._engine.connect() as conn:
+        rows = (await conn.execute(select(limit_usage.c.amount, limit_usage.c.period))).all()
+    assert [tuple(r) for r in rows] == [(3.0, period_of(Window.DAY, now))]
+    await state._engine.dispose()
+
+
+async def test_stopping_with_the_database_down_counts_what_is_lost(
+    postgres: PostgresProcess, postgres_url: str
+) -> None:
+    state, registry = await _state(postgres_url, stop_flush_seconds=0.5)
+    postgres.stop()
+    try:
+        state.add(DAY, time.time(), 1)
+        await state.close()
+        lost = registry.get_sample_value("fairq_limit_state_dropped_total", {"reason": "stopped"})
+        assert lost == 1 and state.pending == 0
+    finally:
+        postgres.start()
+        await state._engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("when", "day", "month"),
+    [
+        (datetime(2028, 2, 29, 23, 59, 59, tzinfo=UTC), "d2028-02-29", "M2028-02"),
+        (datetime(2027, 1, 1, 0, 0, 0, tzinfo=UTC), "d2027-01-01", "M2027-01"),
+    ],
+)
+def test_periods_are_utc(when: datetime, day: str, month: str) -> None:
+    assert period_of(Window.DAY, when.timestamp()) == day
+    assert period_of(Window.MONTH, when.timestamp()) == month
+    assert period_of(Window.MINUTE, when.timestamp()) is None
