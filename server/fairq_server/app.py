@@ -142,6 +142,8 @@ class FairqServer:
         jwt = self.auth.prepare_jwt(config.jwt)
         # Everything that can refuse the file has run; from here on it is applied whole.
         await self.core.reconfigure(config)
+        if self.core.dispatcher.entitlement is not None:  # quotas, budgets and their prices
+            self.core.dispatcher.entitlement.configure(config.quotas, config.budgets, config.prices)
         self.auth.install(keys)
         await self.auth.install_jwt(jwt)
         self.request_log.set_enabled(config.access_log)

@@ -45,6 +45,7 @@ from typing import Any
 
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.door_config import HttpConfig, Limits, TlsConfig
+from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
 from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig
 from fairq_server.observe.settings import ConsoleConfig
@@ -308,7 +309,9 @@ class Config:
             process, no Redis).
         store: the usage ledger's and stored keys' database (None: neither; a file's
             default is a SQLite file, see :mod:`fairq_server.store.settings`).
-        prices: per-model token prices, for the ledger's costs.
+        prices: per-model token prices, for the ledger's costs and the budgets.
+        quotas: token and request limits per team and user (:mod:`fairq_server.entitlement`).
+        budgets: cost limits per team and user, in the units of ``prices``.
 
     """
 
@@ -328,6 +331,8 @@ class Config:
     backends: tuple[BackendConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
     teams: tuple[TeamConfig, ...] = ()
+    quotas: tuple[QuotaConfig, ...] = ()
+    budgets: tuple[BudgetConfig, ...] = ()
     jwt: JwtConfig | None = None
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
 

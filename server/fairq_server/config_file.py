@@ -18,6 +18,7 @@ from typing import Any
 from fairq_server.backends.spec import check_backend_config
 from fairq_server.config import Config, ConfigError, SchedulerConfig
 from fairq_server.config_reader import read_table
+from fairq_server.entitlement.settings import check_entitlement
 from fairq_server.identity.settings import MAX_NAME_CHARS, check_jwt, check_name
 from fairq_server.store.settings import PriceConfig, StoreConfig, StoreError, check_prices
 from fairq_server.teams import check_teams
@@ -43,6 +44,7 @@ _POSITIVE = frozenset(
         "max_connections_per_peer", "max_grpc_connections", "max_answer_chars",
         "max_sequences", "max_prompts",
         "refresh_seconds", "session_seconds", "starved_after_seconds", "max_users",
+        "tokens_per_minute", "tokens_per_day", "requests_per_minute", "per_day", "per_month",
     }
 )  # fmt: skip
 _SIGNED = frozenset({"priority"})
@@ -105,6 +107,13 @@ def parse_config(raw: dict[str, Any]) -> Config:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     config = _with_store_sections(config, store, prices)
+    try:
+        check_entitlement(
+            config.quotas, config.budgets, teams=[t.name for t in config.teams],
+            prices=config.prices, served={m for b in config.backends for m in b.models},
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if config.console.enabled and not config.http.listen:
         raise ConfigError("console.enabled needs the HTTP door: set http.listen")
     _check_policies(config.scheduler)

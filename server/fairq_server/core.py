@@ -27,6 +27,7 @@ from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.registry import make_backend
 from fairq_server.config import BackendConfig, Config, ConfigError
+from fairq_server.entitlement.factory import build_entitlement
 from fairq_server.errors import InvalidRequestError, QueueFullError
 from fairq_server.loop_monitor import LoopMonitor
 from fairq_server.names import escape
@@ -94,7 +95,7 @@ class FairqCore:
         # Fail at start-up on unknown policy names, not at the first request.
         self.dispatcher = Dispatcher(
             config.tiers, config.scheduler, self.telemetry, self._policies(config), launcher,
-            on_health=on_health,
+            on_health=on_health, entitlement=build_entitlement(config, self.telemetry),
         )  # fmt: skip
         if self.cluster is not None:
             self.cluster.attach(self.dispatcher.post, lambda: [b.id for b in self.backends()])

@@ -9,6 +9,7 @@ Exception tree::
     │   ├── PermissionDeniedError   tier above the key's ceiling, admin   permission_denied
     │   ├── ModelNotFoundError      no backend serves the model           not_found
     │   ├── QueueFullError          a queue cap was reached               resource_exhausted
+    │   ├── QuotaExceededError      a hard quota or budget was reached    resource_exhausted
     │   └── NoBackendError          no healthy backend for the model      unavailable
     └── EvictedError                ended after it was queued
         ├── QueueTimeoutError       waited longer than the queue TTL      deadline_exceeded
@@ -46,6 +47,7 @@ __all__ = [
     "PermissionDeniedError",
     "QueueFullError",
     "QueueTimeoutError",
+    "QuotaExceededError",
     "RejectedError",
     "SchedulerError",
     "ShuttingDownError",
@@ -101,6 +103,24 @@ class QueueFullError(RejectedError):
     """A per-user or global queue cap was reached."""
 
     outcome = "resource_exhausted"
+
+
+class QuotaExceededError(RejectedError):
+    """A hard quota or budget of the user or its team is reached (at admission or dispatch).
+
+    Attributes:
+        retry_after: seconds until the limit's window has room again (each door tells the
+            caller: gRPC ``grpc-retry-pushback-ms``, HTTP ``Retry-After``).
+        limit: the limit's kind (``tokens_per_minute``, ``budget_per_day``, ...).
+
+    """
+
+    outcome = "resource_exhausted"
+
+    def __init__(self, message: str, *, retry_after: float, limit: str) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.limit = limit
 
 
 class NoBackendError(RejectedError):

@@ -17,7 +17,7 @@ from google.protobuf import struct_pb2
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server import loop_share
-from fairq_server.api.status import status_for
+from fairq_server.api.status import status_for, trailers_for
 from fairq_server.api.validation import models_hint, to_backend_request
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
@@ -61,7 +61,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except SchedulerError as exc:
             count_rejection(self._core, exc)
             self._request_log.finished(trace, exc.outcome)
-            await context.abort(*status_for(exc))
+            await context.abort(*status_for(exc), trailing_metadata=trailers_for(exc))
         trace.request_id, trace.user, trace.group = (
             backend_request.request_id, principal.user, principal.group
         )  # fmt: skip
@@ -84,7 +84,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if isinstance(exc, ModelNotFoundError) and principal.admin:
                 # Which models exist is told only to callers allowed to manage them.
                 message += models_hint(self._core.dispatcher.models())
-            await context.abort(code, message)
+            await context.abort(code, message, trailing_metadata=trailers_for(exc))
         except Exception:
             # A bug or an unforeseen backend answer: the caller learns only that it failed
             # (nothing of the exception); ticket_events has logged the trace once.

@@ -8,6 +8,7 @@ UnauthenticatedError       UNAUTHENTICATED       the error's
 PermissionDeniedError      PERMISSION_DENIED     the error's
 ModelNotFoundError         NOT_FOUND             the error's
 QueueFullError             RESOURCE_EXHAUSTED    the error's
+QuotaExceededError         RESOURCE_EXHAUSTED    the error's; ``grpc-retry-pushback-ms`` trailer
 NoBackendError             UNAVAILABLE           the error's
 QueueTimeoutError          DEADLINE_EXCEEDED     the error's
 ShuttingDownError          UNAVAILABLE           the error's
@@ -23,6 +24,8 @@ by the servicers, since a cancelled call is not an error to report.
 
 from __future__ import annotations
 
+import math
+
 import grpc
 
 from fairq_server.backends.errors import BackendError, BackendFailure
@@ -35,13 +38,17 @@ from fairq_server.errors import (
     PermissionDeniedError,
     QueueFullError,
     QueueTimeoutError,
+    QuotaExceededError,
     SchedulerError,
     ShuttingDownError,
     SlowClientError,
     UnauthenticatedError,
 )
 
-__all__ = ["status_for"]
+__all__ = ["RETRY_PUSHBACK", "status_for", "trailers_for"]
+
+#: gRPC's own trailing-metadata key for "retry after this many milliseconds".
+RETRY_PUSHBACK = "grpc-retry-pushback-ms"
 
 _BACKEND_STATUS: dict[BackendFailure, grpc.StatusCode] = {
     BackendFailure.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
@@ -57,6 +64,7 @@ _STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
     QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    QuotaExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     NoBackendError: grpc.StatusCode.UNAVAILABLE,
     QueueTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
@@ -75,3 +83,10 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
         if code is not None:
             return code, str(exc)
     return grpc.StatusCode.INTERNAL, "internal error"
+
+
+def trailers_for(exc: Exception) -> tuple[tuple[str, str], ...]:
+    """Return the trailing metadata that goes with ``exc``'s status (a retry delay, if any)."""
+    if isinstance(exc, QuotaExceededError):
+        return ((RETRY_PUSHBACK, str(max(math.ceil(exc.retry_after * 1000), 1))),)
+    return ()

@@ -12,6 +12,7 @@ UnauthenticatedError       401     authentication_error        invalid_api_key
 PermissionDeniedError      403     permission_error
 ModelNotFoundError         404     not_found_error             model_not_found
 QueueFullError             429     rate_limit_error            queue_full
+QuotaExceededError         429     rate_limit_exceeded         rate_limit_exceeded
 NoBackendError             503     service_unavailable_error
 QueueTimeoutError          504     timeout_error               queue_timeout
 ShuttingDownError          503     service_unavailable_error
@@ -23,7 +24,8 @@ anything else              500     internal_error              ("internal error"
 
 The gRPC door answers the same errors with the matching gRPC status
 (:mod:`fairq_server.api.status`), so both doors agree on what kind of failure a request met.
-Queue caps (429) and "no healthy backend" (503) carry ``Retry-After``. A backend's own HTTP
+Queue caps (429) and "no healthy backend" (503) carry ``Retry-After``; a quota or budget
+refusal's ``Retry-After`` is its own delay (whole seconds, rounded up). A backend's own HTTP
 error answer before its stream began is passed through unchanged
 (:class:`~fairq_server.backends.passthrough.BackendHttpError`).
 """
@@ -31,6 +33,7 @@ error answer before its stream began is passed through unchanged
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from aiohttp import web
@@ -45,6 +48,7 @@ from fairq_server.errors import (
     PermissionDeniedError,
     QueueFullError,
     QueueTimeoutError,
+    QuotaExceededError,
     SchedulerError,
     ShuttingDownError,
     SlowClientError,
@@ -66,6 +70,7 @@ _HTTP: dict[type[SchedulerError], tuple[int, str, str | None]] = {
     PermissionDeniedError: (403, "permission_error", None),
     ModelNotFoundError: _NOT_FOUND,
     QueueFullError: (429, "rate_limit_error", "queue_full"),
+    QuotaExceededError: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
     NoBackendError: _UNAVAILABLE,
     QueueTimeoutError: (504, "timeout_error", "queue_timeout"),
     ShuttingDownError: _UNAVAILABLE,
@@ -91,6 +96,7 @@ class HttpError(Exception):
         type_: the OpenAI error type.
         param: the offending field, if one.
         code: a machine-readable code, if one.
+        retry_after: seconds for ``Retry-After`` (None: the door's default).
 
     """
 
@@ -102,8 +108,10 @@ class HttpError(Exception):
         *,
         param: str | None = None,
         code: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
+        self.retry_after = retry_after
         self.status = status
         self.message = message
         self.type = type_
@@ -132,12 +140,15 @@ def error_for(exc: Exception) -> HttpError:
             message = str(exc)
             if status == 401:  # authentication names gRPC metadata; here they are headers
                 message = message.replace(" metadata", " header")
-            return HttpError(status, message, type_, code=code)
+            retry = math.ceil(exc.retry_after) if isinstance(exc, QuotaExceededError) else None
+            return HttpError(status, message, type_, code=code, retry_after=retry)
     return HttpError(500, "internal error", "internal_error")
 
 
 def error_response(error: HttpError, retry_after: int = 1) -> web.Response:
     """Return the HTTP response of ``error`` (``Retry-After`` on 429 and 503)."""
+    if error.retry_after is not None:
+        retry_after = max(error.retry_after, 1)
     headers = {"retry-after": str(retry_after)} if error.status in _RETRY_AFTER else None
     return web.Response(
         status=error.status,

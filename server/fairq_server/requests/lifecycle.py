@@ -57,13 +57,19 @@ def open_ticket(
 
     Raises:
         SchedulerError: unknown tier or one above the caller's ceiling, or a token-id
-            prompt for a model whose backends do not all take them.
+            prompt for a model whose backends do not all take them, or a hard quota or
+            budget of the caller already reached.
 
     """
     config = core.config
     check_token_prompt(core, request)
     tier = resolve_tier(requested_tier, principal, core.tier_names)
     team, team_weight = team_weights(config.teams).resolve(principal.team)
+    entitlement = core.dispatcher.entitlement
+    if entitlement is not None and entitlement.active:
+        refused = entitlement.refusal(principal.user, team, request.model)
+        if refused is not None:
+            raise refused
     ticket = Ticket(
         request=request,
         user=principal.user,

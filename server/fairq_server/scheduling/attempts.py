@@ -17,6 +17,7 @@ from fairq_server.backends.continuation import Progress
 from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
+from fairq_server.entitlement.checker import Claim, Entitlement
 from fairq_server.errors import (
     BackendFailedError,
     InternalError,
@@ -115,6 +116,7 @@ class AttemptBook:
         telemetry: metrics sink.
         launcher: starts an attempt on its backend.
         clock: the dispatcher's monotonic clock.
+        entitlement: quotas and budgets, reserved at each start and settled at each end.
 
     """
 
@@ -125,7 +127,9 @@ class AttemptBook:
         telemetry: Telemetry,
         launcher: Launcher,
         clock: Callable[[], float],
+        entitlement: Entitlement | None = None,
     ) -> None:
+        self._entitlement = entitlement
         self._settings = settings
         self._models = models
         self._telemetry = telemetry
@@ -141,7 +145,9 @@ class AttemptBook:
             self._launcher.window = window
 
     def start(self, ticket: Ticket, backend: BackendState, now: float) -> None:
-        """Send ``ticket`` to ``backend`` and tell its caller."""
+        """Send ``ticket`` to ``backend`` and tell its caller (unless a hard limit refuses)."""
+        if self._entitlement is not None and not self._reserve(ticket):
+            return
         tier = self._settings().tiers[ticket.tier].name
         # Decided before the request counts on the backend: the standing it had until now.
         ticket.boosted = fair_share.may_boost(backend, ticket.user)
@@ -172,6 +178,26 @@ class AttemptBook:
         if not resumed:  # a preempted request's caller was told once, and sees one stream
             t.queue_wait.labels(tier).observe(now - ticket.arrival)
             ticket.outbox.put(Started(backend.id, now - ticket.arrival, tier))
+
+    def _reserve(self, ticket: Ticket) -> bool:
+        """Reserve the attempt's most against quotas and budgets; False: refused and ended."""
+        assert self._entitlement is not None
+        claim = self._entitlement.reserve(
+            ticket.user, ticket.team, ticket.request.model, ticket.prompt_tokens, ticket.max_tokens
+        )
+        if isinstance(claim, Claim) or claim is None:
+            ticket.claim = claim
+            return True
+        # A hard limit reached since admission: the queue's dispatch charge is given back.
+        self._charge(ticket, Cost(requests=-1, prompt_tokens=-ticket.prompt_tokens))
+        self.abandon(ticket, claim)
+        return False
+
+    def _settle(self, ticket: Ticket, prompt: int, completion: int) -> None:
+        """Settle the attempt's reservation with what it used (once; later calls do nothing)."""
+        claim, ticket.claim = ticket.claim, None
+        if claim is not None and self._entitlement is not None:
+            self._entitlement.settle(claim, prompt, completion)
 
     def _priority(self, ticket: Ticket, backend: BackendState) -> int:
         """Return the backend priority: the tier's, or the overtaken tier's if it aged.
@@ -225,11 +251,12 @@ class AttemptBook:
             self._telemetry.ttft.labels(tier).observe(at - ticket.arrival)
 
     def _ended(self, ticket: Ticket, end: StreamEnd, tokens: int) -> None:
-        self._release(ticket)
-        ticket.state = TicketState.DONE
-        # Settle the fairness account with the backend's own token counts.
+        # Settle the fairness account, quotas and budgets with the backend's own token counts.
         prompt = end.prompt_tokens or ticket.prompt_tokens
         completion = end.completion_tokens or tokens
+        self._settle(ticket, prompt, completion)
+        self._release(ticket)
+        ticket.state = TicketState.DONE
         self._charge(
             ticket,
             Cost(
@@ -323,6 +350,12 @@ class AttemptBook:
         )
         ticket.boosted = False
         self._telemetry.backend_in_flight.labels(backend.id).set(backend.in_flight)
+        # Ended otherwise than by its stream's end: what it used so far (nothing before its
+        # first token; a retry or a resumed preemption reserves again when it starts).
+        if ticket.generating:
+            self._settle(ticket, int(ticket.charged_prompt), ticket.charged_completion)
+        else:
+            self._settle(ticket, 0, 0)
         return backend
 
     def _charge(self, ticket: Ticket, cost: Cost) -> None:

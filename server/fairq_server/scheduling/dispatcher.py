@@ -25,11 +25,8 @@ from collections.abc import Callable, Sequence
 from fairq_server.backends.base import Backend
 from fairq_server.backends.poller import ScrapeResult
 from fairq_server.config import SchedulerConfig, TierConfig
-from fairq_server.errors import (
-    InternalError,
-    SchedulerError,
-    ShuttingDownError,
-)
+from fairq_server.entitlement.checker import Entitlement
+from fairq_server.errors import InternalError, SchedulerError, ShuttingDownError
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.admission import admission_error
 from fairq_server.scheduling.attempts import AttemptBook, Launcher, StreamLauncher
@@ -75,6 +72,7 @@ class Dispatcher:
             with :class:`~fairq_server.scheduling.attempts.StreamLauncher`).
         clock: monotonic time source.
         on_health: told False when the loop crashed and True when it runs again.
+        entitlement: quotas and budgets (None: none are checked).
 
     """
 
@@ -88,6 +86,7 @@ class Dispatcher:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_health: Callable[[bool], None] = lambda serving: None,
+        entitlement: Entitlement | None = None,
     ) -> None:
         self._settings = Settings(tuple(tiers), config, policies)
         self._telemetry = telemetry
@@ -101,8 +100,11 @@ class Dispatcher:
         self._models = ModelSet(telemetry)
         launcher = launcher or StreamLauncher(self.post, config.stream_coalesce_seconds)
         read = self._read_settings  # the helpers read the settings; only the loop writes them
-        self.attempts = AttemptBook(read, self._models, telemetry, launcher, clock)
-        self._picker = Picker(read, self._models, self._backends, self.attempts.start, telemetry)
+        self.entitlement = entitlement
+        self.attempts = AttemptBook(read, self._models, telemetry, launcher, clock, entitlement)
+        self._picker = Picker(
+            read, self._models, self._backends, self.attempts.start, telemetry, entitlement
+        )
         self._preemptor = Preemptor(read, self._models, self._backends, self.attempts, telemetry)
         self.crashes = 0
         self._next_sweep = 0.0

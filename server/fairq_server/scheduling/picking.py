@@ -12,8 +12,10 @@ queue anyway, so holding it back would only delay it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
+from fairq_server.entitlement.checker import Entitlement
 from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
@@ -39,6 +41,7 @@ class Picker:
         backends: the registered backends.
         start: sends a popped ticket to its backend.
         telemetry: metrics sink (gate refusals).
+        entitlement: quotas and budgets (the soft limits' idle-only band).
 
     """
 
@@ -49,7 +52,9 @@ class Picker:
         backends: BackendSet,
         start: Start,
         telemetry: Telemetry,
+        entitlement: Entitlement | None = None,
     ) -> None:
+        self._entitlement = entitlement
         self._settings = settings
         self._models = models
         self._backends = backends
@@ -63,6 +68,8 @@ class Picker:
             True if the batch was full (more may be admitted after a yield).
 
         """
+        if self._entitlement is not None:
+            self._entitlement.tick()
         started = 0
         for model in list(self._models.values()):
             while started < batch and len(model.queue):
@@ -237,4 +244,36 @@ class Picker:
             if best is None or key < best[0]:
                 best = (key, user, route)
         assert best is not None, "fairness returns at least one active user"
+        if self._entitlement is not None and self._entitlement.has_soft:
+            return self._out_of_band(model, tier, candidates, best[1], best[2])
         return best[1], best[2]
+
+    def _out_of_band(
+        self, model: ModelState, tier: int, candidates: list[BackendState], user: str, route: Route
+    ) -> tuple[str, Route]:
+        """Keep the idle-only band behind in-quota work: pass over a user over a soft limit.
+
+        A user (or its team) over a soft quota or budget is served only when no in-quota user
+        of the same tier waits for this model; otherwise the next in-quota user in fairness
+        order goes instead. One check when the fair choice is in quota (the usual case); a walk
+        over the tier's users only when it is not.
+        """
+        entitlement = self._entitlement
+        assert entitlement is not None
+        tier_queue = model.queue.tiers[tier]
+        head = tier_queue.head_of(user)
+        if not entitlement.demoted(user, head.team, model.name):
+            return user, route
+        # Fairness order where the policy knows one (counter policies), then the rest.
+        ordered = tier_queue.fairness.candidates(math.inf, tier_queue.active_users)
+        listed = set(ordered)
+        ordered += [u for u in tier_queue.users() if u not in listed]
+        for other in ordered:
+            if other == user:
+                continue
+            ticket = tier_queue.head_of(other)
+            if not entitlement.demoted(other, ticket.team, model.name):
+                entitlement.count_demotion(served_from_band=False)
+                return other, self._settings().policies.router.route(ticket, candidates)
+        entitlement.count_demotion(served_from_band=True)
+        return user, route

@@ -13,6 +13,7 @@ from fairq_server.scheduling.outbox import Outbox
 if TYPE_CHECKING:
     from fairq_server.backends.continuation import Progress
     from fairq_server.backends.request import BackendRequest
+    from fairq_server.entitlement.checker import Claim
     from fairq_server.scheduling.backend_state import BackendState
 
 __all__ = ["AttemptHandle", "Ticket", "TicketState"]
@@ -92,6 +93,7 @@ class Ticket:
     charged_completion: int = 0
     refused: bool = False  # counted once in the gate refusals
     progress: Progress | None = None  # the output so far, kept where it may be preempted
+    claim: Claim | None = None  # the current attempt's reservation against quotas and budgets
 
     @property
     def cost(self) -> int:
