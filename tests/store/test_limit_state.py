@@ -10,18 +10,27 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import select, update
 
 from fairq_bench.postgres_process import PostgresProcess
-from fairq_server.entitlement.book import Grant, LimitKey, LimitUse, Measure, Scope, Window
-from fairq_server.entitlement.persisted import PersistedBook
+from fairq_server.entitlement.book import (
+    Grant,
+    LimitKey,
+    LimitUse,
+    Measure,
+    Refusal,
+    Scope,
+    Window,
+)
+from fairq_server.entitlement.local_book import LocalBook
+from fairq_server.entitlement.persisted import PersistedBook, counter_name
 from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.limits import LimitState, period_of
 from fairq_server.store.schema import limit_usage
 from fairq_server.store.settings import StoreConfig
-from tests.cluster.quota_helpers import CountingBook
 
 from .helpers import until
 
 DAY = LimitKey(Scope.USER, "ann:1", "m", Measure.COST, Window.DAY)
 MONTH = LimitKey(Scope.TEAM, "équipe «a»", None, Measure.TOKENS, Window.MONTH)
+MINUTE = LimitKey(Scope.USER, "ann:1", "m", Measure.TOKENS, Window.MINUTE)
 NAMES = [
     LimitKey(Scope.USER, "a:1", None, Measure.TOKENS, Window.DAY),
     LimitKey(Scope.USER, "a", "1", Measure.TOKENS, Window.DAY),
@@ -41,21 +50,23 @@ async def test_amounts_are_summed_per_period_and_read_back(store_url: str) -> No
     now = time.time()
     one, _ = await _state(store_url)
     two, _ = await _state(store_url)  # another replica on the same database
-    one.add(DAY, now, 1.5)
-    one.add(DAY, now, 0.25)
-    two.add(DAY, now, 2.0)
-    one.add(MONTH, now, 100)
-    one.add(LimitKey(Scope.USER, "ann", None, Measure.TOKENS, Window.MINUTE), now, 5)  # none
+    one.add(counter_name(DAY), now, 1.5)
+    one.add(counter_name(DAY), now, 0.25)
+    two.add(counter_name(DAY), now, 2.0)
+    one.add(counter_name(MONTH), now, 100)
+    minute = LimitKey(Scope.USER, "ann", None, Measure.TOKENS, Window.MINUTE)
+    one.add(counter_name(minute), now, 5)  # not kept
     for i, key in enumerate(NAMES):
-        two.add(key, now, i + 1)
-    one.add(MONTH, now - 40 * 86400, 7)  # an earlier month: stored, not current
+        two.add(counter_name(key), now, i + 1)
+    one.add(counter_name(MONTH), now - 40 * 86400, 7)  # an earlier month: stored, not current
     assert one.pending == 3 and two.pending == 5
     await one.flush()
     await two.flush()
     await two.flush()  # nothing held: nothing added twice
     three, _ = await _state(store_url)
     loaded = dict(await three.load(now))
-    assert loaded == {DAY: 3.75, MONTH: 100.0, **{k: float(i + 1) for i, k in enumerate(NAMES)}}
+    expected = {DAY: 3.75, MONTH: 100.0, **{k: float(i + 1) for i, k in enumerate(NAMES)}}
+    assert loaded == {counter_name(k): v for k, v in expected.items()}
     for state in (one, two, three):
         await state.close()
         await state._engine.dispose()
@@ -65,19 +76,22 @@ async def test_a_restart_keeps_the_days_budget(store_url: str) -> None:
     """One process: settle, stop, start again: the book counts the day from where it was."""
     now = time.time()
     state, _ = await _state(store_url)
-    book = PersistedBook(CountingBook(), state.add)
-    uses = [LimitUse(DAY, 10, 12), LimitUse(MONTH, 1000, 5000)]
-    grant = await book.reserve(uses, now)
+    book = PersistedBook(LocalBook(), state.add)
+    uses = [LimitUse(DAY, 10, 12), LimitUse(MONTH, 1000, 5000), LimitUse(MINUTE, 10, 99)]
+    grant = book.reserve_now(uses, now)
     assert isinstance(grant, Grant)
-    await book.settle(grant, [4, 300])
+    book.settle_now(grant, [4, 300, 4], now)
+    assert state.pending == 2  # the rolling minute is not kept
     await state.close()  # stopping writes what is held
     assert state.pending == 0
     await state._engine.dispose()
 
     again, _ = await _state(store_url)
-    restarted = PersistedBook(CountingBook(), again.add)
+    restarted = PersistedBook(LocalBook(), again.add)
     assert await restarted.restore(await again.load(time.time()), time.time()) == 2
-    assert await restarted.used([DAY, MONTH], time.time()) == [4, 300]
+    assert restarted.used_now([DAY, MONTH, MINUTE], time.time()) == [4, 300, 0]
+    refusal = restarted.reserve_now([LimitUse(DAY, 10, 4)], time.time())
+    assert isinstance(refusal, Refusal) and refusal.used == 4  # the day's budget is spent
     await again.close()
     await again._engine.dispose()
 
@@ -85,14 +99,16 @@ async def test_a_restart_keeps_the_days_budget(store_url: str) -> None:
 async def test_a_row_from_a_newer_fairq_is_skipped_the_rest_loads(store_url: str) -> None:
     now = time.time()
     state, _ = await _state(store_url)
-    state.add(DAY, now, 1)
-    state.add(MONTH, now, 2)
+    state.add(counter_name(DAY), now, 1)
+    state.add(counter_name(MONTH), now, 2)
     await state.flush()
     async with state._engine.begin() as conn:
         await conn.execute(
             update(limit_usage).where(limit_usage.c.scope == "team").values(measure="watts")
         )
-    assert await state.load(now) == [(DAY, 1.0)]
+    book = PersistedBook(LocalBook(), state.add)
+    assert await book.restore(await state.load(now), now) == 1
+    assert book.used_now([DAY, MONTH], now) == [1, 0]
     await state.close()
     await state._engine.dispose()
 
@@ -105,11 +121,11 @@ async def test_a_database_that_goes_away_loses_nothing(
     state.start()
     try:
         postgres.stop()
-        state.add(DAY, now, 1)
+        state.add(counter_name(DAY), now, 1)
         await until(
             lambda: (registry.get_sample_value("fairq_limit_state_write_errors_total") or 0) >= 1
         )
-        state.add(DAY, now, 2)  # added to the held amount
+        state.add(counter_name(DAY), now, 2)  # added to the held amount
         assert state.pending == 1
         postgres.start()
         await until(lambda: state.pending == 0, timeout=30)
@@ -117,7 +133,7 @@ async def test_a_database_that_goes_away_loses_nothing(
         await state.close()
     async with state._engine.connect() as conn:
         rows = (await conn.execute(select(limit_usage.c.amount, limit_usage.c.period))).all()
-    assert [tuple(r) for r in rows] == [(3.0, period_of(Window.DAY, now))]
+    assert [tuple(r) for r in rows] == [(3.0, period_of("day", now))]
     await state._engine.dispose()
 
 
@@ -127,7 +143,7 @@ async def test_stopping_with_the_database_down_counts_what_is_lost(
     state, registry = await _state(postgres_url, stop_flush_seconds=0.5)
     postgres.stop()
     try:
-        state.add(DAY, time.time(), 1)
+        state.add(counter_name(DAY), time.time(), 1)
         await state.close()
         lost = registry.get_sample_value("fairq_limit_state_dropped_total", {"reason": "stopped"})
         assert lost == 1 and state.pending == 0
@@ -144,6 +160,6 @@ async def test_stopping_with_the_database_down_counts_what_is_lost(
     ],
 )
 def test_periods_are_utc(when: datetime, day: str, month: str) -> None:
-    assert period_of(Window.DAY, when.timestamp()) == day
-    assert period_of(Window.MONTH, when.timestamp()) == month
-    assert period_of(Window.MINUTE, when.timestamp()) is None
+    assert period_of("day", when.timestamp()) == day
+    assert period_of("month", when.timestamp()) == month
+    assert period_of("minute", when.timestamp()) is None

@@ -266,6 +266,8 @@ class ClusterNode:
             )
         self._set_connected(False)
 
+    redis_lost = _lost  # the limit book's Redis failures are the replica's too
+
     def _set_connected(self, up: bool) -> None:
         self.connected = up
         self.metrics.redis_up.set(1 if up else 0)

@@ -27,32 +27,35 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
 from fairq_server.store.engine import short_error
 from fairq_server.store.ledger import LOG_INTERVAL_SECONDS, MAX_RETRY_SECONDS, Throttled
 from fairq_server.store.schema import limit_usage
 from fairq_server.store.settings import StoreConfig
 from fairq_server.supervisor import stop_task
 
-__all__ = ["LimitState", "key_id", "period_of"]
+__all__ = ["CounterName", "LimitState", "key_id", "period_of"]
+
+#: A counter by its fields, as stored: scope, subject, model (None: every model), measure, window
+#: (``day`` or ``month``). The limit book's keys, without importing the book (which imports the
+#: store's price settings).
+CounterName = tuple[str, str, str | None, str, str]
 
 log = logging.getLogger(__name__)
 
 _FIRST_RETRY_SECONDS = 0.25
 
 
-def period_of(window: Window, when: float) -> str | None:
-    """Return the UTC period of ``window`` that ``when`` falls in (None: a rolling window)."""
-    if window is Window.MINUTE:
+def period_of(window: str, when: float) -> str | None:
+    """Return the UTC period of ``window`` that ``when`` falls in (None: not day or month)."""
+    if window not in ("day", "month"):
         return None
     day = datetime.fromtimestamp(when, UTC)
-    return day.strftime("d%Y-%m-%d") if window is Window.DAY else day.strftime("M%Y-%m")
+    return day.strftime("d%Y-%m-%d") if window == "day" else day.strftime("M%Y-%m")
 
 
-def key_id(key: LimitKey) -> str:
-    """Return a digest naming ``key`` (a bounded primary key for any subject or model)."""
-    fields = [key.scope.value, key.subject, key.model, key.measure.value, key.window.value]
-    return hashlib.sha256(json.dumps(fields, ensure_ascii=False).encode()).hexdigest()
+def key_id(name: CounterName) -> str:
+    """Return a digest naming a counter (a bounded primary key for any subject or model)."""
+    return hashlib.sha256(json.dumps(list(name), ensure_ascii=False).encode()).hexdigest()
 
 
 class LimitState:
@@ -70,7 +73,7 @@ class LimitState:
     ) -> None:
         self._engine = engine
         self._config = config
-        self._pending: dict[tuple[LimitKey, str], float] = {}
+        self._pending: dict[tuple[CounterName, str], float] = {}
         self._writing = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failures = Throttled(LOG_INTERVAL_SECONDS)
@@ -107,12 +110,12 @@ class LimitState:
         """Counters (per period) held, not yet written."""
         return len(self._pending)
 
-    def add(self, key: LimitKey, when: float, amount: float) -> None:
-        """Count ``amount`` settled on ``key`` at ``when`` (rolling windows are ignored)."""
-        period = period_of(key.window, when)
+    def add(self, name: CounterName, when: float, amount: float) -> None:
+        """Count ``amount`` settled on counter ``name`` at ``when`` (rolling windows: ignored)."""
+        period = period_of(name[4], when)
         if period is None or amount == 0:
             return
-        slot = (key, period)
+        slot = (name, period)
         if slot not in self._pending and len(self._pending) >= self._config.buffer_rows:
             self.dropped.labels("buffer_full").inc()
             self._overflow.warning(
@@ -155,27 +158,18 @@ class LimitState:
         if not await self._write():
             raise OSError("quota state: the store did not accept the amounts")
 
-    async def load(self, now: float) -> list[tuple[LimitKey, float]]:
-        """Read the current day's and month's stored amounts (UTC), for the book at start.
-
-        A row whose fields this fairq does not know (written by a newer one) is skipped with
-        a warning; the others still load.
-        """
-        periods = [period_of(Window.DAY, now), period_of(Window.MONTH, now)]
+    async def load(self, now: float) -> list[tuple[CounterName, float]]:
+        """Read the current day's and month's stored amounts (UTC), for the book at start."""
+        periods = [period_of("day", now), period_of("month", now)]
         c = limit_usage.c
         query = select(c.scope, c.subject, c.model, c.measure, c.limit_window, c.amount, c.period)
         async with self._engine.connect() as conn:
             rows = (await conn.execute(query.where(c.period.in_(periods)))).all()
-        found: list[tuple[LimitKey, float]] = []
-        for scope, subject, model, measure, window, amount, period in rows:
-            try:
-                key = LimitKey(Scope(scope), subject, model, Measure(measure), Window(window))
-            except ValueError as exc:
-                log.warning("quota state: stored row for period %s skipped: %s", period, exc)
-                continue
-            if period_of(key.window, now) == period:
-                found.append((key, float(amount)))
-        return found
+        return [
+            ((scope, subject, model, measure, window), float(amount))
+            for scope, subject, model, measure, window, amount, period in rows
+            if period_of(window, now) == period
+        ]
 
     async def _run(self) -> None:
         pause, retry = self._config.flush_seconds, _FIRST_RETRY_SECONDS
@@ -186,7 +180,7 @@ class LimitState:
             else:
                 pause, retry = retry, min(retry * 2, MAX_RETRY_SECONDS)
 
-    def _put_back(self, batch: dict[tuple[LimitKey, str], float]) -> None:
+    def _put_back(self, batch: dict[tuple[CounterName, str], float]) -> None:
         for slot, amount in batch.items():  # added to what came meanwhile
             self._pending[slot] = self._pending.get(slot, 0.0) + amount
         self.pending_gauge.set(len(self._pending))
@@ -200,11 +194,11 @@ class LimitState:
             stamp = datetime.fromtimestamp(time.time(), UTC)
             rows = [
                 {
-                    "key_id": key_id(key), "period": period, "scope": key.scope.value,
-                    "subject": key.subject, "model": key.model, "measure": key.measure.value,
-                    "limit_window": key.window.value, "amount": amount, "updated_at": stamp,
+                    "key_id": key_id(name), "period": period, "scope": name[0],
+                    "subject": name[1], "model": name[2], "measure": name[3],
+                    "limit_window": name[4], "amount": amount, "updated_at": stamp,
                 }
-                for (key, period), amount in batch.items()
+                for (name, period), amount in batch.items()
             ]  # fmt: skip
             try:
                 async with self._engine.begin() as conn:
