@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
+import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select, update
@@ -25,8 +27,10 @@ from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.limits import LimitState, period_of
 from fairq_server.store.schema import limit_usage
 from fairq_server.store.settings import StoreConfig
+from fairq_sim import SimServer
 
-from .helpers import until
+from ..conftest import FairqFactory, sim_backend
+from .helpers import store_config, until
 
 DAY = LimitKey(Scope.USER, "ann:1", "m", Measure.COST, Window.DAY)
 MONTH = LimitKey(Scope.TEAM, "équipe «a»", None, Measure.TOKENS, Window.MONTH)
@@ -163,3 +167,34 @@ def test_periods_are_utc(when: datetime, day: str, month: str) -> None:
     assert period_of("day", when.timestamp()) == day
     assert period_of("month", when.timestamp()) == month
     assert period_of("minute", when.timestamp()) is None
+
+
+async def test_fairq_restarted_keeps_refusing_a_spent_daily_quota(
+    store_url: str, fairq_factory: FairqFactory, sim: SimServer
+) -> None:
+    from fairq.v1 import scheduler_pb2_grpc
+    from fairq_server.app import FairqServer
+    from fairq_server.entitlement.settings import QuotaConfig
+    from tests.reliability.helpers import gen_request
+
+    config = store_config(store_url, [sim_backend(sim)])
+    config = replace(config, quotas=(QuotaConfig(user="ann", tokens_per_day=30),))
+
+    async def send(server: FairqServer) -> grpc.StatusCode:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            try:
+                request = gen_request(max_tokens=8)
+                _ = [e async for e in stub.Generate(request, metadata=(("x-fairq-user", "ann"),))]
+            except grpc.aio.AioRpcError as error:
+                return error.code()
+            return grpc.StatusCode.OK
+
+    first = FairqServer(config)
+    await first.start()
+    codes = [await send(first) for _ in range(4)]
+    await first.stop(grace=1.0)  # the day's amount is written on the way out
+    assert codes[0] == grpc.StatusCode.OK
+    assert codes[-1] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    again = await fairq_factory(config)
+    assert await send(again) == grpc.StatusCode.RESOURCE_EXHAUSTED  # not handed back

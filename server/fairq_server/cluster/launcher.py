@@ -160,10 +160,13 @@ class ClusterLauncher(StreamLauncher):
                     ride.calls if ride else (), ride.replies if ride else None,
                 )  # fmt: skip
                 node.metrics.reserve_seconds.observe(time.perf_counter() - started)
-                if ride is not None:
-                    # Refused by a quota: back to the dispatcher, whose next dispatch of it
-                    # meets the refusal (also when the slot was refused: its grant is settled).
-                    granted = await self.quota.confirm(ride, time.time()) and granted
+                # Refused by a quota: the slot back, the request to the dispatcher, whose next
+                # dispatch of it meets the refusal. (A quota grant with a refused slot is
+                # settled with nothing when the request is queued again.)
+                if ride is not None and not await self.quota.confirm(ride, time.time()):
+                    if granted:
+                        node.release(backend_id, member)
+                    granted = False
                 if not granted:
                     # Refused, or Redis just lost (None): the request was admitted against
                     # the shared view, so it queues again and the gate decides afresh (on
