@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,6 +14,7 @@ from fairq_server.app import FairqServer
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
 from fairq_server.entitlement.settings import QuotaConfig
+from fairq_server.store.settings import StoreConfig
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import gen_request
@@ -41,14 +43,21 @@ async def _send(server: FairqServer, n: int) -> tuple[int, list[grpc.aio.AioRpcE
     return tokens, refusals
 
 
-@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize(("shared", "store"), [(True, False), (True, True), (False, False)])
 async def test_a_hard_quota_holds_whichever_replica_serves(
-    sim: SimServer, fairq_factory: FairqFactory, redis_url: str, shared: bool
+    sim: SimServer,
+    fairq_factory: FairqFactory,
+    redis_url: str,
+    tmp_path: Path,
+    shared: bool,
+    store: bool,
 ) -> None:
     quota = QuotaConfig(user="ann", tokens_per_day=QUOTA)
     replicas = []
     for name in ("r0", "r1"):
         config = replace(make_config([sim_backend(sim)]), quotas=(quota,))
+        if store:  # the day's amounts kept in the store too: the book is wrapped
+            config = replace(config, store=StoreConfig(url=f"sqlite:///{tmp_path / 'f.db'}"))
         if shared:  # the control: the same replicas, each with its own book
             cluster = ClusterConfig(redis_url, replica_id=name, lease_seconds=2.0)
             config = replace(config, cluster=cluster)
@@ -69,5 +78,6 @@ async def test_a_hard_quota_holds_whichever_replica_serves(
     key = LimitKey(Scope.USER, "ann", None, Measure.TOKENS, Window.DAY)
     entitlement = replicas[0].core.dispatcher.entitlement
     assert entitlement is not None
-    redis_used = await entitlement.book.shared.used([key], 0)  # type: ignore[attr-defined]
+    book = entitlement.book.inner if store else entitlement.book  # type: ignore[attr-defined]
+    redis_used = await book.shared.used([key], 0)
     assert redis_used == [served]  # settled to what the backend counted

@@ -55,6 +55,18 @@ class Ride:
     replies: list[Any] = field(default_factory=list)
 
 
+def _pending_of(grant: Grant | None) -> _Pending | None:
+    """Return the provisional grant inside ``grant`` (unwrapping books stacked over this)."""
+    for _ in range(4):
+        if grant is None:
+            return None
+        if isinstance(grant.token, _Pending):
+            return grant.token
+        inner = getattr(grant.token, "inner", None)
+        grant = inner if isinstance(inner, Grant) else None
+    return None
+
+
 def _period(window: Window, now: float) -> int:
     """Return a number that changes with ``window``'s period (rolling: 0, checked by age)."""
     day = int(now // 86400)
@@ -116,10 +128,14 @@ class ClusterBook:
     # -- the launcher ----------------------------------------------------------------------
 
     def ride(self, grant: Grant | None) -> Ride | None:
-        """Return the Redis call of a provisional grant, to send with the slot claim."""
-        if grant is None or not isinstance(grant.token, _Pending):
+        """Return the Redis call of a provisional grant, to send with the slot claim.
+
+        The grant may be wrapped by a book over this one (the store's
+        :class:`~fairq_server.entitlement.persisted.PersistedBook`: its token's ``inner``).
+        """
+        pending = _pending_of(grant)
+        if pending is None:
             return None
-        pending = grant.token
         call, read = self.shared.reserve_call(pending.uses)
         return Ride(pending, [call], read)
 
