@@ -10,9 +10,11 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio.connection import AbstractConnection
 
 from fairq_bench.redis_process import RedisProcess
+from fairq_server.cluster.connection import run_scripts
 from fairq_server.cluster.node import ClusterNode
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.entitlement.book import Grant, LimitUse, Refusal, Window
+from fairq_server.entitlement.cluster_book import ClusterBook, Ride
 from fairq_server.entitlement.redis_book import RedisBook
 from tests.cluster.quota_helpers import CountingBook, books, tpm
 
@@ -114,3 +116,45 @@ async def test_a_replica_that_knows_redis_is_lost_does_not_wait_for_it(
         assert await book.used([tpm("cy")], time.time()) == [1]
         assert time.perf_counter() - started < 0.2  # no connection timeout (0.5 s) waited
         assert local.sums == {tpm("cy"): 1}
+
+
+async def _sent(book: ClusterBook, grant: Grant | Refusal) -> Ride:
+    """The grant's Redis call sent (as the slot claim's pipeline sends it)."""
+    assert isinstance(grant, Grant)
+    ride = book.ride(grant)
+    assert ride is not None
+    ride.replies.extend(await run_scripts(book.shared._client, ride.calls))
+    return ride
+
+
+async def test_the_cluster_book_decides_in_redis_and_remembers_refusals(redis_url: str) -> None:
+    async with books(redis_url, 2) as [(a, local_a, _), (b, local_b, _)]:
+        one, two = ClusterBook(a), ClusterBook(b)
+        day = tpm("dee", window=Window.DAY)
+        now = time.time()
+        # Provisional in the loop; nothing is counted until Redis is asked.
+        grant = one.reserve_now([LimitUse(day, 60, 100)], now)
+        assert isinstance(grant, Grant)
+        assert await a.used([day], now) == [0]
+        assert await one.confirm(await _sent(one, grant), now)
+        assert one.used_now([day], now) == [60]
+        # The other replica does not know yet; Redis refuses its second reservation.
+        first = two.reserve_now([LimitUse(day, 60, 100)], now)
+        assert await two.confirm(await _sent(two, first), now)
+        late = two.reserve_now([LimitUse(day, 60, 100)], now)
+        assert not await two.confirm(await _sent(two, late), now)
+        # ... and remembers the refusal: the dispatcher's next try is refused at once.
+        again = two.reserve_now([LimitUse(day, 1, 100)], now + 1)
+        assert isinstance(again, Refusal) and again.used == 120 and again.retry_after > 0
+        # Settled while Redis was answering (an abort): settled as the answer arrives.
+        third = one.reserve_now([LimitUse(tpm("eve"), 50, 100)], now)
+        assert isinstance(third, Grant)
+        ride = await _sent(one, third)
+        one.settle_now(third, [5], now)
+        assert await one.confirm(ride, now)
+        await one.close()
+        assert await a.used([tpm("eve")], time.time()) == [5]
+        two.settle_now(first, [10], now)
+        await two.close()
+        assert await a.used([day], time.time()) == [70]
+        assert local_a.sums == local_b.sums == {}  # all of it decided in Redis

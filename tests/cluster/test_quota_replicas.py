@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
@@ -17,7 +18,7 @@ from fairq_server.entitlement.settings import QuotaConfig
 from fairq_server.store.settings import StoreConfig
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
-from tests.reliability.helpers import gen_request
+from tests.reliability.helpers import gen_request, until
 
 QUOTA = 120
 MAX_TOKENS = 8
@@ -81,3 +82,25 @@ async def test_a_hard_quota_holds_whichever_replica_serves(
     book = entitlement.book.inner if store else entitlement.book  # type: ignore[attr-defined]
     redis_used = await book.shared.used([key], 0)
     assert redis_used == [served]  # settled to what the backend counted
+
+
+async def test_with_redis_down_a_replica_grants_its_local_share(
+    sim: SimServer, fairq_factory: FairqFactory, redis_server: RedisProcess
+) -> None:
+    quota = QuotaConfig(user="ann", tokens_per_day=QUOTA)
+    cluster = ClusterConfig(redis_server.url, replica_id="r0", lease_seconds=0.6, local_share=0.5)
+    config = replace(make_config([sim_backend(sim)]), quotas=(quota,), cluster=cluster)
+    replica = await fairq_factory(config)
+    node = replica.core.cluster
+    assert node is not None
+    redis_server.stop()
+    await until(lambda: not node.connected, timeout=10)
+    tokens, refusals = await _send(replica, 14)
+    one_request = tokens / (14 - len(refusals))
+    assert QUOTA / 2 <= tokens <= QUOTA / 2 + one_request + MAX_TOKENS  # half: its share
+    assert refusals
+    registry = replica.core.telemetry.registry
+    local = {"path": "local", "outcome": "granted"}
+    assert registry.get_sample_value("fairq_cluster_quota_reservations_total", local) == 14 - len(
+        refusals
+    )
