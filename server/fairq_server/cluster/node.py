@@ -182,7 +182,7 @@ class ClusterNode:
             self._held.setdefault(backend_id, {})[member] = True
             counts = GlobalCounts(counts.awaiting + 1, counts.in_flight + 1)
         else:
-            self._spawn(self._leave(backend_id, member, ended=True))
+            self.spawn(self._leave(backend_id, member, ended=True))
         self.metrics.reservations.labels(backend_id, "granted" if granted else "refused").inc()
         self._view(backend_id, counts)
         return granted
@@ -203,7 +203,7 @@ class ClusterNode:
             return
         members[member] = False
         if member not in self._local:
-            self._spawn(self._leave(backend_id, member, ended=False))
+            self.spawn(self._leave(backend_id, member, ended=False))
 
     def release(self, backend_id: str, member: str) -> None:
         """Give back the slot of a reserved request that ended (in the background)."""
@@ -213,7 +213,7 @@ class ClusterNode:
         if member in self._local:
             self._local.discard(member)
         else:
-            self._spawn(self._leave(backend_id, member, ended=True))
+            self.spawn(self._leave(backend_id, member, ended=True))
 
     async def _leave(self, backend_id: str, member: str, *, ended: bool) -> None:
         gate = self.gate
@@ -225,8 +225,8 @@ class ClusterNode:
         # The counts left are this replica's news at once (the others hear them published).
         self._view(backend_id, counts)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        # A failure is a lost Redis: the lease frees the slot; the heartbeat notices recovery.
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a Redis write in the background (a failure is a lost Redis); close() waits."""
         spawn(self._background, coro, REDIS_ERRORS, self._lost)
 
     # -- the global view ------------------------------------------------------------------

@@ -26,4 +26,6 @@ def cluster_book(node: ClusterNode) -> ClusterBook:
         lost=node.redis_lost,
         registry=node.metrics.registry,
     )
-    return ClusterBook(shared)
+    # Settlements are the replica's background tasks: leaving the cluster waits for them
+    # (bounded by a lease) before the connection closes.
+    return ClusterBook(shared, node.spawn)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,11 +83,18 @@ class ClusterBook:
 
     Args:
         shared: the Redis book every replica reserves in.
+        spawn: runs a settlement in the background (the replica's, so that leaving the
+            cluster waits for it); default: a task of the book's own (see :meth:`close`).
 
     """
 
-    def __init__(self, shared: RedisBook) -> None:
+    def __init__(
+        self,
+        shared: RedisBook,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+    ) -> None:
         self.shared = shared
+        self._spawn = spawn
         # key -> (used as Redis last said, when, its period then)
         self._known: dict[LimitKey, tuple[float, float, int]] = {}
         # key -> (wall time until which Redis's refusal holds, used then)
@@ -185,6 +192,9 @@ class ClusterBook:
         return used
 
     def _settle(self, grant: Grant, actual: Sequence[float]) -> None:
+        if self._spawn is not None:
+            self._spawn(self.shared.settle(grant, actual))
+            return
         task = asyncio.get_running_loop().create_task(self.shared.settle(grant, actual))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
