@@ -6,6 +6,7 @@ import math
 from dataclasses import replace
 
 import openai
+import pytest
 
 from fairq_server.config import HttpConfig
 from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
@@ -76,7 +77,7 @@ async def test_the_openai_sdk_sees_a_rate_limit_error(
 
 
 async def test_a_hard_budget_refuses_in_price_units_and_warns_at_80_percent(
-    sim: SimServer, fairq_factory: FairqFactory
+    sim: SimServer, fairq_factory: FairqFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 1000 cost units per million tokens in and out: a request of p + c tokens costs
     # (p + c) / 1000. The daily budget is a few requests' worth.
@@ -107,5 +108,8 @@ async def test_a_hard_budget_refuses_in_price_units_and_warns_at_80_percent(
     assert served >= 2
     # One warning for the key and day, however many requests passed 80 %.
     assert registry.get_sample_value("fairq_limit_warnings_total", warnings) == 1.0
+    lines = [r.getMessage() for r in caplog.records if "of its limit" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].startswith("hard budget_per_day of user 'ann' (budgets[0]) at ")
     refusals = {"kind": "budget_per_day", "scope": "user"}
     assert registry.get_sample_value("fairq_limit_refusals_total", refusals) == 1.0

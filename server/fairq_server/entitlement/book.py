@@ -77,6 +77,19 @@ class LimitKey:
     measure: Measure
     window: Window
 
+    def __hash__(self) -> int:
+        # Keys are hashed on every reservation, and enum members hash in Python: the hash is
+        # computed once per key object (equality is the dataclass's, field by field).
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.scope, self.subject, self.model, self.measure, self.window))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, object]:
+        # A string's hash differs between processes: a pickled key does not carry it.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 @dataclass(frozen=True)
 class LimitUse:

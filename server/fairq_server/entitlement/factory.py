@@ -16,7 +16,8 @@ def limit_book(config: Config) -> SyncBook:
 
     One process counts in its own memory (exact; nothing shared). A cluster's book, shared by
     the replicas so that a limit holds whatever their number, is chosen here where
-    ``[cluster]`` is configured.
+    ``[cluster]`` is configured. The dispatcher calls the book from its synchronous loop, so
+    whatever is returned answers :class:`SyncBook`'s calls without waiting.
     """
     return LocalBook()
 

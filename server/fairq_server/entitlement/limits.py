@@ -127,6 +127,9 @@ class LimitTable:
             for limits in table.values() for limit in limits
         )  # fmt: skip
         self._cache: dict[tuple[str, str | None, str], Applicable] = {}
+        # One key object per counter: a book's lookup then finds its own key by identity
+        # (a team's key is asked for by each of its users).
+        self._keys: dict[LimitKey, LimitKey] = {}
 
     def team_limits(self) -> list[Limit]:
         """Return every team's limits (for the per-team gauges)."""
@@ -153,11 +156,15 @@ class LimitTable:
         chosen += [(lim, user) for lim in [*own, *defaults] if lim.model in (None, model)]
         found = Applicable(
             limits=tuple(lim for lim, _ in chosen),
-            keys=tuple(lim.key(subject) for lim, subject in chosen),
+            keys=tuple(self._intern(lim.key(subject)) for lim, subject in chosen),
             soft=tuple(i for i, (lim, _) in enumerate(chosen) if not lim.hard),
             hard=tuple(i for i, (lim, _) in enumerate(chosen) if lim.hard),
         )
         if len(self._cache) >= _CACHE_ENTRIES:
             self._cache.clear()
+            self._keys.clear()
         self._cache[cache_key] = found
         return found
+
+    def _intern(self, key: LimitKey) -> LimitKey:
+        return self._keys.setdefault(key, key)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from fairq_server.entitlement.book import Grant, LimitKey, LimitUse, Refusal, Window
 
-__all__ = ["LocalBook", "period_end", "period_of"]
+__all__ = ["LocalBook", "period_end", "period_of", "period_start"]
 
 _MINUTE = 60
 # Seconds between sweeps of counters whose windows are empty.
@@ -38,6 +38,14 @@ def period_of(window: Window, now: float) -> int:
     if window is Window.DAY:
         return day.toordinal()
     return day.year * 12 + day.month - 1
+
+
+def period_start(window: Window, now: float) -> float:
+    """Return when the calendar period (UTC) containing ``now`` began, in epoch seconds."""
+    day = dt.datetime.fromtimestamp(now, dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if window is Window.MONTH:
+        day = day.replace(day=1)
+    return day.timestamp()
 
 
 def period_end(window: Window, now: float) -> float:
@@ -105,16 +113,20 @@ class _Rolling:
 
 @dataclass
 class _Calendar:
-    """One key's current UTC day or month."""
+    """One key's current UTC day or month (its bounds kept: no date arithmetic per call)."""
 
     window: Window
     period: int = -1
+    start: float = 0.0
+    end: float = 0.0
     total: float = 0.0
 
     def used(self, now: float) -> float:
-        period = period_of(self.window, now)
-        if period != self.period:
-            self.period, self.total = period, 0.0
+        if not self.start <= now < self.end:
+            self.period = period_of(self.window, now)
+            self.end = period_end(self.window, now)
+            self.start = period_start(self.window, now)
+            self.total = 0.0
         return self.total
 
     def add(self, now: float, amount: float) -> int:
@@ -128,10 +140,11 @@ class _Calendar:
             self.total = max(self.total + delta, 0.0)
 
     def retry_after(self, limit: float, now: float) -> float:
-        return max(period_end(self.window, now) - now, 0.0)
+        self.used(now)
+        return max(self.end - now, 0.0)
 
     def empty(self, now: float) -> bool:
-        return period_of(self.window, now) != self.period or self.total == 0.0
+        return not self.start <= now < self.end or self.total == 0.0
 
 
 _Counter = _Rolling | _Calendar

@@ -188,8 +188,10 @@ class AttemptBook:
         if isinstance(claim, Claim) or claim is None:
             ticket.claim = claim
             return True
-        # A hard limit reached since admission: the queue's dispatch charge is given back.
-        self._charge(ticket, Cost(requests=-1, prompt_tokens=-ticket.prompt_tokens))
+        # A hard limit reached since admission: the queue's dispatch charge is given back (a
+        # first attempt's; a retry leaves the queue's front uncharged).
+        if ticket.attempt == 0:
+            self._charge(ticket, Cost(requests=-1, prompt_tokens=-ticket.prompt_tokens))
         self.abandon(ticket, claim)
         return False
 

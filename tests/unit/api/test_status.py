@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 from fairq_server import errors
-from fairq_server.api.status import status_for
+from fairq_server.api.status import status_for, trailers_for
 from fairq_server.backends.errors import BackendError, BackendFailure
-from fairq_server.http.errors import error_for
+from fairq_server.http.errors import error_for, error_response
 
 # Every error a request can end with, as the gRPC and HTTP doors answer it.
 _ANSWERS: list[tuple[errors.SchedulerError, grpc.StatusCode, tuple[int, str, str | None]]] = [
@@ -22,6 +22,8 @@ _ANSWERS: list[tuple[errors.SchedulerError, grpc.StatusCode, tuple[int, str, str
      (404, "not_found_error", "model_not_found")),
     (errors.QueueFullError("full"), grpc.StatusCode.RESOURCE_EXHAUSTED,
      (429, "rate_limit_error", "queue_full")),
+    (errors.QuotaExceededError("over", retry_after=1.5, limit="tokens_per_minute"),
+     grpc.StatusCode.RESOURCE_EXHAUSTED, (429, "rate_limit_exceeded", "rate_limit_exceeded")),
     (errors.NoBackendError("down"), grpc.StatusCode.UNAVAILABLE,
      (503, "service_unavailable_error", None)),
     (errors.QueueTimeoutError("late"), grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -88,3 +90,13 @@ def test_every_error_class_is_in_the_tables() -> None:
         and cls not in (errors.SchedulerError, errors.RejectedError, errors.EvictedError)
     }
     assert leaves == mapped
+
+
+def test_a_quota_refusal_carries_its_retry_delay_on_each_door() -> None:
+    exc = errors.QuotaExceededError("over", retry_after=12.25, limit="tokens_per_minute")
+    assert trailers_for(exc) == (("grpc-retry-pushback-ms", "12250"),)
+    assert trailers_for(errors.QueueFullError("full")) == ()
+    response = error_response(error_for(exc), retry_after=1)
+    assert response.headers["retry-after"] == "13"  # whole seconds, rounded up
+    short = errors.QuotaExceededError("over", retry_after=0.01, limit="requests_per_minute")
+    assert error_response(error_for(short), retry_after=5).headers["retry-after"] == "1"
