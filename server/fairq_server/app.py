@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 
 from prometheus_client import start_http_server
 
@@ -21,6 +22,7 @@ from fairq_server.auth import Authenticator
 from fairq_server.collector import Collector
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
+from fairq_server.entitlement.persisted import keep_state
 from fairq_server.errors import ConfigError
 from fairq_server.http import HttpDoor
 from fairq_server.http.console import build_console
@@ -92,6 +94,7 @@ class FairqServer:
         if self.store is not None:
             await self.store.start()
             self.auth.add_source(self.store.keys)
+            await keep_state(self.core.dispatcher.entitlement, self.store.limits, time.time())
         await self.core.start()
         await self.auth.start()
         await self._grpc.start()

@@ -86,16 +86,14 @@ class FairqCore:
 
             self.cluster = ClusterNode(config.cluster, self.telemetry.registry)
             launcher = ClusterLauncher(
-                lambda event: self.dispatcher.post(event),
-                config.scheduler.stream_coalesce_seconds,
-                self.cluster,
-                lambda: self.dispatcher.settings,
-                lambda: self.dispatcher.now(),
-            )
+                lambda event: self.dispatcher.post(event), config.scheduler.stream_coalesce_seconds,
+                self.cluster, lambda: self.dispatcher.settings, lambda: self.dispatcher.now(),
+            )  # fmt: skip
+        book = launcher.quota if launcher is not None else None  # a cluster counts in Redis
         # Fail at start-up on unknown policy names, not at the first request.
         self.dispatcher = Dispatcher(
             config.tiers, config.scheduler, self.telemetry, self._policies(config), launcher,
-            on_health=on_health, entitlement=build_entitlement(config, self.telemetry),
+            on_health=on_health, entitlement=build_entitlement(config, self.telemetry, book),
         )  # fmt: skip
         if self.cluster is not None:
             self.cluster.attach(self.dispatcher.post, lambda: [b.id for b in self.backends()])

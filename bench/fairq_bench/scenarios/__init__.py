@@ -25,6 +25,7 @@ from fairq_bench.scenarios import (
     preemption,
     prefix,
     priority,
+    quota_replicas,
     short_long,
     teams,
 )
@@ -46,6 +47,7 @@ SCENARIOS: dict[str, Scenario] = {
     "preemption": preemption.preemption,
     "teams": teams.teams,
     "console-cost": console_cost.console_cost,
+    "quota-replicas": quota_replicas.quota_replicas,
 }
 
 TITLES: dict[str, str] = {
@@ -61,4 +63,5 @@ TITLES: dict[str, str] = {
     "preemption": "11. Preemption by continuation (light user under several power users)",
     "teams": "13. Teams (weights 2:1, hierarchical vtc, one replica and three)",
     "console-cost": "14. The console's own cost (tokens per core with a page open)",
+    "quota-replicas": "15. Quotas across replicas (hard TPM from three replicas, shared vs not)",
 }

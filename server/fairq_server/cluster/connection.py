@@ -54,23 +54,38 @@ async def run_scripts(client: aioredis.Redis, calls: Sequence[ScriptCall]) -> li
     """Run script calls in one round trip; return their replies in order.
 
     A pipeline of registered scripts costs a second round trip each time (redis-py asks
-    ``SCRIPT EXISTS`` first), so the calls go as plain ``EVALSHA``; only if Redis has lost a
-    script (restarted) is it loaded and the calls sent again. One call goes on its own.
+    ``SCRIPT EXISTS`` first), so the calls go as plain ``EVALSHA``; only the calls whose
+    script Redis has lost (restarted, or never given it) are sent again once it is loaded,
+    so a call that ran is never run twice (scripts of different kinds ride together: the
+    slot claim and the quota reservation). One call goes on its own.
+
+    Raises:
+        redis.exceptions.RedisError: a call failed (the first failure).
+
     """
     if len(calls) == 1:
         script, keys, args = calls[0]
         return [await script(keys=list(keys), args=list(args))]
+    replies: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
     for attempt in range(2):
-        try:
-            async with client.pipeline(transaction=False) as pipe:
-                for script, keys, args in calls:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                return list(await pipe.execute())
-        except NoScriptError:
-            if attempt:
-                raise
-            for script in {id(c[0]): c[0] for c in calls}.values():
-                script.sha = await client.script_load(script.script)
+        async with client.pipeline(transaction=False) as pipe:
+            for i in todo:
+                script, keys, args = calls[i]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            got = await pipe.execute(raise_on_error=False)
+        missing = []
+        for i, reply in zip(todo, got, strict=True):
+            if isinstance(reply, NoScriptError) and not attempt:
+                missing.append(i)
+            elif isinstance(reply, Exception):
+                raise reply
+            replies[i] = reply
+        if not missing:
+            return replies
+        for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+            script.sha = await client.script_load(script.script)
+        todo = missing
     raise AssertionError("unreachable")
 
 

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
+from fairq_server.cluster.quota import cluster_book
+from fairq_server.entitlement.cluster_book import ClusterBook
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.attempts import AttemptSink, StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState
@@ -104,6 +106,9 @@ class ClusterLauncher(StreamLauncher):
         clock: Callable[[], float],
     ) -> None:
         super().__init__(post, window)
+        #: The cluster's limit book (the dispatcher's too): a request's quota reservation
+        #: rides on its slot claim.
+        self.quota: ClusterBook = cluster_book(node)
         self._node = node
         self._settings = settings
         self._clock = clock
@@ -145,13 +150,23 @@ class ClusterLauncher(StreamLauncher):
         node = self._node
         backend_id = backend.id
         held = False
+        claim = ticket.claim
+        ride = self.quota.ride(claim.grant if claim is not None else None)
         try:
             if node.reserving:
                 started = time.perf_counter()
                 granted = await node.reserve(
-                    backend_id, member, lambda peers: self._admits(ticket, attempt, backend, peers)
-                )
+                    backend_id, member, lambda peers: self._admits(ticket, attempt, backend, peers),
+                    ride.calls if ride else (), ride.replies if ride else None,
+                )  # fmt: skip
                 node.metrics.reserve_seconds.observe(time.perf_counter() - started)
+                # Refused by a quota: the slot back, the request to the dispatcher, whose next
+                # dispatch of it meets the refusal. (A quota grant with a refused slot is
+                # settled with nothing when the request is queued again.)
+                if ride is not None and not await self.quota.confirm(ride, time.time()):
+                    if granted:
+                        node.release(backend_id, member)
+                    granted = False
                 if not granted:
                     # Refused, or Redis just lost (None): the request was admitted against
                     # the shared view, so it queues again and the gate decides afresh (on
@@ -159,6 +174,9 @@ class ClusterLauncher(StreamLauncher):
                     self._post(ev.Refused(ticket, attempt))
                     return
             else:  # Redis unreachable: forwarded on the local share
+                if not await self.quota.confirm(ride, time.time()):
+                    self._post(ev.Refused(ticket, attempt))
+                    return
                 node.metrics.reservations.labels(backend_id, "local").inc()
                 node.hold_local(backend_id, member)
             held = True

@@ -15,7 +15,7 @@ class ClusterMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry, replica: str) -> None:
-        r = registry
+        r = self.registry = registry
         self.info = Gauge(
             "fairq_cluster_replica", "1, labelled with this replica's id.", ["replica"], registry=r
         )

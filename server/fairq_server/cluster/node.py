@@ -25,19 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from fairq_server.cluster.connection import REDIS_ERRORS, connect, server_ms
+from fairq_server.cluster.connection import REDIS_ERRORS, ScriptCall, connect, server_ms
 from fairq_server.cluster.fair_sync import COALESCE_SECONDS, FairSync
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.redis_state import RedisState
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
-from fairq_server.cluster.tasks import cancel_all, forever
+from fairq_server.cluster.tasks import cancel_all, forever, spawn
 from fairq_server.scheduling import events as ev
 
 __all__ = ["ClusterNode"]
@@ -158,14 +158,19 @@ class ClusterNode:
     # -- reservations (called by the launcher) --------------------------------------------
 
     async def reserve(
-        self, backend_id: str, member: str, admit: Callable[[tuple[int, int]], bool]
-    ) -> bool | None:
+        self, backend_id: str, member: str, admit: Callable[[tuple[int, int]], bool],
+        extra: Sequence[ScriptCall] = (), replies: list[Any] | None = None,
+    ) -> bool | None:  # fmt: skip
         """Reserve a slot if ``admit``, told the other replicas' (awaiting, in flight), says so.
 
         Returns True granted, False refused (the member is withdrawn), None Redis unreachable.
+        ``extra`` script calls (the request's quota reservation) ride in the claim's round
+        trip; their replies go into ``replies`` (nothing when Redis was unreachable).
         """
         try:
-            counts = await self.gate.claim(backend_id, member)
+            counts, got = await self.gate.claim(backend_id, member, extra)
+            if replies is not None:
+                replies.extend(got)
         except REDIS_ERRORS as exc:
             self.metrics.reservations.labels(backend_id, "unreachable").inc()
             self._lost(exc)
@@ -177,7 +182,7 @@ class ClusterNode:
             self._held.setdefault(backend_id, {})[member] = True
             counts = GlobalCounts(counts.awaiting + 1, counts.in_flight + 1)
         else:
-            self._spawn(self._leave(backend_id, member, ended=True))
+            self.spawn(self._leave(backend_id, member, ended=True))
         self.metrics.reservations.labels(backend_id, "granted" if granted else "refused").inc()
         self._view(backend_id, counts)
         return granted
@@ -198,7 +203,7 @@ class ClusterNode:
             return
         members[member] = False
         if member not in self._local:
-            self._spawn(self._leave(backend_id, member, ended=False))
+            self.spawn(self._leave(backend_id, member, ended=False))
 
     def release(self, backend_id: str, member: str) -> None:
         """Give back the slot of a reserved request that ended (in the background)."""
@@ -208,7 +213,7 @@ class ClusterNode:
         if member in self._local:
             self._local.discard(member)
         else:
-            self._spawn(self._leave(backend_id, member, ended=True))
+            self.spawn(self._leave(backend_id, member, ended=True))
 
     async def _leave(self, backend_id: str, member: str, *, ended: bool) -> None:
         gate = self.gate
@@ -220,16 +225,9 @@ class ClusterNode:
         # The counts left are this replica's news at once (the others hear them published).
         self._view(backend_id, counts)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        async def run() -> None:
-            try:
-                await coro
-            except REDIS_ERRORS as exc:
-                self._lost(exc)  # the lease frees the slot; the heartbeat notices recovery
-
-        task = asyncio.create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a Redis write in the background (a failure is a lost Redis); close() waits."""
+        spawn(self._background, coro, REDIS_ERRORS, self._lost)
 
     # -- the global view ------------------------------------------------------------------
 
@@ -267,6 +265,8 @@ class ClusterNode:
                 "Redis unreachable (%s): forwarding on the local share %.2f", exc, self.local_share
             )
         self._set_connected(False)
+
+    redis_lost = _lost  # the limit book's Redis failures are the replica's too
 
     def _set_connected(self, up: bool) -> None:
         self.connected = up

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -147,10 +148,20 @@ class SharedGate:
         """Return the channel of releases on ``backend_id`` (``*``: a pattern)."""
         return f"{self._prefix}:gate-released:{backend_id}"
 
-    async def claim(self, backend_id: str, member: str) -> GlobalCounts:
-        """Add ``member`` on ``backend_id``; return the live counts found before it."""
-        _, counts = await self.reserve(backend_id, member)
-        return GlobalCounts(counts.awaiting - 1, counts.in_flight - 1)
+    async def claim(
+        self, backend_id: str, member: str, extra: Sequence[ScriptCall] = ()
+    ) -> tuple[GlobalCounts, list[Any]]:
+        """Add ``member`` on ``backend_id``; return the live counts found before it.
+
+        ``extra`` script calls (a quota reservation) ride in the same round trip; their
+        replies come back in order.
+        """
+        args: list[str | int | float] = [member, self._lease_ms, repr(0.0), 0, 0]
+        first, *rest = await run_scripts(
+            self._client, [(self._reserve, self._keys(backend_id), args), *extra]
+        )
+        _, awaiting, flight = first
+        return GlobalCounts(int(awaiting) - 1, int(flight) - 1), rest
 
     async def reserve(
         self,

@@ -34,7 +34,7 @@ from fairq_server.store.schema import usage
 from fairq_server.store.settings import PriceConfig, StoreConfig
 from fairq_server.supervisor import stop_task
 
-__all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics"]
+__all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics", "Throttled"]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class LedgerMetrics:
         )
 
 
-class _Throttled:
+class Throttled:
     """Logs a recurring problem at most once per interval, with how often it happened."""
 
     def __init__(self, interval: float) -> None:
@@ -84,6 +84,7 @@ class _Throttled:
         self._suppressed = 0
 
     def warning(self, message: str, *args: object) -> None:
+        """Log ``message`` unless one went out less than an interval ago (then count it)."""
         now = time.monotonic()
         if now - self._last < self._interval:
             self._suppressed += 1
@@ -122,8 +123,8 @@ class Ledger:
         self._wake = asyncio.Event()
         self._writing = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        self._failures = _Throttled(LOG_INTERVAL_SECONDS)
-        self._overflow = _Throttled(LOG_INTERVAL_SECONDS)
+        self._failures = Throttled(LOG_INTERVAL_SECONDS)
+        self._overflow = Throttled(LOG_INTERVAL_SECONDS)
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._insert = dialect.insert(usage).on_conflict_do_nothing(index_elements=["id"])
 

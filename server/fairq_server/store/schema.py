@@ -10,6 +10,9 @@ The migrations (``migrations/versions``) create exactly these; a test compares t
   and when; kept for ``store.audit_retention_days`` and at most ``store.audit_max_rows`` rows.
 - ``store_versions``: one counter per kind of shared state, raised in the same transaction as
   every key change, so a replica learns of a change by reading one small row.
+- ``limit_usage``: what each quota and budget counter of a calendar window (day, month) used
+  per period, so a restart does not give a day's budget back. ``key_id`` is a digest of the
+  counter's fields (a bounded primary key); the fields are stored verbatim beside it.
 
 ``team`` is nullable everywhere: teams (their weights, quotas and budgets) come with later
 migrations that add their own tables beside these.
@@ -31,7 +34,15 @@ from sqlalchemy import (
     Text,
 )
 
-__all__ = ["KEYS_VERSION", "api_keys", "audit_log", "metadata", "store_versions", "usage"]
+__all__ = [
+    "KEYS_VERSION",
+    "api_keys",
+    "audit_log",
+    "limit_usage",
+    "metadata",
+    "store_versions",
+    "usage",
+]
 
 KEYS_VERSION = "keys"
 
@@ -100,4 +111,19 @@ audit_log = Table(
     Column("detail", Text, nullable=False),
     Column("replica", Text, nullable=False),
     Index("ix_audit_log_at", "at"),
+)
+
+limit_usage = Table(
+    "limit_usage",
+    metadata,
+    Column("key_id", String(64), primary_key=True),
+    Column("period", String(16), primary_key=True),
+    Column("scope", String(16), nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("model", Text, nullable=True),
+    Column("measure", String(16), nullable=False),
+    Column("limit_window", String(16), nullable=False),
+    Column("amount", Double, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_limit_usage_period", "period"),
 )

@@ -1,4 +1,4 @@
-"""The store as one service: its engine, the usage ledger and the key store, started together.
+"""The store as one service: its engine, the usage ledger, the key store and the quota state.
 
 :class:`Store` is what :class:`~fairq_server.api.server.FairqServer` holds: opened (and the
 schema upgraded) before the server accepts requests, closed after the last request has ended,
@@ -18,6 +18,7 @@ from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import describe, open_engine, upgrade
 from fairq_server.store.keys import KeyStore
 from fairq_server.store.ledger import Ledger
+from fairq_server.store.limits import LimitState
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.reports import ReportRow, usage_report
 from fairq_server.store.series import Series, usage_series
@@ -60,6 +61,7 @@ class Store:
         self._ledger: Ledger | None = None
         self._keys: KeyStore | None = None
         self._audit: AuditLog | None = None
+        self._limits: LimitState | None = None
 
     @property
     def ledger(self) -> Ledger:
@@ -78,6 +80,12 @@ class Store:
         """The audit log of admins' changes (once started)."""
         assert self._audit is not None, "Store.start() first"
         return self._audit
+
+    @property
+    def limits(self) -> LimitState:
+        """The quota and budget state of calendar windows (once started)."""
+        assert self._limits is not None, "Store.start() first"
+        return self._limits
 
     async def start(self) -> None:
         """Open the database, upgrade its schema, read the keys, start the ledger's writer.
@@ -99,6 +107,8 @@ class Store:
         self._audit = AuditLog(engine, self._replica, retention, self.config.audit_max_rows)
         self._ledger = Ledger(engine, self.config, self._prices, self._replica, self._registry)
         self._ledger.start()
+        self._limits = LimitState(engine, self.config, self._registry)
+        self._limits.start()
         log.info("store: %s", describe(engine_url(self.config, self._state_file)))
 
     def record(self, entry: UsageRecord) -> None:
@@ -134,6 +144,8 @@ class Store:
         """Write out the ledger's buffer, stop following keys, close the connections."""
         if self._ledger is not None:
             await self._ledger.close()
+        if self._limits is not None:
+            await self._limits.close()
         if self._keys is not None:
             await self._keys.close()
         if self._engine is not None:
