@@ -17,8 +17,9 @@ def limit_book(config: Config) -> SyncBook:
     One process counts in its own memory (exact; nothing shared). A cluster's book, shared by
     the replicas so that a limit holds whatever their number, is the cluster launcher's
     (:func:`fairq_server.cluster.quota.cluster_book`), which the core passes as
-    :func:`build_entitlement`'s ``book`` where ``[cluster]`` is configured. The dispatcher calls the book from its synchronous loop, so
-    whatever is returned answers :class:`SyncBook`'s calls without waiting.
+    :func:`build_entitlement`'s ``book`` where ``[cluster]`` is configured. The dispatcher
+    calls the book from its synchronous loop, so whatever is returned answers
+    :class:`SyncBook`'s calls without waiting.
     """
     return LocalBook()
 

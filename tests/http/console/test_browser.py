@@ -1,6 +1,7 @@
 """The console in a real headless browser: log in, watch a flood queue up and drain.
 
-The screenshots under ``docs/console/`` are taken here, from the pages as the test sees them.
+The screenshots under ``docs/console/`` are taken here, from the pages as the test sees them
+(``FAIRQ_SCREENSHOTS=docs/console``).
 """
 
 from __future__ import annotations
