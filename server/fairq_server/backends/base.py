@@ -28,11 +28,11 @@ from fairq_server.backends.http_reading import (
     ReadLimits,
     http_error,
     read_at_most,
-    utf8_chunks,
+    sse_reads,
 )
 from fairq_server.backends.openai_wire import openai_body
 from fairq_server.backends.request import BackendRequest, MetricsSample, StreamEvent
-from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
+from fairq_server.backends.sse import SseLimitError
 from fairq_server.errors import InvalidRequestError
 from fairq_server.names import escape
 
@@ -243,7 +243,7 @@ class Backend(abc.ABC):
             ) as resp:
                 if resp.status != 200:
                     raise await self.http_error(resp)
-                async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
+                async for batch in sse_reads(resp.content):
                     objects: list[dict[str, Any]] = []
                     for data in batch:
                         if data == "[DONE]":
