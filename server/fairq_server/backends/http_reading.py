@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +132,7 @@ async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
         yield tail
 
 
-async def sse_reads(body: aiohttp.StreamReader) -> AsyncIterator[list[str]]:
+async def sse_reads(body: aiohttp.StreamReader) -> AsyncGenerator[list[str]]:
     """Yield the ``data`` payloads of the server-sent events each network read completed.
 
     :func:`utf8_chunks` and :class:`~fairq_server.backends.sse.SseSplitter` in one loop: every
