@@ -119,6 +119,12 @@ async def _run(args: argparse.Namespace) -> None:
                 for send in door_streams(session, doors[version]).values():
                     async with background(send, args.streams, STREAM_TOKENS):
                         await asyncio.sleep(args.warmup)
+            idle = {}
+            for version in versions:  # what each costs with no load (scrapes, timers, polls)
+                idle[version] = (
+                    await measure(session, backend, [doors[version].pid], args.seconds)
+                ).fairq_cores
+            print(f"  idle cores: {idle}", flush=True)
             rates: dict[tuple[str, str], list[Rate]] = {}
             for r in range(args.rounds):
                 order = versions if r % 2 == 0 else versions[::-1]
@@ -138,15 +144,20 @@ async def _run(args: argparse.Namespace) -> None:
             if args.flame:
                 stack = Stack(backend, session, doors["after"])
                 await _flames(stack, Path(args.flame), args.streams, 8)
-    print(f"\n{'door':6} {'version':7} {'tok/core-s':>11} {'tok/s':>8} "
-          f"{'+p50 ms':>8} {'+p99 ms':>8}")  # fmt: skip
+    print(f"\n{'door':6} {'version':7} {'tok/core-s':>11} {'tok/s':>8} {'cores':>6} "
+          f"{'us/token':>9} {'+p50 ms':>8} {'+p99 ms':>8}")  # fmt: skip
     for door in ("grpc", "http"):
         for version in versions:
             got = rates[(door, version)]
             p50, p99 = low[(door, version)]
+            # CPU per token above the process's idle cost: what relaying adds per token.
+            marginal = statistics.median(
+                (x.fairq_cores - idle[version]) / x.tokens_per_second * 1e6 for x in got
+            )
             print(f"{door:6} {version:7} "
                   f"{statistics.median(x.per_core_second for x in got):11,.0f} "
                   f"{statistics.median(x.tokens_per_second for x in got):8,.0f} "
+                  f"{statistics.median(x.fairq_cores for x in got):6.3f} {marginal:9.1f} "
                   f"{p50 * 1000:8.2f} {p99 * 1000:8.2f}")  # fmt: skip
 
 
@@ -184,7 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="git ref of the 'before' version")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--streams", type=int, default=400)
+    # Few enough that the load generator (on the backend's core) keeps up: both versions then
+    # relay the same tokens per second, and their CPU compares directly.
+    parser.add_argument("--streams", type=int, default=60)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--probes", type=int, default=200)
