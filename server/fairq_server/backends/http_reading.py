@@ -151,6 +151,7 @@ async def sse_reads(body: aiohttp.StreamReader) -> AsyncGenerator[list[str]]:
             await loop_share.turn()  # bulk work, as in utf8_chunks
             if batch := splitter.feed(decoder.decode(chunk)):
                 yield batch
+                splitter.check()
     except aiohttp.ClientError:
         # As in utf8_chunks: the events that arrived before the loss are owed to the caller
         # (an unterminated last one is not: the stream did not end, it broke).

@@ -52,13 +52,27 @@ class SseSplitter:
     Both give the same payloads and the same limits.
     """
 
-    __slots__ = ("_data", "_max", "_pending", "_size")
+    __slots__ = ("_data", "_max", "_overflow", "_pending", "_size")
 
     def __init__(self, max_chars: int = MAX_EVENT_CHARS) -> None:
         self._max = max_chars
         self._pending = ""
         self._data: list[str] = []
         self._size = 0  # length of "\n".join(self._data)
+        self._overflow = False  # the unfinished line is too long: raised after the batch
+
+    def check(self) -> None:
+        """Raise if the unfinished line is already too long.
+
+        :meth:`feed` returns the events a read completed before refusing the line after them;
+        call this once they are handled (the next :meth:`feed` or :meth:`end` also raises).
+
+        Raises:
+            SseLimitError: the unfinished line is longer than the limit.
+
+        """
+        if self._overflow:
+            raise SseLimitError(self._max)
 
     def feed(self, chunk: str) -> list[str]:
         """Return the payloads of the events ``chunk`` completed.
@@ -67,11 +81,12 @@ class SseSplitter:
             SseLimitError: a line, or the joined data of one event, is longer than the limit.
 
         """
+        self.check()
         text = self._pending + chunk if self._pending else chunk
         batch: list[str] = []
         if self._data or "\r" in text:
             self._lines(text, batch)
-            return batch
+            return self._checked(batch)
         *blocks, rest = text.split("\n\n")
         limit = self._max
         for block in blocks:
@@ -85,6 +100,11 @@ class SseSplitter:
             self._lines(rest, batch)
         else:
             self._pending = ""
+        return self._checked(batch)
+
+    def _checked(self, batch: list[str]) -> list[str]:
+        if not batch:
+            self.check()
         return batch
 
     def _lines(self, text: str, batch: list[str]) -> None:
@@ -104,7 +124,7 @@ class SseSplitter:
                     raise SseLimitError(limit)
                 self._data.append(value)
         if len(self._pending) > limit:
-            raise SseLimitError(limit)
+            self._overflow = True
 
     def end(self) -> list[str]:
         """Return the final event if the stream stopped without the blank line after it.
@@ -113,6 +133,7 @@ class SseSplitter:
             SseLimitError: its data is longer than the limit.
 
         """
+        self.check()
         if (value := _field_value(self._pending.removesuffix("\r"))) is not None:
             self._size += len(value) + (1 if self._data else 0)
             if self._size > self._max:
@@ -140,5 +161,6 @@ async def aiter_sse_batches(
     async for chunk in chunks:
         if batch := splitter.feed(chunk):
             yield batch
+            splitter.check()
     if tail := splitter.end():
         yield tail
