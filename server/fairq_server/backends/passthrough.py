@@ -141,7 +141,7 @@ async def openai_stream(
                     data.append(payload)
                     objects.append(obj)
                 if data:
-                    framed = "".join(f"data: {d}\n\n" for d in data)
+                    framed = "data: " + "\n\ndata: ".join(data) + "\n\n"
                     yield RawDelta(framed, tokens, objects=tuple(objects))
                 if done:
                     break
