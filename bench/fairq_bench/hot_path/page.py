@@ -154,6 +154,10 @@ side by side in one run; absolute values move with that load.
     report.add(
         "Reproduce",
         "`uv run fairq bench hot-path` (add `--flame` for the flame graphs, `--as-before` to "
-        "record the run as the before column, `--quick` for the CI guard).",
+        "record the run as the before column, `--quick` for the CI guard). The before and "
+        "after columns come from runs hours apart on a shared machine; to compare two "
+        "versions side by side in one run (both on fairq's core, rounds interleaved, CPU per "
+        "token above idle), `uv run python -m fairq_bench.hot_path.ab --before GIT_REF` "
+        "(its figures for the latest changes are in `docs/design/hot-path.md`).",
     )
     return report.write(out, quick)

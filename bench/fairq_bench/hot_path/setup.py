@@ -22,13 +22,16 @@ from fairq_bench.redis_process import RedisProcess
 from fairq_bench.scenarios.procs import child_process, fairq_module_process
 from fairq_bench.targets import aiohttp_session, free_port
 
-__all__ = ["Cores", "Door", "Stack", "cores", "hot_stack", "pinned"]
+__all__ = ["HTTP_LIMITS", "TIERS", "Cores", "Door", "Stack", "cores", "hot_stack", "pinned"]
 
 #: The gate's threshold on the backend's waiting queue. The default (3) counts fairq's own
 #: requests without a first token: on this shared machine a first token can take tens of
 #: milliseconds to come back, and three at a time then paces admission below the load (the
 #: gate doing its job, not the relay's cost, which is what is measured here).
 THRESHOLD = 64
+#: The load opens every stream from one address: the HTTP door's per-peer cap (256 by
+#: default, against one abusive client) must not refuse it.
+HTTP_LIMITS = "max_connections_per_peer = 4096\nmax_connections = 8192\n"
 TIERS = f'[[tiers]]\nname = "standard"\nmax_backend_waiting = {THRESHOLD}\n'
 
 
@@ -97,7 +100,9 @@ async def hot_stack(replicas: int = 3) -> AsyncIterator[Stack]:
         _, backend = await stack.enter_async_context(child_process(argv, r"^(http://\S+)"))
         session = await stack.enter_async_context(aiohttp_session())
         http = free_port()
-        text = toml_config(backend, "sim", "vllm", f'[http]\nlisten = "127.0.0.1:{http}"\n{TIERS}')
+        text = toml_config(
+            backend, "sim", "vllm", f'[http]\nlisten = "127.0.0.1:{http}"\n{HTTP_LIMITS}{TIERS}'
+        )
         alone = await _door(stack, text, where.fairq, http)
         doors = []
         if replicas:
@@ -106,7 +111,7 @@ async def hot_stack(replicas: int = 3) -> AsyncIterator[Stack]:
                 http = free_port()
                 text = replica_config(
                     backend, f"replica-{i}", redis.url, threshold=THRESHOLD,
-                    extra=f'[http]\nlisten = "127.0.0.1:{http}"\n',
+                    extra=f'[http]\nlisten = "127.0.0.1:{http}"\n{HTTP_LIMITS}',
                 )  # fmt: skip
                 doors.append(await _door(stack, text, where.fairq, http))
             await formed(redis.url, replicas)

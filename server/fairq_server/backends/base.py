@@ -13,9 +13,10 @@ vLLM's SSE framing, one chunk per token). That per-token cost is most of what a 
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import ssl
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import aiohttp
@@ -28,11 +29,11 @@ from fairq_server.backends.http_reading import (
     ReadLimits,
     http_error,
     read_at_most,
-    utf8_chunks,
+    sse_reads,
 )
 from fairq_server.backends.openai_wire import openai_body
 from fairq_server.backends.request import BackendRequest, MetricsSample, StreamEvent
-from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
+from fairq_server.backends.sse import SseLimitError
 from fairq_server.errors import InvalidRequestError
 from fairq_server.names import escape
 
@@ -232,10 +233,17 @@ class Backend(abc.ABC):
         request. ``priority`` is passed on only where the backend schedules by it.
         """
 
-    async def _sse(
+    @contextlib.asynccontextmanager
+    async def _sse_reads(
         self, path: str, payload: dict[str, Any]
-    ) -> AsyncGenerator[list[dict[str, Any]]]:
-        """POST ``payload``; yield the JSON objects of each network read until ``[DONE]``/EOF."""
+    ) -> AsyncIterator[AsyncGenerator[list[str]]]:
+        """POST ``payload``; inside, iterate the event payloads of each network read.
+
+        A context, not a generator over the events: the adapter's own stream reads the
+        payloads itself, so a read passes one generator less (docs/design/hot-path.md).
+        Connection failures and oversized events inside are translated into
+        :class:`BackendError`; leaving the context closes the stream (the backend aborts).
+        """
         headers = {"accept": "text/event-stream"}
         try:
             async with self._http().post(
@@ -243,15 +251,8 @@ class Backend(abc.ABC):
             ) as resp:
                 if resp.status != 200:
                     raise await self.http_error(resp)
-                async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
-                    objects: list[dict[str, Any]] = []
-                    for data in batch:
-                        if data == "[DONE]":
-                            if objects:
-                                yield objects
-                            return
-                        objects.append(self.decode_event(data))
-                    yield objects
+                async with contextlib.aclosing(sse_reads(resp.content)) as reads:
+                    yield reads
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendError(
                 f"backend {self.id}: connection failed: {exc!r}",
@@ -265,6 +266,27 @@ class Backend(abc.ABC):
                 f"{exc.limit} characters",
                 BackendFailure.FAILED,
             ) from exc
+
+    def decode_batch(self, batch: list[str]) -> tuple[list[dict[str, Any]], bool]:
+        """Decode a read's payloads (:meth:`decode_event`) up to ``[DONE]``; True if it came."""
+        objects: list[dict[str, Any]] = []
+        for data in batch:
+            if data == "[DONE]":
+                return objects, True
+            objects.append(self.decode_event(data))
+        return objects, False
+
+    async def _sse(
+        self, path: str, payload: dict[str, Any]
+    ) -> AsyncGenerator[list[dict[str, Any]]]:
+        """POST ``payload``; yield the JSON objects of each network read until ``[DONE]``/EOF."""
+        async with self._sse_reads(path, payload) as reads:
+            async for batch in reads:
+                objects, done = self.decode_batch(batch)
+                if objects or not done:
+                    yield objects
+                if done:
+                    return
 
     def shape_error(self, obj: object) -> BackendError:
         """Return the error for a stream event that is JSON but not shaped as the API says.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import aiohttp
 
 from fairq_server import loop_share
 from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.sse import SseSplitter
 from fairq_server.names import escape
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "failure_for_http",
     "http_error",
     "read_at_most",
+    "sse_reads",
     "token_count",
     "utf8_chunks",
 ]
@@ -128,6 +130,38 @@ async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
         raise
     if tail := decoder.decode(b"", final=True):
         yield tail
+
+
+async def sse_reads(body: aiohttp.StreamReader) -> AsyncGenerator[list[str]]:
+    """Yield the ``data`` payloads of the server-sent events each network read completed.
+
+    :func:`utf8_chunks` and :class:`~fairq_server.backends.sse.SseSplitter` in one loop: every
+    read of every stream passes here, and each generator layer a read goes through costs a
+    resumption (docs/design/hot-path.md).
+
+    Raises:
+        SseLimitError: a line or an event is longer than the limit.
+        aiohttp.ClientError: the connection was lost (after the events that had arrived).
+
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    splitter = SseSplitter()
+    try:
+        async for chunk in body.iter_any():
+            await loop_share.turn()  # bulk work, as in utf8_chunks
+            if batch := splitter.feed(decoder.decode(chunk)):
+                yield batch
+                splitter.check()
+    except aiohttp.ClientError:
+        # As in utf8_chunks: the events that arrived before the loss are owed to the caller
+        # (an unterminated last one is not: the stream did not end, it broke).
+        if batch := splitter.feed(decoder.decode(_unread(body), final=True)):
+            yield batch
+        raise
+    if batch := splitter.feed(decoder.decode(b"", final=True)):
+        yield batch
+    if batch := splitter.end():
+        yield batch
 
 
 def _unread(body: aiohttp.StreamReader) -> bytes:

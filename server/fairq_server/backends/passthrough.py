@@ -26,11 +26,11 @@ from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import (
     http_error,
     read_at_most,
+    sse_reads,
     usage_tokens,
-    utf8_chunks,
 )
 from fairq_server.backends.request import BackendRequest, StreamEnd, StreamEvent, TextDelta
-from fairq_server.backends.sse import SseLimitError, aiter_sse_batches
+from fairq_server.backends.sse import SseLimitError
 
 __all__ = ["BackendHttpError", "RawDelta", "openai_stream"]
 
@@ -67,7 +67,9 @@ def _output_tokens(obj: Mapping[str, Any]) -> int:
     n = 0
     for choice in obj.get("choices") or ():
         delta = choice.get("delta")
-        if isinstance(delta, Mapping):
+        # A dict, not the Mapping ABC: the JSON decoder makes dicts, and an ABC's isinstance
+        # costs as much as the rest of this function per event.
+        if isinstance(delta, dict):
             if any(delta.get(k) for k in _OUTPUT_KEYS):
                 n += 1
         elif choice.get("text"):
@@ -105,7 +107,7 @@ async def openai_stream(
                     resp.close()  # the rest is never read; the connection goes with it
                 error = http_error(backend.id, resp.status, raw)
                 raise BackendHttpError(error, resp.status, raw, resp.content_type)
-            async for batch in aiter_sse_batches(utf8_chunks(resp.content)):
+            async for batch in sse_reads(resp.content):
                 data: list[str] = []
                 objects: list[Mapping[str, Any]] = []
                 tokens = 0
@@ -139,7 +141,7 @@ async def openai_stream(
                     data.append(payload)
                     objects.append(obj)
                 if data:
-                    framed = "".join(f"data: {d}\n\n" for d in data)
+                    framed = "data: " + "\n\ndata: ".join(data) + "\n\n"
                     yield RawDelta(framed, tokens, objects=tuple(objects))
                 if done:
                     break

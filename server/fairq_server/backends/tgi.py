@@ -106,12 +106,16 @@ class TgiBackend(Backend):
             continue_openai(body, request.resume, token_ids=False)
         return path, body
 
-    async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
-        """Stream text deltas, then one :class:`StreamEnd`; ``priority`` is not used."""
-        if request.relay_chunks:  # the HTTP door: the backend's own chunks
-            async for event in openai_stream(self, request, priority):
-                yield event
-            return
+    def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
+        """Stream text deltas, then one :class:`StreamEnd`; ``priority`` is not used.
+
+        The HTTP door gets the backend's own chunks (:func:`openai_stream`) directly.
+        """
+        if request.relay_chunks:
+            return openai_stream(self, request, priority)
+        return self._text_stream(request)
+
+    async def _text_stream(self, request: BackendRequest) -> AsyncGenerator[StreamEvent]:
         path, body = self.payload(request)
         finish = ""
         prompt_tokens = completion_tokens = 0

@@ -86,63 +86,76 @@ class VllmBackend(Backend):
         """Return :meth:`payload`: vLLM's API is the OpenAI one."""
         return self.payload(request, priority)
 
-    async def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
+    def stream(self, request: BackendRequest, priority: int) -> AsyncGenerator[StreamEvent]:
         """Stream text deltas (one per network read), then one :class:`StreamEnd` with usage.
 
         What a choice carries beside text (tool calls, logprobs, reasoning) travels in the
-        delta's ``extra``, one object per choice event.
+        delta's ``extra``, one object per choice event. The HTTP door gets the backend's own
+        chunks (:func:`openai_stream`) with no generator of this method's in between: each
+        layer costs every network read a resumption (docs/design/hot-path.md).
         """
-        if request.relay_chunks:  # the HTTP door: the backend's own chunks
-            async for event in openai_stream(self, request, priority):
-                yield event
-            return
+        if request.relay_chunks:
+            return openai_stream(self, request, priority)
+        return self._text_stream(request, priority)
+
+    async def _text_stream(
+        self, request: BackendRequest, priority: int
+    ) -> AsyncGenerator[StreamEvent]:
         path, body = self.payload(request, priority)
         finish = ""
         prompt_tokens = completion_tokens = 0
         prompt_ids: tuple[int, ...] | None = None
-        async for batch in self._sse(path, body):
-            texts: list[str] = []
-            extras: list[dict[str, Any]] = []
-            ids: list[int] | None = [] if body.get("return_token_ids") else None
-            # Ids of the batch's last chunks that brought no text: vLLM holds back the bytes
-            # of an incomplete character. They go in a delta of their own, so a continuation
-            # can end its prompt where the text sent so far ends.
-            held: list[int] = []
-            for obj in batch:
-                try:
-                    for choice in obj.get("choices") or ():
-                        delta = choice.get("delta")
-                        text = (
-                            delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                        )
-                        if text is not None and not isinstance(text, str):
-                            raise TypeError("text is not a string")
-                        if text:
-                            texts.append(text)
-                        if other := _beside_text(choice, delta):
-                            extras.append(other)
-                        if ids is not None:
-                            chunk_ids = _token_ids(choice.get("token_ids"))
+        async with self._sse_reads(path, body) as reads:
+            async for raw in reads:
+                batch, done = self.decode_batch(raw)
+                texts: list[str] = []
+                extras: list[dict[str, Any]] = []
+                ids: list[int] | None = [] if body.get("return_token_ids") else None
+                # Ids of the batch's last chunks that brought no text: vLLM holds back the bytes
+                # of an incomplete character. They go in a delta of their own, so a continuation
+                # can end its prompt where the text sent so far ends.
+                held: list[int] = []
+                for obj in batch:
+                    try:
+                        for choice in obj.get("choices") or ():
+                            delta = choice.get("delta")
+                            text = (
+                                delta.get("content")
+                                if isinstance(delta, dict)
+                                else choice.get("text")
+                            )
+                            if text is not None and not isinstance(text, str):
+                                raise TypeError("text is not a string")
                             if text:
-                                ids.extend(held)
-                                ids.extend(chunk_ids)
-                                held = []
-                            else:
-                                held.extend(chunk_ids)
-                            if prompt_ids is None and choice.get("prompt_token_ids"):
-                                prompt_ids = tuple(_token_ids(choice["prompt_token_ids"]))
-                        if choice.get("finish_reason"):
-                            finish = str(choice["finish_reason"])
-                    prompt_tokens, completion_tokens = usage_tokens(
-                        obj, prompt_tokens, completion_tokens
+                                texts.append(text)
+                            if other := _beside_text(choice, delta):
+                                extras.append(other)
+                            if ids is not None:
+                                chunk_ids = _token_ids(choice.get("token_ids"))
+                                if text:
+                                    ids.extend(held)
+                                    ids.extend(chunk_ids)
+                                    held = []
+                                else:
+                                    held.extend(chunk_ids)
+                                if prompt_ids is None and choice.get("prompt_token_ids"):
+                                    prompt_ids = tuple(_token_ids(choice["prompt_token_ids"]))
+                            if choice.get("finish_reason"):
+                                finish = str(choice["finish_reason"])
+                        prompt_tokens, completion_tokens = usage_tokens(
+                            obj, prompt_tokens, completion_tokens
+                        )
+                    except Exception as exc:  # any shape the code above did not foresee
+                        raise self.shape_error(obj) from exc
+                if texts or extras or ids:
+                    count = len(ids) if ids else max(len(texts), len(extras))
+                    yield TextDelta(
+                        "".join(texts), count, tuple(extras), tuple(ids or ()), prompt_ids
                     )
-                except Exception as exc:  # any shape the code above did not foresee
-                    raise self.shape_error(obj) from exc
-            if texts or extras or ids:
-                count = len(ids) if ids else max(len(texts), len(extras))
-                yield TextDelta("".join(texts), count, tuple(extras), tuple(ids or ()), prompt_ids)
-            if held:
-                yield TextDelta("", len(held), (), tuple(held), prompt_ids)
+                if held:
+                    yield TextDelta("", len(held), (), tuple(held), prompt_ids)
+                if done:
+                    break
         if not finish:
             raise self.unfinished()
         prompt_tokens, completion_tokens = resumed_usage(

@@ -85,6 +85,7 @@ class Outbox:
         self._buffered = 0
         self._ready = asyncio.Event()
         self._last_taken = -window
+        self._timer: asyncio.TimerHandle | None = None  # wakes the taker at a window's end
 
     def put(self, event: Queued | Started | Finished) -> None:
         """Append a lifecycle event."""
@@ -95,10 +96,23 @@ class Outbox:
     def put_text(self, text: str, extra: tuple[Mapping[str, Any], ...] = ()) -> bool:
         """Append text; False if the caller has left more than ``limit`` characters unread."""
         self._text.append(text)
-        self._extra.extend(extra)
+        if extra:
+            self._extra.extend(extra)
         self._buffered += len(text)
-        self._ready.set()
+        if self._timer is None and not self._ready.is_set():
+            # Wake the taker when its window ends, not now: waking it only for it to sleep
+            # out the rest of the window would cost a task step per message (the first
+            # text, and text after a quiet window, still goes at once).
+            wait = self._last_taken + self._window - time.monotonic()
+            if wait > 0 and not self._items:
+                self._timer = asyncio.get_running_loop().call_later(wait, self._window_ended)
+            else:
+                self._ready.set()
         return self._buffered <= self.limit
+
+    def _window_ended(self) -> None:
+        self._timer = None
+        self._ready.set()
 
     def fail(self, error: SchedulerError) -> None:
         """End with ``error``, after what was put before it."""
@@ -125,6 +139,9 @@ class Outbox:
             wait = self._last_taken + self._window - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)  # pacing: let the rest of this window arrive
+        if self._timer is not None:  # everything is taken now: no wake-up due
+            self._timer.cancel()
+            self._timer = None
         self._flush_text()
         taken: list[OutboxEvent] = []
         while self._items:
@@ -142,4 +159,6 @@ class Outbox:
             taken.append(item)
         if any(isinstance(e, Text) for e in taken):
             self._last_taken = time.monotonic()
+        if not self._items:
+            self._ready.clear()  # the next text then sets the window's wake-up (put_text)
         return taken

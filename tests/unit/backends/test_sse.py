@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -102,3 +103,72 @@ async def test_lines_and_events_at_the_limit_pass() -> None:
     assert await batches(event, max_chars=100) == [["x" * 60 + "\n" + "x" * 39]]
     # The count starts again with each event.
     assert await batches(event, event, max_chars=100) == [[event[6:66] + "\n" + "x" * 39]] * 2
+
+
+def _reference(chunks: list[str], max_chars: int) -> list[list[str]] | str:
+    """The line-by-line reading the splitter's fast path must agree with (or its error)."""
+    pending, data, size, out = "", [], 0, []
+    try:
+        for chunk in chunks:
+            *lines, pending = (pending + chunk).split("\n")
+            batch = []
+            for raw in lines:
+                line = raw.removesuffix("\r")
+                if len(line) > max_chars:
+                    raise SseLimitError(max_chars)
+                if not line:
+                    if data:
+                        batch.append("\n".join(data))
+                        data, size = [], 0
+                elif line.startswith("data:"):
+                    value = line[5:].removeprefix(" ")
+                    size += len(value) + (1 if data else 0)
+                    if size > max_chars:
+                        raise SseLimitError(max_chars)
+                    data.append(value)
+            if batch:
+                out.append(batch)
+            if len(pending) > max_chars:
+                raise SseLimitError(max_chars)
+        tail = pending.removesuffix("\r")
+        if tail.startswith("data:"):
+            value = tail[5:].removeprefix(" ")
+            size += len(value) + (1 if data else 0)
+            if size > max_chars:
+                raise SseLimitError(max_chars)
+            data.append(value)
+        if data:
+            out.append(["\n".join(data)])
+    except SseLimitError:
+        return f"limit after {out!r}"
+    return out
+
+
+async def test_the_fast_path_reads_every_framing_as_line_by_line_reading_does() -> None:
+    """Random streams of one-line events, multi-line events, comments, CRLF, blank runs and
+    long lines, cut at random places: the splitter gives the same batches (or the same error
+    after the same batches) as reading line by line."""
+    import random
+
+    pieces = ["data: {}\n\n", "data:x\n\n", "data: a\ndata: b\n\n", ": ka\n\n", "\n\n",
+              "data: y\r\n\r\n", "event: e\ndata: z\n\n", "data: " + "w" * 40 + "\n\n",
+              "id: 1\n", "data: [DONE]\n\n", "data: q\n"]  # fmt: skip
+    rng = random.Random(20)
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 5))))
+        chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        max_chars = rng.choice([30, 45, MAX_EVENT_CHARS])
+        expected = _reference(chunks, max_chars)
+        got: list[list[str]] = []
+        try:
+            got = await batches(*chunks, max_chars=max_chars)
+        except SseLimitError:
+            # Batches delivered before the error are the ones the reference delivered.
+            partial: list[list[str]] = []
+            with contextlib.suppress(SseLimitError):
+                async for batch in aiter_sse_batches(feed(*chunks), max_chars):
+                    partial.append(batch)
+            assert expected == f"limit after {partial!r}", (chunks, max_chars)
+            continue
+        assert got == expected, (chunks, max_chars)

@@ -1,0 +1,72 @@
+"""The outbox's pacing: the first text at once, later text merged per window, events at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fairq_server.backends.request import StreamEnd
+from fairq_server.scheduling.outbox import Finished, Outbox, Started, Text
+
+WINDOW = 0.05
+
+
+async def test_first_text_goes_at_once_and_later_text_waits_for_the_window() -> None:
+    box = Outbox(window=WINDOW)
+    box.put_text("a")
+    started = time.monotonic()
+    assert await box.take() == [Text("a")]
+    assert time.monotonic() - started < WINDOW
+    box.put_text("b")
+    box.put_text("c")
+    taker = asyncio.create_task(box.take())
+    await asyncio.sleep(0)
+    box.put_text("d")  # arrives while the taker waits for the window's end
+    assert await taker == [Text("bcd")]
+    assert time.monotonic() - started >= WINDOW * 0.99
+
+
+async def test_a_waiting_taker_is_woken_once_at_the_windows_end() -> None:
+    """Text inside a window does not wake the taker early (it would only go back to sleep)."""
+    box = Outbox(window=1.0)  # long enough that the pieces below all fall inside it
+    box.put_text("a")
+    await box.take()
+    woken = 0
+    ready = box._ready  # the taker's wake-up
+
+    original = ready.set
+
+    def counting_set() -> None:
+        nonlocal woken
+        woken += 1
+        original()
+
+    ready.set = counting_set  # type: ignore[method-assign]
+    taker = asyncio.create_task(box.take())
+    await asyncio.sleep(0)
+    for piece in "bcdef":
+        box.put_text(piece)
+        await asyncio.sleep(0)  # the taker runs in between, were it woken
+    assert await taker == [Text("bcdef")]
+    assert woken == 1
+
+
+async def test_a_lifecycle_event_wakes_the_taker_at_once_with_the_text_before_it() -> None:
+    box = Outbox(window=10.0)
+    box.put_text("a")
+    await box.take()
+    box.put_text("b")  # would wait up to 10 s
+    end = Finished(StreamEnd("stop"), 1, 2, 0.0, 0.0, 0.0)
+    box.put(end)
+    started = time.monotonic()
+    assert await box.take() == [Text("b"), end]
+    assert time.monotonic() - started < 1.0
+
+
+async def test_no_window_hands_text_out_as_it_comes() -> None:
+    box = Outbox()
+    box.put(Started("b", 0.0, "standard"))
+    box.put_text("a")
+    assert await box.take() == [Started("b", 0.0, "standard"), Text("a")]
+    box.put_text("b")
+    assert await box.take() == [Text("b")]
