@@ -37,7 +37,7 @@ from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.redis_state import RedisState
 from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
-from fairq_server.cluster.tasks import cancel_all, forever
+from fairq_server.cluster.tasks import cancel_all, forever, spawn
 from fairq_server.scheduling import events as ev
 
 __all__ = ["ClusterNode"]
@@ -158,27 +158,33 @@ class ClusterNode:
     # -- reservations (called by the launcher) --------------------------------------------
 
     async def reserve(
-        self, backend_id: str, member: str, admit: Callable[[tuple[int, int]], bool]
-    ) -> bool | None:
+        self, backend_id: str, member: str, admit: Callable[[tuple[int, int]], bool],
+        handed: bool = False,
+    ) -> bool | None:  # fmt: skip
         """Reserve a slot if ``admit``, told the other replicas' (awaiting, in flight), says so.
 
         Returns True granted, False refused (the member is withdrawn), None Redis unreachable.
+        ``handed``: ``member`` is a preempted request's slot, kept while its lease lives.
         """
+        self._held.get(backend_id, {}).pop(member, None)  # held again below if kept
         try:
-            counts = await self.gate.claim(backend_id, member)
+            kept = await self.gate.take_over(backend_id, member) if handed else None
+            handed = kept is not None
+            counts = kept if kept is not None else await self.gate.claim(backend_id, member)
         except REDIS_ERRORS as exc:
             self.metrics.reservations.labels(backend_id, "unreachable").inc()
             self._lost(exc)
             return None
         own_awaiting, own_flight = self._own(backend_id)
         peers = (max(0, counts.awaiting - own_awaiting), max(0, counts.in_flight - own_flight))
-        granted = admit(peers)
+        granted = handed or admit(peers)
         if granted:
             self._held.setdefault(backend_id, {})[member] = True
             counts = GlobalCounts(counts.awaiting + 1, counts.in_flight + 1)
         else:
             self._spawn(self._leave(backend_id, member, ended=True))
-        self.metrics.reservations.labels(backend_id, "granted" if granted else "refused").inc()
+        outcome = "handed" if handed else "granted" if granted else "refused"
+        self.metrics.reservations.labels(backend_id, outcome).inc()
         self._view(backend_id, counts)
         return granted
 
@@ -221,15 +227,8 @@ class ClusterNode:
         self._view(backend_id, counts)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        async def run() -> None:
-            try:
-                await coro
-            except REDIS_ERRORS as exc:
-                self._lost(exc)  # the lease frees the slot; the heartbeat notices recovery
-
-        task = asyncio.create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        # A failure is a lost Redis: the lease frees the slot; the heartbeat notices recovery.
+        spawn(self._background, coro, REDIS_ERRORS, self._lost)
 
     # -- the global view ------------------------------------------------------------------
 

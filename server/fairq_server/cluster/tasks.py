@@ -1,4 +1,4 @@
-"""A replica's background tasks: run a step forever, and stop them for certain."""
+"""A replica's background tasks: run a step forever, run one in the background, stop them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-__all__ = ["cancel_all", "forever"]
+__all__ = ["cancel_all", "forever", "spawn"]
 
 log = logging.getLogger(__name__)
 
@@ -33,3 +33,22 @@ async def forever(step: Callable[[], Coroutine[Any, Any, None]], every: float) -
             await step()
         except Exception:  # a bug here must not stop the heartbeat for good
             log.exception("cluster task step failed")
+
+
+def spawn(
+    tasks: set[asyncio.Task[Any]],
+    coro: Coroutine[Any, Any, None],
+    errors: tuple[type[Exception], ...],
+    on_error: Callable[[Exception], None],
+) -> None:
+    """Run ``coro`` in a task kept in ``tasks`` until done; ``errors`` go to ``on_error``."""
+
+    async def run() -> None:
+        try:
+            await coro
+        except errors as exc:
+            on_error(exc)
+
+    task = asyncio.create_task(run())
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
