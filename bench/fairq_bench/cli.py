@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"write the results into {DOCS_DIR}/ (the committed pages)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="reduced sizes (CI)")
+    parser.add_argument(
+        "--priority-scheduling", action="store_true",
+        help="preemption: the backend orders its queue by priority (vLLM --scheduling-policy "
+        "priority); fairq sends it fair-share priorities",
+    )  # fmt: skip
     parser.add_argument("--describe", default="", help="backend description for the report")
     parser.add_argument("--reproduce", default="", help="command shown in the report")
     parser.add_argument(

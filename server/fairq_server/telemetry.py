@@ -129,6 +129,12 @@ class Telemetry:
         )  # fmt: skip
         self.preempt_regenerated = Counter(
             "fairq_preempt_regenerated_tokens_total",
+            "Tokens a preempted request generated that its continuation generates again "
+            "(read but left out: bytes of an incomplete character).",
+            ["backend"], registry=r,
+        )  # fmt: skip
+        self.preempt_resumed = Counter(
+            "fairq_preempt_resumed_tokens_total",
             "Generated tokens a preempted request's continuation reads again as its prompt.",
             ["backend"], registry=r,
         )  # fmt: skip
@@ -208,7 +214,8 @@ class Telemetry:
             self.backend_waiting, self.backend_running, self.backend_tpot,
             self.backend_in_flight, self.backend_healthy, self.scrape_failures,
             self.metric_missing, self.dispatches, self.gate_refusals, self.retries,
-            self.preemptions, self.preempt_regenerated, self.preempt_prefill,
+            self.preemptions, self.preempt_regenerated, self.preempt_resumed,
+            self.preempt_prefill,
         ):  # fmt: skip
             metric.remove_by_labels({"backend": backend_id})
 

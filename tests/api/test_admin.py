@@ -156,6 +156,7 @@ _BROKEN = {
         "backend fair_share_priority needs priority_scheduling",
     ),
     "long-metric": ({"waiting_metric": "w" * 300}, "backend waiting_metric is longer than 256"),
+    "preempt": ({"preempt": True}, "preempt needs max_in_flight"),
 }
 
 
@@ -217,3 +218,18 @@ async def test_register_cannot_send_fairqs_own_secrets(
             metadata=ROOT,
         )
         assert reg.status.healthy
+
+
+async def test_register_backend_sets_preempt(sim: SimServer, fairq_factory: FairqFactory) -> None:
+    server = await fairq_factory(make_config(keys=list(KEYS.values())))
+    spec = backend(sim, preempt=True, max_in_flight=4)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        admin = admin_pb2_grpc.AdminStub(ch)
+        reg = await admin.RegisterBackend(
+            admin_pb2.RegisterBackendRequest(backend=spec), metadata=ROOT
+        )
+        assert reg.status.backend.preempt and reg.status.backend.max_in_flight == 4
+        listed = await admin.ListBackends(admin_pb2.ListBackendsRequest(), metadata=ROOT)
+        assert listed.backends[0].backend.preempt
+    state = server.core.backend("sim-b")
+    assert state is not None and state.backend.preempt and state.max_in_flight == 4

@@ -106,6 +106,14 @@ def test_register_backend_sends_the_openai_kind_and_its_settings() -> None:
     )
 
 
+def test_register_backend_sends_preempt() -> None:
+    call = _calls.register_backend(
+        "vllm-a", "vllm", "http://x", ["m"], max_in_flight=8, preempt=True
+    )
+    assert call.request.backend.preempt and call.request.backend.max_in_flight == 8
+    assert not _calls.register_backend("vllm-b", "vllm", "http://x", ["m"]).request.backend.preempt
+
+
 def test_unknown_backend_kind_from_the_server() -> None:
     backend = admin_pb2.Backend(id="b", kind=99)  # type: ignore[arg-type]
     status = admin_pb2.BackendStatus(backend=backend)
@@ -122,6 +130,7 @@ def test_backend_status_round_trips_every_field() -> None:
         metrics_preset="llamacpp",
         tpot_metric="a/b",
         api_key_env="FAIRQ_KEY",
+        preempt=True,
     )
     status = backend_status_from_proto(
         admin_pb2.BackendStatus(backend=backend, healthy=False, reason="scrape failed")
@@ -136,6 +145,7 @@ def test_backend_status_round_trips_every_field() -> None:
         metrics_preset="llamacpp",
         tpot_metric="a/b",
         api_key_env="FAIRQ_KEY",
+        preempt=True,
     )
     assert (status.healthy, status.reason) == (False, "scrape failed")
 

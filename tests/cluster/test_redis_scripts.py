@@ -140,3 +140,21 @@ async def test_counters_of_users_idle_for_an_hour_are_deleted(redis_url: str) ->
         assert 0 < await client.pttl("t:fair:m:0:counters") <= 3_600_000
     finally:
         await client.aclose()
+
+
+async def test_take_over_keeps_a_live_member_in_flight_and_awaiting_again(redis_url: str) -> None:
+    async with _gate(redis_url) as (client, gate):
+        for member in ("a|1", "a|2"):
+            granted, _ = await gate.reserve("sim", member, 0.0, threshold=0, cap=0)
+            assert granted
+        await gate.first_token("sim", "a|1")
+        # a|1 (its request preempted) goes to the preempting request: still in flight, awaiting
+        # its first token again; the counts found are the others' (a|2 awaiting, in flight).
+        assert await gate.take_over("sim", "a|1") == GlobalCounts(awaiting=1, in_flight=1)
+        assert await gate.counts(["sim"]) == {"sim": GlobalCounts(2, 2)}
+        # A member Redis no longer holds (released, or its lease ran out) is not taken over.
+        await gate.release("sim", "a|2")
+        assert await gate.take_over("sim", "a|2") is None
+        await client.zadd("t:gate:sim:flight", {"a|3": 1})  # a lease that ran out long ago
+        assert await gate.take_over("sim", "a|3") is None
+        assert await gate.counts(["sim"]) == {"sim": GlobalCounts(1, 1)}

@@ -404,7 +404,7 @@ export function createClient(target, { apiKey, user, credentials } = {}) {
      *
      * @param {object} backend fairq.v1.Backend fields as named in the proto: {id,
      *   kind (one of BACKEND_KINDS), base_url, models, priority_scheduling,
-     *   max_in_flight, metrics_preset, ...}.
+     *   max_in_flight, preempt, metrics_preset, ...}.
      * @param {{timeoutMs?: number}} [options]
      * @returns {Promise<object>} the backend's BackendStatus right after registration.
      */

@@ -31,6 +31,7 @@ const BACKEND_DEFAULTS = {
   priority_order: '',
   api_key_env: '',
   fair_share_priority: false,
+  preempt: false,
 };
 
 const fairqV1 = grpc.loadPackageDefinition(
@@ -395,6 +396,19 @@ describe('backend management and the queue snapshot', () => {
     assert.equal(fake.requests[0].backend.metrics_preset, 'sglang');
     assert.equal(status.backend.kind, 'openai');
     assert.equal(status.backend.metrics_preset, 'sglang');
+  });
+
+  it('registers a backend that allows preemption', async () => {
+    const status = await client.registerBackend({
+      id: 'vllm-p',
+      kind: 'vllm',
+      base_url: 'http://127.0.0.1:8002',
+      models: ['m'],
+      max_in_flight: 4,
+      preempt: true,
+    });
+    assert.equal(fake.requests[0].backend.preempt, true);
+    assert.equal(status.backend.preempt, true);
   });
 
   it('names the kinds as the proto does', () => {

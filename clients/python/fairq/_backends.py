@@ -58,6 +58,8 @@ class Backend:
         priority_order: ``"lower-first"`` or ``"higher-first"``; empty for the
             kind's default.
         api_key_env: fairq's environment variable holding the backend's API key.
+        preempt: fairq may preempt requests running on it for one that should run
+            now (needs ``max_in_flight``, its running slots).
 
     """
 
@@ -75,6 +77,7 @@ class Backend:
     tpot_metric: str = ""
     priority_order: str = ""
     api_key_env: str = ""
+    preempt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

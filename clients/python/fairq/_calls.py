@@ -163,6 +163,7 @@ def register_backend(
     tpot_metric: str = "",
     priority_order: str = "",
     api_key_env: str = "",
+    preempt: bool = False,
     timeout: float | None = None,
 ) -> UnaryCall[BackendStatus]:
     """Register a backend, or replace the one with the same id (admin only).
@@ -189,6 +190,9 @@ def register_backend(
             kind's default.
         api_key_env: fairq's environment variable holding the backend's API
             key (over this API the name must start with ``FAIRQ_``).
+        preempt: fairq may preempt requests running on the backend for one
+            that should run now (a tier's ``preempt_after_seconds``); needs
+            ``max_in_flight``, the backend's running slots.
         timeout: Deadline for the call in seconds.
 
     Returns:
@@ -215,6 +219,7 @@ def register_backend(
         tpot_metric=tpot_metric,
         priority_order=priority_order,
         api_key_env=api_key_env,
+        preempt=preempt,
     )
     request = admin_pb2.RegisterBackendRequest(backend=backend_to_proto(backend))
     return UnaryCall("RegisterBackend", request, _registered_status, timeout)

@@ -81,6 +81,7 @@ class AdminServicer(StoreAdmin, admin_pb2_grpc.AdminServicer):
                 tpot_metric=b.tpot_metric,
                 priority_order=b.priority_order,
                 api_key_env=b.api_key_env,
+                preempt=b.preempt,
             )
             # The rules of a backend definition (backends/spec.py) are checked as it is built.
             state = await self._core.register_backend(cfg, from_rpc=True)
@@ -145,6 +146,7 @@ def _status(state: BackendState, stale_after: float, now: float) -> admin_pb2.Ba
             priority_scheduling=b.priority_scheduling,
             fair_share_priority=b.fair_share_priority,
             max_in_flight=b.max_in_flight,
+            preempt=b.preempt,
             **_settings(b),
         ),
         reason=state.reason[:1000],

@@ -179,10 +179,17 @@ class Progress:
         return "".join(self.parts)
 
     def resume(self) -> Resume:
-        """Return what the continuation carries."""
+        """Return what the continuation carries; the progress restarts from there.
+
+        Tokens read after the text sent so far ends (an incomplete character's bytes) are
+        generated again by the continuation: they are dropped here, so that they are neither
+        counted twice nor sent twice among a later continuation's ids.
+        """
         ids = None
         if self._exact and self.token_ids is not None:
-            ids = tuple(self.token_ids[: self._clean_ids])
+            del self.token_ids[self._clean_ids :]
+            ids = tuple(self.token_ids)
+        self.tokens = self._clean_tokens
         return Resume(self.text, self._clean_tokens, ids, self.chunk_id, self.created)
 
 

@@ -17,6 +17,11 @@ it was admitted against the shared view, and goes back to be admitted again on t
 share (with every replica's in-flight reservations forwarded at once, the backend's queue
 would grow by up to the threshold per replica). The cost is one Redis round trip before the
 backend request leaves.
+
+A preemption hands the victim's slot to the request it starts (:meth:`ClusterLauncher.hand_over`):
+the victim's member is not released, and the new attempt takes it over in Redis (one script;
+the member never leaves the shared count), past the gate, so no other replica's request can
+take the slot in between. Only if its lease ran out meanwhile does it reserve anew.
 """
 
 from __future__ import annotations
@@ -113,14 +118,38 @@ class ClusterLauncher(StreamLauncher):
         self._settings = settings
         self._clock = clock
         self._seq = itertools.count()
+        # The member each reading attempt holds; members kept for a hand-over, not released
+        # when their attempt ends; and the slot (backend, member) each new attempt inherits.
+        self._holding: dict[Ticket, tuple[str, str]] = {}
+        self._kept: set[str] = set()
+        self._handed: dict[Ticket, tuple[str, str]] = {}
+
+    def hand_over(self, victim: Ticket, to: Ticket) -> None:
+        """Give the slot ``victim`` holds (about to be aborted) to ``to``'s next attempt.
+
+        Without a slot held yet (still reserving), ``to`` reserves one as usual.
+        """
+        slot = self._holding.pop(victim, None)
+        if slot is not None:
+            self._kept.add(slot[1])
+            self._handed[to] = slot
 
     def __call__(self, ticket: Ticket) -> AttemptHandle:
         """Start ``ticket``'s attempt: reserve, then read (a task; cancel it to abort)."""
         backend = ticket.backend
         assert backend is not None
-        member = f"{self._node.replica_id}|{next(self._seq)}"
+        handed = self._handed.pop(ticket, None)
+        if handed is not None and handed[0] == backend.id:
+            member = handed[1]  # the victim's attempt, ending, leaves it held (_kept)
+        else:
+            member = f"{self._node.replica_id}|{next(self._seq)}"
+            if handed is not None:  # cannot happen (started where it was freed); kept safe
+                self._node.release(*handed)
+            handed = None
         self._node.fair.wake()  # a dispatch here: share the counters soon
-        return asyncio.create_task(self._run(ticket, ticket.attempt, backend, member))
+        return asyncio.create_task(
+            self._run(ticket, ticket.attempt, backend, member, handed=handed is not None)
+        )
 
     def _admits(
         self, ticket: Ticket, attempt: int, backend: BackendState, peers: tuple[int, int]
@@ -146,7 +175,9 @@ class ClusterLauncher(StreamLauncher):
             return False
         return outcome is GateOutcome.ADMIT
 
-    async def _run(self, ticket: Ticket, attempt: int, backend: BackendState, member: str) -> None:
+    async def _run(
+        self, ticket: Ticket, attempt: int, backend: BackendState, member: str, *, handed: bool
+    ) -> None:
         node = self._node
         backend_id = backend.id
         held = False
@@ -157,7 +188,7 @@ class ClusterLauncher(StreamLauncher):
                 started = time.perf_counter()
                 granted = await node.reserve(
                     backend_id, member, lambda peers: self._admits(ticket, attempt, backend, peers),
-                    ride.calls if ride else (), ride.replies if ride else None,
+                    ride.calls if ride else (), ride.replies if ride else None, handed=handed,
                 )  # fmt: skip
                 node.metrics.reserve_seconds.observe(time.perf_counter() - started)
                 # Refused by a quota: the slot back, the request to the dispatcher, whose next
@@ -182,11 +213,15 @@ class ClusterLauncher(StreamLauncher):
             held = True
             if ticket.attempt != attempt:
                 return  # aborted while reserving
+            self._holding[ticket] = (backend_id, member)
             assert ticket.backend is not None
             sink = _FirstTokenSink(self._post, ticket, lambda: node.first_token(backend_id, member))
             stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
             # Awaiting the reader: cancelling this task (an abort) cancels the reader too.
             await start_reading(stream, sink, self.window)
         finally:
-            if held:
+            if self._holding.get(ticket) == (backend_id, member):
+                del self._holding[ticket]
+            if held and member not in self._kept:
                 node.release(backend_id, member)
+            self._kept.discard(member)

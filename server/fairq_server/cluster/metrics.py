@@ -36,7 +36,7 @@ class ClusterMetrics:
         )
         self.reservations = Counter(
             "fairq_cluster_reservations_total",
-            "Shared-gate reservations by outcome (granted, refused, unreachable, local).",
+            "Shared-gate reservations by outcome (granted, handed, refused, unreachable, local).",
             ["backend", "outcome"], registry=r,
         )  # fmt: skip
         self.reserve_seconds = Histogram(

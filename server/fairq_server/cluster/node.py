@@ -57,6 +57,8 @@ class ClusterNode:
     def __init__(self, config: ClusterConfig, registry: CollectorRegistry) -> None:
         self.config = config
         self.replica_id = config.replica_id
+        self._beat = config.lease_seconds / 3
+        self._replicas_key = f"{config.key_prefix}:replicas"
         self.metrics = ClusterMetrics(registry, config.replica_id)
         self.client = connect(config)
         self.gate = SharedGate(self.client, config.key_prefix, config.lease_seconds)
@@ -132,14 +134,6 @@ class ClusterNode:
         await self.client.aclose()
 
     @property
-    def _beat(self) -> float:
-        return self.config.lease_seconds / 3
-
-    @property
-    def _replicas_key(self) -> str:
-        return f"{self.config.key_prefix}:replicas"
-
-    @property
     def reserving(self) -> bool:
         """Whether reservations go to Redis: on the shared gate, or rejoining it.
 
@@ -160,15 +154,20 @@ class ClusterNode:
     async def reserve(
         self, backend_id: str, member: str, admit: Callable[[tuple[int, int]], bool],
         extra: Sequence[ScriptCall] = (), replies: list[Any] | None = None,
+        handed: bool = False,
     ) -> bool | None:  # fmt: skip
         """Reserve a slot if ``admit``, told the other replicas' (awaiting, in flight), says so.
 
         Returns True granted, False refused (the member is withdrawn), None Redis unreachable.
         ``extra`` script calls (the request's quota reservation) ride in the claim's round
         trip; their replies go into ``replies`` (nothing when Redis was unreachable).
+        ``handed``: ``member`` is a preempted request's slot, kept while its lease lives.
         """
+        self._held.get(backend_id, {}).pop(member, None)  # held again below if kept
         try:
-            counts, got = await self.gate.claim(backend_id, member, extra)
+            counts, got, handed = await self.gate.reserve_slot(
+                backend_id, member, extra, handed=handed
+            )
             if replies is not None:
                 replies.extend(got)
         except REDIS_ERRORS as exc:
@@ -177,13 +176,14 @@ class ClusterNode:
             return None
         own_awaiting, own_flight = self._own(backend_id)
         peers = (max(0, counts.awaiting - own_awaiting), max(0, counts.in_flight - own_flight))
-        granted = admit(peers)
+        granted = handed or admit(peers)
         if granted:
             self._held.setdefault(backend_id, {})[member] = True
             counts = GlobalCounts(counts.awaiting + 1, counts.in_flight + 1)
         else:
             self.spawn(self._leave(backend_id, member, ended=True))
-        self.metrics.reservations.labels(backend_id, "granted" if granted else "refused").inc()
+        outcome = "handed" if handed else "granted" if granted else "refused"
+        self.metrics.reservations.labels(backend_id, outcome).inc()
         self._view(backend_id, counts)
         return granted
 

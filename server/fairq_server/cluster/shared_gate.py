@@ -13,7 +13,9 @@ if the gate refuses (:mod:`.launcher`); the rule stays the plugin's, not the scr
 script can also refuse by itself, on an in-flight cap and a threshold of waiting requests
 (:meth:`SharedGate.reserve`). A release (first token: out of ``await``; end: out of both) is a
 script too: it removes the member and publishes the counts it leaves behind, so every replica learns
-of the freed slot at once, without reading the sets again.
+of the freed slot at once, without reading the sets again. A preemption hands its victim's slot
+to the request it starts (:meth:`SharedGate.take_over`): the member stays in ``flight``
+throughout, so no other replica ever sees the slot free.
 """
 
 from __future__ import annotations
@@ -89,6 +91,26 @@ return counts
 """
 )
 
+# KEYS: await, flight. ARGV: member, lease ms. If the member is live in flight: back into await
+# (its new request has no token yet), both leases renewed; returns {1, awaiting, in flight}
+# found before it. Else {0, 0, 0}: its lease ran out (or Redis lost it), the slot is gone.
+_TAKE_OVER = (
+    _NOW
+    + """
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score or tonumber(score) <= now then return {0, 0, 0} end
+redis.call('ZREM', KEYS[1], ARGV[1])
+local awaiting = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local flight = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf') - 1
+local lease = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('ZADD', KEYS[2], now + lease, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * lease)
+redis.call('PEXPIRE', KEYS[2], 2 * lease)
+return {1, awaiting, flight}
+"""
+)
+
 # KEYS: await, flight. Counts of live (unexpired) members.
 _COUNT = (
     _NOW
@@ -139,6 +161,7 @@ class SharedGate:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._count = client.register_script(_COUNT)
+        self._take_over = client.register_script(_TAKE_OVER)
 
     def _keys(self, backend_id: str) -> list[str]:
         base = f"{self._prefix}:gate:{backend_id}"
@@ -181,6 +204,37 @@ class SharedGate:
             args=[member, self._lease_ms, repr(float(others_waiting)), threshold, cap],
         )
         return bool(granted), GlobalCounts(int(awaiting), int(flight))
+
+    async def take_over(
+        self, backend_id: str, member: str, extra: Sequence[ScriptCall] = ()
+    ) -> tuple[GlobalCounts | None, list[Any]]:
+        """Keep ``member``'s slot for a new request (a preemption's); None: it is gone.
+
+        One script: the member never leaves ``flight``, so no reservation anywhere finds the
+        slot free in between. Returns the live counts found without the member, and the
+        replies of ``extra`` calls sent in the same round trip (as :meth:`claim`'s).
+        """
+        call: ScriptCall = (self._take_over, self._keys(backend_id), [member, self._lease_ms])
+        (kept, awaiting, flight), *rest = await run_scripts(self._client, [call, *extra])
+        return (GlobalCounts(int(awaiting), int(flight)) if int(kept) else None), rest
+
+    async def reserve_slot(
+        self, backend_id: str, member: str, extra: Sequence[ScriptCall], *, handed: bool
+    ) -> tuple[GlobalCounts, list[Any], bool]:
+        """Claim a slot, or keep a preempted request's (``handed``), with ``extra`` calls.
+
+        Returns the counts found, the replies of ``extra`` and whether a handed slot was
+        kept. The extra calls ride with the first script; after a hand-over that found the
+        slot gone, the claim goes without them (they ran already).
+        """
+        if handed:
+            kept, replies = await self.take_over(backend_id, member, extra)
+            if kept is not None:
+                return kept, replies, True
+            counts, _ = await self.claim(backend_id, member)
+            return counts, replies, False
+        counts, replies = await self.claim(backend_id, member, extra)
+        return counts, replies, False
 
     async def first_token(self, backend_id: str, member: str) -> GlobalCounts:
         """Mark that the request produced a token: it no longer waits in the backend's queue.

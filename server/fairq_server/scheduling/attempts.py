@@ -106,6 +106,13 @@ class StreamLauncher:
         stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
         return start_reading(stream, AttemptSink(self._post, ticket), self.window)
 
+    def hand_over(self, victim: Ticket, to: Ticket) -> None:
+        """Give the slot ``victim`` holds to ``to``'s next attempt (a preemption).
+
+        Nothing to do for one process: its slot count is its own. A cluster's launcher keeps
+        the slot claimed in the shared gate for ``to``.
+        """
+
 
 class AttemptBook:
     """The dispatcher's handling of running requests (called from its loop only).
@@ -321,6 +328,11 @@ class AttemptBook:
             model.push(ticket, self._clock(), ttl=ttl, front=True)
         else:
             model.resume(ticket, ttl=ttl)
+
+    def hand_over(self, victim: Ticket, to: Ticket) -> None:
+        """Let ``to``, started next, take the slot of ``victim``, aborted next (preemption)."""
+        if isinstance(self._launcher, StreamLauncher):
+            self._launcher.hand_over(victim, to)
 
     def abort(self, ticket: Ticket) -> None:
         """Abort a running attempt at the backend (the caller is gone)."""

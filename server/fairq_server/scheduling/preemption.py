@@ -114,6 +114,8 @@ class Preemptor:
         if best is None:
             return False
         victim, ticket, backend, head = best
+        # In a cluster the slot stays claimed from the victim to ``head`` (never free between).
+        self._attempts.hand_over(ticket, head)
         redone = self._preempt(ticket, backend, now, "tier" if victim.tier > tier else "fair-share")
         self._start_waiting(model, tier, head, backend, now, redone)
         return True
@@ -166,12 +168,16 @@ class Preemptor:
         self._caps[backend.id].record(now)
         progress.preemptions += 1
         self._attempts.abort(ticket)  # closes the stream: the backend aborts the request
+        read = progress.tokens
         resume = progress.resume()
         ticket.request = dataclasses.replace(ticket.request, resume=resume)
         ticket.generating = False
         t = self._telemetry
         t.preemptions.labels(backend.id, reason).inc()
-        t.preempt_regenerated.labels(backend.id).inc(resume.tokens)
+        # Decoded again: what was read but is not carried (an incomplete character's bytes);
+        # carried output is prefill, counted apart.
+        t.preempt_regenerated.labels(backend.id).inc(read - resume.tokens)
+        t.preempt_resumed.labels(backend.id).inc(resume.tokens)
         t.preempt_prefill.labels(backend.id).inc(ticket.prompt_tokens + resume.tokens)
         log.info(
             "preempted request %s on %s after %d tokens (%s)",

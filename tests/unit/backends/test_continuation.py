@@ -146,8 +146,11 @@ def test_a_continuation_starts_where_the_sent_text_ends() -> None:
     p.record(TextDelta("a", 1, token_ids=(10,), prompt_token_ids=(1, 2)))
     p.record(TextDelta("", 1, token_ids=(11,)))
     assert p.resume() == Resume("a", 1, (1, 2, 10))
-    p.record(TextDelta("é", 1, token_ids=(12,)))
+    # The continuation generates the character's bytes again: counted and sent once.
+    p.record(TextDelta("é", 2, token_ids=(11, 12), prompt_token_ids=(1, 2, 10)))
+    p.record(TextDelta("", 1, token_ids=(13,)))
     assert p.resume() == Resume("aé", 3, (1, 2, 10, 11, 12))
+    assert p.tokens == 3
     relayed = Progress()
     chunk = {"id": "c", "choices": [{"text": "", "token_ids": [5], "prompt_token_ids": [1]}]}
     relayed.record(RawDelta("...", 0, objects=(chunk,)))

@@ -19,7 +19,7 @@ BACKEND_KIND_TGI: BackendKind
 BACKEND_KIND_OPENAI: BackendKind
 
 class Backend(_message.Message):
-    __slots__ = ("id", "kind", "base_url", "models", "priority_scheduling", "max_in_flight", "metrics_preset", "waiting_metric", "running_metric", "kv_usage_metric", "tpot_metric", "priority_order", "api_key_env", "fair_share_priority")
+    __slots__ = ("id", "kind", "base_url", "models", "priority_scheduling", "max_in_flight", "metrics_preset", "waiting_metric", "running_metric", "kv_usage_metric", "tpot_metric", "priority_order", "api_key_env", "fair_share_priority", "preempt")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class Backend(_message.Message):
     PRIORITY_ORDER_FIELD_NUMBER: _ClassVar[int]
     API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
     FAIR_SHARE_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PREEMPT_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: BackendKind
     base_url: str
@@ -48,7 +49,8 @@ class Backend(_message.Message):
     priority_order: str
     api_key_env: str
     fair_share_priority: bool
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., base_url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., priority_scheduling: _Optional[bool] = ..., max_in_flight: _Optional[int] = ..., metrics_preset: _Optional[str] = ..., waiting_metric: _Optional[str] = ..., running_metric: _Optional[str] = ..., kv_usage_metric: _Optional[str] = ..., tpot_metric: _Optional[str] = ..., priority_order: _Optional[str] = ..., api_key_env: _Optional[str] = ..., fair_share_priority: _Optional[bool] = ...) -> None: ...
+    preempt: bool
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[BackendKind, str]] = ..., base_url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., priority_scheduling: _Optional[bool] = ..., max_in_flight: _Optional[int] = ..., metrics_preset: _Optional[str] = ..., waiting_metric: _Optional[str] = ..., running_metric: _Optional[str] = ..., kv_usage_metric: _Optional[str] = ..., tpot_metric: _Optional[str] = ..., priority_order: _Optional[str] = ..., api_key_env: _Optional[str] = ..., fair_share_priority: _Optional[bool] = ..., preempt: _Optional[bool] = ...) -> None: ...
 
 class BackendStatus(_message.Message):
     __slots__ = ("backend", "healthy", "in_flight", "waiting", "running", "tpot_seconds", "draining", "reason")
