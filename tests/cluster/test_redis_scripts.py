@@ -150,11 +150,32 @@ async def test_take_over_keeps_a_live_member_in_flight_and_awaiting_again(redis_
         await gate.first_token("sim", "a|1")
         # a|1 (its request preempted) goes to the preempting request: still in flight, awaiting
         # its first token again; the counts found are the others' (a|2 awaiting, in flight).
-        assert await gate.take_over("sim", "a|1") == GlobalCounts(awaiting=1, in_flight=1)
+        assert await gate.take_over("sim", "a|1") == (GlobalCounts(awaiting=1, in_flight=1), [])
         assert await gate.counts(["sim"]) == {"sim": GlobalCounts(2, 2)}
         # A member Redis no longer holds (released, or its lease ran out) is not taken over.
         await gate.release("sim", "a|2")
-        assert await gate.take_over("sim", "a|2") is None
+        assert await gate.take_over("sim", "a|2") == (None, [])
         await client.zadd("t:gate:sim:flight", {"a|3": 1})  # a lease that ran out long ago
-        assert await gate.take_over("sim", "a|3") is None
+        assert await gate.take_over("sim", "a|3") == (None, [])
         assert await gate.counts(["sim"]) == {"sim": GlobalCounts(1, 1)}
+
+
+async def test_calls_ride_with_a_hand_over_once_whether_or_not_it_keeps_the_slot(
+    redis_url: str,
+) -> None:
+    """A preempting request's quota reservation goes with the take-over, and is not sent
+    again by the claim that follows a hand-over that found the slot gone."""
+    async with _gate(redis_url) as (client, gate):
+        count = client.register_script("return redis.call('INCR', KEYS[1])")
+        ride = [(count, ["t:rides"], [])]
+        granted, _ = await gate.reserve("sim", "a|1", 0.0, threshold=0, cap=0)
+        assert granted
+        counts, replies, kept = await gate.reserve_slot("sim", "a|1", ride, handed=True)
+        assert (counts, replies, kept) == (GlobalCounts(0, 0), [1], True)
+        await gate.release("sim", "a|1")
+        counts, replies, kept = await gate.reserve_slot("sim", "a|1", ride, handed=True)
+        assert (replies, kept) == ([2], False)
+        assert await gate.counts(["sim"]) == {"sim": GlobalCounts(1, 1)}  # claimed instead
+        assert int(await client.get("t:rides")) == 2
+        counts, replies, kept = await gate.reserve_slot("sim", "a|2", ride, handed=False)
+        assert (replies, kept) == ([3], False)
