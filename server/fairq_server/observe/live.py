@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prometheus_client import Metric
 
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
+from fairq_server.observe.standing import LimitRow, StandingReader, TeamRow
 from fairq_server.requests.recent import RecentService
 from fairq_server.scheduling.ticket import Ticket
 
@@ -50,6 +51,9 @@ class UserRow:
         status: ``over``, ``starved`` or empty.
         preempted: how often its next request was preempted already (a continuation waiting
             for a slot; 0 for a request not yet started).
+        team_weight: its team's weight against the other teams.
+        limits: each quota and budget that holds for it (its own and its team's), with its
+            use now (empty: none is configured).
 
     """
 
@@ -64,6 +68,8 @@ class UserRow:
     entitled: float
     status: str
     preempted: int = 0
+    team_weight: float = 1.0
+    limits: list[LimitRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,7 @@ class LiveView:
     models: list[ModelRow] = field(default_factory=list)
     backends: list[BackendRow] = field(default_factory=list)
     contending: int = 0
+    teams: list[TeamRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """Return the view as JSON-ready values (what a replica publishes)."""
@@ -163,6 +170,10 @@ def read_live(
     served = recent.values()
     total_served = sum(served.values())
     teams, key_weights = _key_tables(config)
+    entitlement = core.dispatcher.entitlement
+    standing = None
+    if entitlement is not None and entitlement.active:
+        standing = StandingReader(entitlement, {t.name: t.weight for t in config.teams})
 
     # Every user waiting or running now, with its weight (a queued ticket's, else its key's).
     contenders: dict[str, float] = {}
@@ -171,6 +182,7 @@ def read_live(
             contenders.setdefault(user, key_weights.get(user, 1.0))
     # model -> tier index -> [(user, queued, head arrival, weight)]
     queued: dict[str, list[list[tuple[str, int, float, float]]]] = {}
+    team_of: dict[str, tuple[str | None, float]] = {}  # user -> its head's team and weight
     preempted: dict[tuple[str, int, str], int] = {}  # (model, tier, user) -> its head's
     for model in sorted(core.dispatcher.model_states(), key=lambda m: m.name):
         per_tier = []
@@ -181,6 +193,7 @@ def read_live(
                 if head.progress is not None and head.progress.preemptions:
                     preempted[(model.name, index, user)] = head.progress.preemptions
                 entries.append((user, tier.user_len(user), head.arrival, head.weight))
+                team_of[user] = (head.team, head.team_weight)
                 contenders[user] = head.weight
             per_tier.append(entries)
         queued[model.name] = per_tier
@@ -206,13 +219,18 @@ def read_live(
                     status = "starved"
                 rows.append(
                     UserRow(
-                        tier_name, user, teams.get(user, ""), n, ahead + rank,
+                        tier_name, user, team_of[user][0] or teams.get(user, ""), n, ahead + rank,
                         round(waited, 3), weight, round(share, 4), round(entitled, 4), status,
-                        preempted.get((name, index, user), 0),
+                        preempted.get((name, index, user), 0), team_of[user][1],
                     )
                 )  # fmt: skip
             ahead += sum(e[1] for e in entries)
         rows.sort(key=lambda r: (r.position, r.user))
+        rows = rows[:max_users]
+        if standing is not None:  # only the users listed: the view's cost stays bounded
+            rows = [
+                replace(r, limits=standing.for_user(r.user, team_of[r.user][0], name)) for r in rows
+            ]
         view.models.append(
             ModelRow(
                 name,
@@ -221,10 +239,12 @@ def read_live(
                     for t, entries in zip(tiers, per_tier, strict=True)
                 ],
                 len(users),
-                rows[:max_users],
+                rows,
             )
         )
     view.backends = _backends(core, now)
+    if standing is not None:
+        view.teams = standing.teams()
     return view
 
 
