@@ -1,8 +1,8 @@
 """The queue view's quotas and budgets, from real requests through the simulator.
 
 ann is over her soft token quota (her next request waits in the idle-only band) and her team
-is near its hard request quota; bob's team reached its hard daily token quota, so bob is
-refused, and the team's row says until when.
+is near its hard request quota; cy's team is over its soft quota; bob's team reached its hard
+daily token quota, so bob is refused, and the team's row says until when.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from ...conftest import FairqFactory, freeze_gate, make_config, sim_backend
 KEYS = [
     KeyConfig("ann", hash_key("ann-key"), team="research"),
     KeyConfig("bob", hash_key("bob-key"), team="ops"),
+    KeyConfig("cy", hash_key("cy-key"), team="labs"),
     KeyConfig("root", hash_key("root-key"), admin=True),
 ]
 QUOTAS = (
     QuotaConfig(user="ann", tokens_per_minute=5, mode="soft"),
     QuotaConfig(team="research", requests_per_minute=5),
     QuotaConfig(team="ops", tokens_per_day=10),
+    QuotaConfig(team="labs", tokens_per_minute=5, mode="soft"),
 )
 ROOT = {"Authorization": "Bearer root-key"}
 
@@ -47,7 +49,7 @@ async def start_limited(sim: SimServer, fairq_factory: FairqFactory) -> FairqSer
     """fairq with the quotas above, the teams weighted 3 and 1, the console on."""
     config = replace(
         make_config([sim_backend(sim)], keys=KEYS),
-        teams=(TeamConfig("research", 3.0), TeamConfig("ops", 1.0)),
+        teams=(TeamConfig("research", 3.0), TeamConfig("ops", 1.0), TeamConfig("labs", 2.0)),
         quotas=QUOTAS,
         http=HttpConfig(listen="127.0.0.1:0"),
         console=ConsoleConfig(enabled=True, refresh_seconds=0.2),
@@ -57,14 +59,18 @@ async def start_limited(sim: SimServer, fairq_factory: FairqFactory) -> FairqSer
     return server
 
 
-async def use_quotas(server: FairqServer, channel: grpc.aio.Channel) -> grpc.aio.UnaryStreamCall:  # type: ignore[type-arg]
-    """Spend the quotas with real requests; return ann's request left waiting (gate shut)."""
+async def use_quotas(
+    server: FairqServer, channel: grpc.aio.Channel
+) -> list[grpc.aio.UnaryStreamCall]:  # type: ignore[type-arg]
+    """Spend the quotas with real requests; return ann's and cy's requests left waiting."""
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     for _ in range(4):  # 4 of research's 5 requests a minute, and ann's 5 tokens exceeded
         async for _event in stub.Generate(gen(max_tokens=8), metadata=md("ann"), timeout=30):
             pass
     async for _event in stub.Generate(gen(max_tokens=16), metadata=md("bob"), timeout=30):
         pass  # past ops's 10 tokens a day
+    async for _event in stub.Generate(gen(max_tokens=8), metadata=md("cy"), timeout=30):
+        pass  # past labs's 5 tokens a minute
     try:
         async for _event in stub.Generate(gen(), metadata=md("bob"), timeout=30):
             pass
@@ -72,8 +78,9 @@ async def use_quotas(server: FairqServer, channel: grpc.aio.Channel) -> grpc.aio
     except grpc.aio.AioRpcError as exc:
         assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     await freeze_gate(server)
-    waiting = stub.Generate(gen(), metadata=md("ann"), timeout=30)
-    assert (await waiting.read()).WhichOneof("event") == "queued"
+    waiting = [stub.Generate(gen(), metadata=md(user), timeout=30) for user in ("ann", "cy")]
+    for call in waiting:
+        assert (await call.read()).WhichOneof("event") == "queued"
     return waiting
 
 
@@ -91,10 +98,12 @@ async def test_live_view_shows_each_waiting_users_limits_and_every_teams(
             async with http.get(f"{url}/console/queues", headers=ROOT) as resp:
                 assert resp.status == 200
                 page = await resp.text()
-        waiting.cancel()
+        for call in waiting:
+            call.cancel()
 
     [model] = view["models"]
-    [ann] = model["rows"]
+    rows = {r["user"]: r for r in model["rows"]}
+    ann, cy = rows["ann"], rows["cy"]
     assert (ann["user"], ann["team"], ann["team_weight"]) == ("ann", "research", 3.0)
     limits = {(lim["scope"], lim["kind"]): lim for lim in ann["limits"]}
     assert set(limits) == {("user", "tokens_per_minute"), ("team", "requests_per_minute")}
@@ -105,8 +114,11 @@ async def test_live_view_shows_each_waiting_users_limits_and_every_teams(
     assert (team["subject"], team["used"], team["limit"]) == ("research", 4.0, 5.0)
     assert (team["mode"], team["state"]) == ("hard", "warn")  # 80 %
 
+    [labs] = cy["limits"]  # a soft team quota: cy waits in the band for his team's use
+    assert (labs["scope"], labs["subject"], labs["state"]) == ("team", "labs", "over")
+
     teams = {t["team"]: t for t in view["teams"]}
-    assert set(teams) == {"ops", "research"}
+    assert set(teams) == {"labs", "ops", "research"}
     assert (teams["ops"]["weight"], teams["research"]["weight"]) == (1.0, 3.0)
     [ops] = teams["ops"]["limits"]
     assert (ops["kind"], ops["mode"], ops["state"]) == ("tokens_per_day", "hard", "over")
@@ -121,3 +133,5 @@ async def test_live_view_shows_each_waiting_users_limits_and_every_teams(
     assert '<tr data-team="ops" data-state="over">' in page
     assert '<tr data-team="research" data-state="warn">' in page
     assert 'data-scope="user" data-state="over"' in page
+    assert '<strong class="badge over" data-team-over="labs">team over quota</strong>' in page
+    assert 'data-team-over="research"' not in page  # near its limit, not over
