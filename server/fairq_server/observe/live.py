@@ -6,10 +6,12 @@ request stands, how long it has waited, and its share of recent service against 
 entitlement. Everything is read synchronously on the event loop, so the figures are of one
 moment; the result holds no reference into the core.
 
-Entitlement: the user's weight over the weights of every user contending now (queued, or
-with a request running). A user is *over* when its share of recent service exceeds its
-entitlement by a quarter while someone else waits; *starved* when its next request has waited
-``starved_after`` seconds and it received less than half its entitlement.
+Entitlement: what the fairness rule owes the user among every user contending now (queued,
+or with a request running): its team's weight over the contending teams', times its weight
+over its contending teammates' (a user without a team is its own team). A user is *over*
+when its share of recent service exceeds its entitlement by a quarter while someone else
+waits; *starved* when its next request has waited ``starved_after`` seconds and it received
+less than half its entitlement.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class UserRow:
         waiting_seconds: how long its next request has waited.
         weight: its fairness weight.
         share: its part of the service (tokens) all users received lately (0-1).
-        entitled: its weight over the weights of every contending user (0-1).
+        entitled: what the fairness rule owes it among every contending user (0-1): its
+            team's part by team weight, then its part of that by its weight.
         status: ``over``, ``starved`` or empty.
         preempted: how often its next request was preempted already (a continuation waiting
             for a slot; 0 for a request not yet started).
@@ -170,16 +173,20 @@ def read_live(
     served = recent.values()
     total_served = sum(served.values())
     teams, key_weights = _key_tables(config)
+    team_weights = {t.name: t.weight for t in config.teams}
     entitlement = core.dispatcher.entitlement
     standing = None
     if entitlement is not None and entitlement.active:
-        standing = StandingReader(entitlement, {t.name: t.weight for t in config.teams})
+        standing = StandingReader(entitlement, team_weights)
 
-    # Every user waiting or running now, with its weight (a queued ticket's, else its key's).
-    contenders: dict[str, float] = {}
+    # Every user waiting or running now, with its weight, team and team weight (a queued
+    # ticket's, else its key's).
+    contenders: dict[str, tuple[float, str | None, float]] = {}
     for backend in core.backends():
         for user in backend.user_in_flight:
-            contenders.setdefault(user, key_weights.get(user, 1.0))
+            team = teams.get(user)
+            contenders.setdefault(user, (key_weights.get(user, 1.0), team,
+                                         team_weights.get(team, 1.0) if team else 1.0))  # fmt: skip
     # model -> tier index -> [(user, queued, head arrival, weight)]
     queued: dict[str, list[list[tuple[str, int, float, float]]]] = {}
     team_of: dict[str, tuple[str | None, float]] = {}  # user -> its head's team and weight
@@ -194,10 +201,10 @@ def read_live(
                     preempted[(model.name, index, user)] = head.progress.preemptions
                 entries.append((user, tier.user_len(user), head.arrival, head.weight))
                 team_of[user] = (head.team, head.team_weight)
-                contenders[user] = head.weight
+                contenders[user] = (head.weight, head.team, head.team_weight)
             per_tier.append(entries)
         queued[model.name] = per_tier
-    weight_sum = sum(contenders.values()) or 1.0
+    owed = _owed(contenders)
     view.contending = len(contenders)
 
     for name, per_tier in queued.items():
@@ -210,7 +217,7 @@ def read_live(
             for rank, (user, n, arrival, weight) in enumerate(entries):
                 users.add(user)
                 share = served.get(user, 0.0) / total_served if total_served else 0.0
-                entitled = contenders[user] / weight_sum
+                entitled = owed[user]
                 waited = max(0.0, now - arrival)
                 status = ""
                 if share > OVER_FACTOR * entitled and len(contenders) > 1:
@@ -246,6 +253,26 @@ def read_live(
     if standing is not None:
         view.teams = standing.teams()
     return view
+
+
+def _owed(contenders: dict[str, tuple[float, str | None, float]]) -> dict[str, float]:
+    """Return each contender's entitled part of the service, as the fairness rule shares it.
+
+    Between teams by team weight, then between a team's contending users by their weights; a
+    user without a team is its own team, weighted by its own weight.
+    """
+    groups: dict[tuple[str, str], tuple[float, float]] = {}  # team -> (its weight, users' sum)
+    of: dict[str, tuple[tuple[str, str], float]] = {}
+    for user, (weight, team, team_weight) in contenders.items():
+        group, level = (("team", team), team_weight) if team else (("user", user), weight)
+        _, members = groups.get(group, (level, 0.0))
+        groups[group] = (level, members + (weight if team else 1.0))
+        of[user] = (group, weight if team else 1.0)
+    total = sum(level for level, _ in groups.values()) or 1.0
+    return {
+        user: groups[group][0] / total * (weight / (groups[group][1] or 1.0))
+        for user, (group, weight) in of.items()
+    }
 
 
 def _key_tables(config: Config) -> tuple[dict[str, str], dict[str, float]]:

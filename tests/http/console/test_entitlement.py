@@ -105,6 +105,8 @@ async def test_live_view_shows_each_waiting_users_limits_and_every_teams(
     rows = {r["user"]: r for r in model["rows"]}
     ann, cy = rows["ann"], rows["cy"]
     assert (ann["user"], ann["team"], ann["team_weight"]) == ("ann", "research", 3.0)
+    # Owed by team weight (3 against 2), each alone in its team.
+    assert (ann["entitled"], cy["entitled"]) == (0.6, 0.4)
     limits = {(lim["scope"], lim["kind"]): lim for lim in ann["limits"]}
     assert set(limits) == {("user", "tokens_per_minute"), ("team", "requests_per_minute")}
     own = limits[("user", "tokens_per_minute")]
