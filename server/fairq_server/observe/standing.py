@@ -77,7 +77,9 @@ class StandingReader:
         self._entitlement = entitlement
         self._weights = team_weights
         self._now = entitlement.clock()
-        self._rows: dict[tuple[Limit, LimitKey], LimitRow] = {}
+        # (the limit's id, its counter) -> row: a dataclass hashes every field, enums included,
+        # and a limit lives in the entitlement's table while the view is read.
+        self._rows: dict[tuple[int, LimitKey], LimitRow] = {}
         self._users: dict[tuple[str, str | None, str], list[LimitRow]] = {}
 
     def for_user(self, user: str, team: str | None, model: str) -> list[LimitRow]:
@@ -102,7 +104,7 @@ class StandingReader:
         ]
 
     def _row(self, limit: Limit, key: LimitKey) -> LimitRow:
-        found = self._rows.get((limit, key))
+        found = self._rows.get((id(limit), key))
         if found is not None:
             return found
         [used] = self._entitlement.book.used_now([key], self._now)
@@ -124,7 +126,7 @@ class StandingReader:
             state=state,
             until=round(until, 3) if until is not None else None,
         )
-        self._rows[(limit, key)] = row
+        self._rows[(id(limit), key)] = row
         return row
 
     def _retry_after(self, limit: Limit, key: LimitKey) -> float:
