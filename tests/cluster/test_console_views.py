@@ -8,7 +8,10 @@ import pytest
 
 from fairq_server.cluster.connection import connect
 from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.http.console.render import fragment
+from fairq_server.observe.live import LiveView, ModelRow, UserRow
 from fairq_server.observe.replicas import MAX_VIEW_BYTES, ReplicaViews
+from fairq_server.observe.standing import LimitRow, TeamRow
 
 
 async def test_views_round_trip_expire_and_skip_what_is_not_a_view(
@@ -47,3 +50,38 @@ async def test_a_redis_that_does_not_answer_costs_one_refresh(
         assert await views.read() == []
     assert caplog.text.count("Redis unreachable for the cluster view") == 1  # logged once
     await client.aclose()
+
+
+async def test_limits_survive_redis_and_the_console_shows_a_teams_highest_use(
+    redis_url: str,
+) -> None:
+    """Two replicas' books saw a team's counter at different moments: the higher one shows."""
+    client = connect(ClusterConfig(redis_url, replica_id="t"))
+
+    def view(replica: str, used: float) -> LiveView:
+        state = "over" if used >= 10 else ""
+        until = 1_800_003_600.0 if state else None
+        ops = LimitRow("team", "ops", "tokens_per_day", "", "hard", used, 10.0, state, until)
+        soft = LimitRow("user", "ann", "tokens_per_minute", "", "soft", 9.0, 5.0, "over")
+        row = UserRow("batch", "ann", "research", 1, 0, 0.5, 1.0, 0.2, 0.5, "", 0, 3.0, [soft])
+        return LiveView(
+            replica, 0.0, ["batch"], [ModelRow("sim", [("batch", 1)], 1, [row])],
+            teams=[TeamRow("ops", 1.0, [ops])],
+        )  # fmt: skip
+
+    try:
+        one = ReplicaViews(client, "fq", "r1", ttl_seconds=3)
+        two = ReplicaViews(client, "fq", "r2", ttl_seconds=3)
+        await one.publish(view("r1", 4.0).to_json())
+        await two.publish(view("r2", 12.0).to_json())
+        views = await one.read()
+        assert [v["teams"][0]["limits"][0]["used"] for v in views] == [4.0, 12.0]
+        html = fragment("queues", views, "r1")
+        # One row for the team, from the replica that saw the most (and so its refusal's end).
+        assert html.count('data-team="ops"') == 1
+        assert '<tr data-team="ops" data-state="over">' in html
+        assert "12 / 10 (120%)" in html and "refused until 2027-01-15 09:00:00 UTC" in html
+        # Each replica's waiting user keeps its limits through JSON.
+        assert html.count("over quota — idle-only band") == 2
+    finally:
+        await client.aclose()

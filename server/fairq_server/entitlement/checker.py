@@ -177,6 +177,23 @@ class Entitlement:
         used = self.book.used_now(keys, self.clock())
         return any(u >= found.limits[i].limit for i, u in zip(found.soft, used, strict=True))
 
+    def applicable(self, user: str, team: str | None, model: str) -> Applicable:
+        """Return the limits that hold for ``user`` of ``team`` asking ``model`` (for reports)."""
+        return self._table.applicable(user, team, model)
+
+    def team_limits(self) -> list[Limit]:
+        """Return every team's configured limits (for reports; bounded by the configuration)."""
+        return self._table.team_limits()
+
+    def retry_after(self, key: LimitKey, limit: float, now: float) -> float | None:
+        """Return the seconds until a reached hard limit admits again (None: the book can't say).
+
+        Ask only for a key whose used amount reached ``limit``: the question is a reservation of
+        nothing, which a book refuses then without counting anything.
+        """
+        answer = self.book.reserve_now([LimitUse(key, 0.0, limit)], now)
+        return answer.retry_after if isinstance(answer, Refusal) else None
+
     def count_demotion(self, *, served_from_band: bool) -> None:
         """Count a pick that passed over the band, or one served from it."""
         if self._metrics is not None:

@@ -6,23 +6,26 @@ request stands, how long it has waited, and its share of recent service against 
 entitlement. Everything is read synchronously on the event loop, so the figures are of one
 moment; the result holds no reference into the core.
 
-Entitlement: the user's weight over the weights of every user contending now (queued, or
-with a request running). A user is *over* when its share of recent service exceeds its
-entitlement by a quarter while someone else waits; *starved* when its next request has waited
-``starved_after`` seconds and it received less than half its entitlement.
+Entitlement: what the fairness rule owes the user among every user contending now (queued,
+or with a request running): its team's weight over the contending teams', times its weight
+over its contending teammates' (a user without a team is its own team). A user is *over*
+when its share of recent service exceeds its entitlement by a quarter while someone else
+waits; *starved* when its next request has waited ``starved_after`` seconds and it received
+less than half its entitlement.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prometheus_client import Metric
 
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
+from fairq_server.observe.standing import LimitRow, StandingReader, TeamRow
 from fairq_server.requests.recent import RecentService
 from fairq_server.scheduling.ticket import Ticket
 
@@ -46,10 +49,14 @@ class UserRow:
         waiting_seconds: how long its next request has waited.
         weight: its fairness weight.
         share: its part of the service (tokens) all users received lately (0-1).
-        entitled: its weight over the weights of every contending user (0-1).
+        entitled: what the fairness rule owes it among every contending user (0-1): its
+            team's part by team weight, then its part of that by its weight.
         status: ``over``, ``starved`` or empty.
         preempted: how often its next request was preempted already (a continuation waiting
             for a slot; 0 for a request not yet started).
+        team_weight: its team's weight against the other teams.
+        limits: each quota and budget that holds for it (its own and its team's), with its
+            use now (empty: none is configured).
 
     """
 
@@ -64,6 +71,8 @@ class UserRow:
     entitled: float
     status: str
     preempted: int = 0
+    team_weight: float = 1.0
+    limits: list[LimitRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,7 @@ class LiveView:
     models: list[ModelRow] = field(default_factory=list)
     backends: list[BackendRow] = field(default_factory=list)
     contending: int = 0
+    teams: list[TeamRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """Return the view as JSON-ready values (what a replica publishes)."""
@@ -163,14 +173,23 @@ def read_live(
     served = recent.values()
     total_served = sum(served.values())
     teams, key_weights = _key_tables(config)
+    team_weights = {t.name: t.weight for t in config.teams}
+    entitlement = core.dispatcher.entitlement
+    standing = None
+    if entitlement is not None and entitlement.active:
+        standing = StandingReader(entitlement, team_weights)
 
-    # Every user waiting or running now, with its weight (a queued ticket's, else its key's).
-    contenders: dict[str, float] = {}
+    # Every user waiting or running now, with its weight, team and team weight (a queued
+    # ticket's, else its key's).
+    contenders: dict[str, tuple[float, str | None, float]] = {}
     for backend in core.backends():
         for user in backend.user_in_flight:
-            contenders.setdefault(user, key_weights.get(user, 1.0))
+            team = teams.get(user)
+            contenders.setdefault(user, (key_weights.get(user, 1.0), team,
+                                         team_weights.get(team, 1.0) if team else 1.0))  # fmt: skip
     # model -> tier index -> [(user, queued, head arrival, weight)]
     queued: dict[str, list[list[tuple[str, int, float, float]]]] = {}
+    team_of: dict[str, tuple[str | None, float]] = {}  # user -> its head's team and weight
     preempted: dict[tuple[str, int, str], int] = {}  # (model, tier, user) -> its head's
     for model in sorted(core.dispatcher.model_states(), key=lambda m: m.name):
         per_tier = []
@@ -181,10 +200,11 @@ def read_live(
                 if head.progress is not None and head.progress.preemptions:
                     preempted[(model.name, index, user)] = head.progress.preemptions
                 entries.append((user, tier.user_len(user), head.arrival, head.weight))
-                contenders[user] = head.weight
+                team_of[user] = (head.team, head.team_weight)
+                contenders[user] = (head.weight, head.team, head.team_weight)
             per_tier.append(entries)
         queued[model.name] = per_tier
-    weight_sum = sum(contenders.values()) or 1.0
+    owed = _owed(contenders)
     view.contending = len(contenders)
 
     for name, per_tier in queued.items():
@@ -197,7 +217,7 @@ def read_live(
             for rank, (user, n, arrival, weight) in enumerate(entries):
                 users.add(user)
                 share = served.get(user, 0.0) / total_served if total_served else 0.0
-                entitled = contenders[user] / weight_sum
+                entitled = owed[user]
                 waited = max(0.0, now - arrival)
                 status = ""
                 if share > OVER_FACTOR * entitled and len(contenders) > 1:
@@ -206,13 +226,18 @@ def read_live(
                     status = "starved"
                 rows.append(
                     UserRow(
-                        tier_name, user, teams.get(user, ""), n, ahead + rank,
+                        tier_name, user, team_of[user][0] or teams.get(user, ""), n, ahead + rank,
                         round(waited, 3), weight, round(share, 4), round(entitled, 4), status,
-                        preempted.get((name, index, user), 0),
+                        preempted.get((name, index, user), 0), team_of[user][1],
                     )
                 )  # fmt: skip
             ahead += sum(e[1] for e in entries)
         rows.sort(key=lambda r: (r.position, r.user))
+        rows = rows[:max_users]
+        if standing is not None:  # only the users listed: the view's cost stays bounded
+            rows = [
+                replace(r, limits=standing.for_user(r.user, team_of[r.user][0], name)) for r in rows
+            ]
         view.models.append(
             ModelRow(
                 name,
@@ -221,11 +246,33 @@ def read_live(
                     for t, entries in zip(tiers, per_tier, strict=True)
                 ],
                 len(users),
-                rows[:max_users],
+                rows,
             )
         )
     view.backends = _backends(core, now)
+    if standing is not None:
+        view.teams = standing.teams()
     return view
+
+
+def _owed(contenders: dict[str, tuple[float, str | None, float]]) -> dict[str, float]:
+    """Return each contender's entitled part of the service, as the fairness rule shares it.
+
+    Between teams by team weight, then between a team's contending users by their weights; a
+    user without a team is its own team, weighted by its own weight.
+    """
+    groups: dict[tuple[str, str], tuple[float, float]] = {}  # team -> (its weight, users' sum)
+    of: dict[str, tuple[tuple[str, str], float]] = {}
+    for user, (weight, team, team_weight) in contenders.items():
+        group, level = (("team", team), team_weight) if team else (("user", user), weight)
+        _, members = groups.get(group, (level, 0.0))
+        groups[group] = (level, members + (weight if team else 1.0))
+        of[user] = (group, weight if team else 1.0)
+    total = sum(level for level, _ in groups.values()) or 1.0
+    return {
+        user: groups[group][0] / total * (weight / (groups[group][1] or 1.0))
+        for user, (group, weight) in of.items()
+    }
 
 
 def _key_tables(config: Config) -> tuple[dict[str, str], dict[str, float]]:

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
+from fairq_server.http.console.limits import limits_cell, team_cell, teams_section
+
 __all__ = ["VIEWS", "fragment", "login_page", "message_page", "page"]
 
 # Path name -> title, in the navigation's order.
@@ -152,9 +154,10 @@ def _queues(views: list[View]) -> str:
                     entry["tiers"][tier] = entry["tiers"].get(tier, 0) + int(_num(pair[1]))
             entry["users"] += int(_num(m.get("users")))
             entry["rows"] += [(str(v.get("replica", "")), r) for r in _list(m.get("rows"))]
+    teams = teams_section(views)
     if not models:
-        return '<p class="empty">No model has a backend yet.</p>'
-    out = []
+        return teams + '<p class="empty">No model has a backend yet.</p>'
+    out = [teams]
     for name, entry in sorted(models.items()):
         total = sum(entry["tiers"].values())
         depth = ", ".join(f"{_e(t)} {n}" for t, n in entry["tiers"].items())
@@ -169,6 +172,8 @@ def _queues(views: list[View]) -> str:
             continue
         headers = ["Tier", "User", "Team"] + (["Replica"] if cluster else [])
         headers += ["Queued", "Position", "Waiting", "Share of service / entitled", "Status"]
+        limited = any(r.get("limits") for _, r in rows)
+        headers += ["Quotas and budgets (used / limit)"] if limited else []
         body = []
         for replica, r in rows:
             share, entitled = _num(r.get("share")), _num(r.get("entitled"))
@@ -182,7 +187,7 @@ def _queues(views: list[View]) -> str:
             preempted = int(_num(r.get("preempted")))
             if preempted:  # its next request is a continuation, waiting for a slot again
                 badge += f' <span class="badge preempted">preempted {preempted}x</span>'
-            cells = [_e(r.get("tier", "")), _e(r.get("user", "")), _e(r.get("team", "") or "—")]
+            cells = [_e(r.get("tier", "")), _e(r.get("user", "")), team_cell(r)]
             cells += [_e(replica)] if cluster else []
             cells += [
                 str(int(_num(r.get("queued")))),
@@ -191,6 +196,7 @@ def _queues(views: list[View]) -> str:
                 meter,
                 badge,
             ]
+            cells += [limits_cell(r)] if limited else []
             body.append(_row(cells))
         out.append(_table(f"Users waiting for {name}", headers, body) + "</section>")
     return "".join(out)
