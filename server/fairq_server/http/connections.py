@@ -122,27 +122,27 @@ class ConnectionGuard:
 
         After an accept failure asyncio re-arms accepting a second later, once per failed
         attempt. When the door closes before those retries run, each would report an invalid
-        descriptor with a traceback (thousands after a storm): the undo then leaves the
-        handler in place to drop them, and restores the previous one only if nothing failed.
+        descriptor with a traceback (thousands after a storm). They are dropped from the
+        moment the listening socket closes (which is before the door's stop returns: its
+        connections may take the whole grace to close), and the undo leaves the handler in
+        place to keep dropping them, restoring the previous one only if nothing failed.
         """
         previous = loop.get_exception_handler()
-        closed = failed = False
+        failed = False
 
         def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
             nonlocal failed
             if context.get("message") == _ACCEPT_FAILED:
                 failed = True
                 self._accept_failed(context.get("exception"))
-            elif closed and _is_stale_accept_retry(context):
-                return
+            elif _is_stale_accept_retry(context):
+                return  # only a closed listening socket has no descriptor to accept on
             elif previous is not None:
                 previous(loop, context)
             else:
                 loop.default_exception_handler(context)
 
         def undo() -> None:
-            nonlocal closed
-            closed = True
             if not failed:
                 loop.set_exception_handler(previous)
 

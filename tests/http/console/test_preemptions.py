@@ -109,7 +109,10 @@ async def test_backends_view_counts_preemptions_and_the_users_resumed(
         await asyncio.gather(*power)
     regenerated = server.core.telemetry.preempt_regenerated.labels("sim-a")._value.get()
     assert after["preemptions"] == [["tier", 1]]  # bob's request is of a higher tier than alice's
-    assert after["regenerated_tokens"] == regenerated > 0
+    # Decoded twice: none where the continuation resumes token-exact, so only the page's
+    # agreement with the counter is checked; the victim's output was re-read as prompt.
+    assert after["regenerated_tokens"] == regenerated >= 0
+    assert server.core.telemetry.preempt_resumed.labels("sim-a")._value.get() > 0
     assert after["resumed"] == [["alice", 1]]
     assert "1 (tier 1)" in page
     assert f"{int(regenerated)} tokens generated again" in page
