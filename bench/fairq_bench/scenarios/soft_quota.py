@@ -58,9 +58,10 @@ OVER = "over"
 USERS = {"in1": "A", "in2": "A", OVER: "B"}
 SOFT_TPM = 100  # one request of TOKENS output tokens and its prompt put ``over`` past it
 TOKENS = 100
-#: The simulator's clock factor: its engine steps (12 ms at batch 1) would otherwise dominate
-#: TTFT's spread and hide a fraction of a millisecond.
-SPEED = 10
+#: The simulator's clock factor. Real time: at 10x its steps need more CPU than a shared
+#: machine gives, and the tokens/s of (a) then follow the machine's load (rounds of one
+#: configuration ranged over 3x), not fairq.
+SPEED = 1
 OUTSTANDING = 12  # well above the backend's 7 places (4 running, 3 waiting)
 SHARE_BOUND = 0.10  # the promised bound on the over-quota user's share behind others
 COST_BOUND_MS = 0.2  # the promised bound on what the checks add to TTFT p50
@@ -88,9 +89,7 @@ def _config(backend_url: str, store: Path, metrics_port: int, limits: bool) -> s
             '[[quotas]]\nuser = "*"\nrequests_per_minute = 1000000',
             '[[budgets]]\nteam = "A"\nper_day = 1000000.0\nper_month = 10000000.0',
         ]
-    text = replica_config(
-        backend_url, "soft", None, fairness="vtc", poll_interval=0.1, extra="\n".join(lines)
-    )
+    text = replica_config(backend_url, "soft", None, fairness="vtc", extra="\n".join(lines))
     return f'metrics_listen = "127.0.0.1:{metrics_port}"\n{text}'
 
 
@@ -169,11 +168,16 @@ async def _alone(send: SendFn, seconds: float) -> float:
     return rate(got.done, seconds / 5, seconds)
 
 
-async def _ttft(send: SendFn) -> float:
-    started = time.perf_counter()
-    async for _ in send(RequestSpec("in1", "one token, please", 1)):
-        return (time.perf_counter() - started) * 1000
-    raise RuntimeError("no token")
+async def _ttft(send: SendFn, failed: dict[str, int], name: str) -> float:
+    """One request's TTFT (ms); a failed one is counted and sent again."""
+    while True:
+        started = time.perf_counter()
+        try:
+            async for _ in send(RequestSpec("in1", "one token, please", 1)):
+                return (time.perf_counter() - started) * 1000
+        except Exception:  # e.g. the backend's scrapes timing out on a loaded machine
+            failed[name] = failed.get(name, 0) + 1
+            await asyncio.sleep(0.5)  # a scrape or two: the backend is marked healthy again
 
 
 async def _metric(port: int, name: str) -> float:
@@ -202,12 +206,13 @@ class Results:
     contended_seconds: float = 0.0
     ttft: dict[str, list[float]] = field(default_factory=lambda: {"limits": [], "none": []})
     cpu_ms: dict[str, float] = field(default_factory=dict)
+    ttft_failed: dict[str, int] = field(default_factory=dict)
 
 
 async def _measure(quick: bool) -> Results:
-    rounds, round_s = (2, 1.5) if quick else (6, 5.0)
-    contended_s = 3.0 if quick else 40.0
-    ttft_n = 100 if quick else 2000
+    rounds, round_s = (2, 1.0) if quick else (6, 5.0)
+    contended_s = 2.5 if quick else 40.0
+    ttft_n = 100 if quick else 1500
     began = time.monotonic()
     res = Results(contended_seconds=contended_s)
     sim_cpus, other_cpus = split_cpus()
@@ -252,24 +257,25 @@ async def _measure(quick: bool) -> Results:
         cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
         for i in range(ttft_n):
             for name in ("limits", "none") if i % 2 == 0 else ("none", "limits"):
-                res.ttft[name].append(await _ttft(sends[name]))
+                res.ttft[name].append(await _ttft(sends[name], res.ttft_failed, name))
         res.cpu_ms = {n: (cpu_seconds(p) - cpu0[n]) * 1000 / ttft_n for n, p in pids.items()}
     return res
 
 
 def _plot(res: Results, path: Path) -> None:
     series = []
+    width = res.contended_seconds / 10
     for name, got in res.contended.items():
         end = max(t for t, _, _ in got.done)
-        points = share_series(got.done, OVER, 1.0, end)
+        points = share_series(got.done, OVER, width, end)
         series.append(Series(f"over's share, {name}", [x for x, _ in points],
                              [y for _, y in points]))  # fmt: skip
     share = Panel(
         "(b) over vs in1 + in2, each with 12 outstanding",
         series,
         xlabel=f"seconds (in-quota users stop sending at {res.contended_seconds:g} s)",
-        ylabel="over's share of tokens (1 s windows)",
-        hlines=((SHARE_BOUND, "bound 0.10"), (1 / 3, "equal: 1/3")),
+        ylabel=f"over's share of tokens ({width:g} s windows)",
+        hlines=((SHARE_BOUND, "bound 0.10"), (0.5, "teams A and B equal: 1/2")),
     )
     alone = Panel(
         "(a) over alone: tokens/s per round",
@@ -336,7 +342,12 @@ def _page(res: Results, quick: bool) -> tuple[str, bool]:
             ["process", "requests", "TTFT p50 (ms)", "TTFT p90 (ms)", "fairq CPU per request (ms)"],
             cost_rows,
         )
-        + f"\n\n{RESULT_PREFIX} {result}.\n\n"
+        + "\n\nThe CPU time is the whole process's over the part, so the limits' work off the "
+        "request path is in it too: the day's and month's amounts written to the store once a "
+        "second and the team gauges refreshed once a second. TTFT p50 holds only what comes "
+        "before the first token (admission, the band's check, the reservation). Requests "
+        f"that failed and were sent again: {res.ttft_failed or 'none'}.\n\n"
+        + f"{RESULT_PREFIX} {result}.\n\n"
         + "Reproduce: `uv run fairq bench soft-quota --write-docs` (`--quick`: short rounds; "
         "its TTFT difference is not held to the bound, 100 requests are too few).\n"
     )
