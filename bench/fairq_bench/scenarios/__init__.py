@@ -27,6 +27,7 @@ from fairq_bench.scenarios import (
     priority,
     quota_replicas,
     short_long,
+    soft_quota,
     teams,
 )
 
@@ -48,6 +49,7 @@ SCENARIOS: dict[str, Scenario] = {
     "teams": teams.teams,
     "console-cost": console_cost.console_cost,
     "quota-replicas": quota_replicas.quota_replicas,
+    "soft-quota": soft_quota.soft_quota,
 }
 
 TITLES: dict[str, str] = {
@@ -64,4 +66,5 @@ TITLES: dict[str, str] = {
     "teams": "13. Teams (weights 2:1, hierarchical vtc, one replica and three)",
     "console-cost": "14. The console's own cost (tokens per core with a page open)",
     "quota-replicas": "15. Quotas across replicas (hard TPM from three replicas, shared vs not)",
+    "soft-quota": "16. Soft quotas (the idle-only band: alone, behind in-quota users, cost)",
 }

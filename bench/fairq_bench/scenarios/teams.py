@@ -144,6 +144,7 @@ def teams_markdown(runs: list[TeamsRun]) -> str:
             (
                 f"{run.replicas}",
                 f"{run.seconds:g}",
+                f"{len(run.done)}",
                 " / ".join(f"{shares[t]:.3f}" for t in TEAMS),
                 " / ".join(f"{abs(shares[t] - w / total):.3f}" for t, w in TEAMS.items()),
                 f"±{TEAM_BOUND[run.replicas]:g}",
@@ -152,8 +153,8 @@ def teams_markdown(runs: list[TeamsRun]) -> str:
                 "yes" if run.ok() else "NO",
             )
         )
-    header = ("replicas", "seconds", "share A / B (owed 0.667 / 0.333)", "|error| A / B",
-              "bound", "tokens " + " / ".join(USERS), "Jain of A's users (≥ 0.99)",
+    header = ("replicas", "seconds", "requests", "share A / B (owed 0.667 / 0.333)",
+              "|error| A / B", "bound", "tokens " + " / ".join(USERS), "Jain of A's users (≥ 0.99)",
               "within")  # fmt: skip
     return markdown_table(header, rows)
 
