@@ -109,12 +109,17 @@ def _metric(text: str, name: str) -> float:
     return sum(float(v) for v in pattern.findall(text))
 
 
+# The engine's counter of generated tokens; llama-server's counts a cancelled request's
+# tokens too (flushed when its slot is reset). TGI has none for an aborted request.
+_GENERATED = {"vllm": "vllm:generation_tokens_total", "llamacpp": "llamacpp:tokens_predicted_total"}
+
+
 async def _engine_generated(client: httpx.AsyncClient, url: str, kind: str) -> float:
     """The engine's count of tokens generated so far (NaN: a TGI backend, which has none)."""
-    if kind != "vllm":
+    if kind not in _GENERATED:
         return math.nan
     text = (await client.get(f"{url}/metrics")).text
-    return _metric(text, "vllm:generation_tokens_total")
+    return _metric(text, _GENERATED[kind])
 
 
 async def run_once(
