@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         help="preemption: the backend orders its queue by priority (vLLM --scheduling-policy "
         "priority); fairq sends it fair-share priorities",
     )  # fmt: skip
+    parser.add_argument(
+        "--per-user", type=int, default=0,
+        help="preemption: power requests per power user (default 4 on a backend, 8 on the sim)",
+    )  # fmt: skip
     parser.add_argument("--describe", default="", help="backend description for the report")
     parser.add_argument("--reproduce", default="", help="command shown in the report")
     parser.add_argument(

@@ -42,6 +42,10 @@ SLOTS: Final = 2
 # Per slot: the longest prompt plus 300 tokens of output fits in 512 (the model's trained
 # length; a continuation's prompt holds the output so far, the total does not grow).
 CONTEXT: Final = 512 * SLOTS
+# llama.cpp decodes the tiny model at about 0.5 ms a token: 4 requests per power user (the
+# scenario's default) drain in 1.6 s, before most light requests arrive; 16 make a flood of
+# about the real vLLM run's length.
+PER_USER: Final = 16
 
 _WEIGHTS: Final = """
 import sys, torch
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             command = [
                 sys.executable, "-m", "fairq_bench.cli", "preemption", "--backend", url,
                 "--kind", "llamacpp", "--model", "tiny", "--max-num-seqs", str(SLOTS),
+                "--per-user", str(PER_USER),
                 "--cpus", "1", "--out", str(args.out),
                 "--describe", f"real llama.cpp ({version}, cpu), tiny model, "
                 f"{SLOTS} slots, engine on core 0",

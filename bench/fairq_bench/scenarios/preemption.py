@@ -158,7 +158,10 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
     real = args.backend != "sim"
     slots = args.max_num_seqs if real else 8
     rounds = 1 if args.quick else (2 if real else 3)
-    specs = flood_of_many(per_user=4 if real or args.quick else 8)
+    # A fast engine (llama.cpp on the tiny model) drains 12 requests before the light user's
+    # last arrives: ``--per-user`` lengthens the flood.
+    per_user = getattr(args, "per_user", 0) or (4 if real or args.quick else 8)
+    specs = flood_of_many(per_user=per_user)
     sections, good = [], True
     for kind in (args.kind,) if real else ("vllm", "tgi"):
         runs: dict[str, list[tuple[list[RequestResult], Cost]]] = {m: [] for m in MODES}
