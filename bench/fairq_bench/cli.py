@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fairq bench", description=__doc__)
     parser.add_argument("scenarios", nargs="*", default=["all"], help=", ".join(SCENARIOS))
     parser.add_argument("--backend", default="sim", help="'sim' or a backend base URL")
-    parser.add_argument("--kind", default="vllm", choices=("vllm", "tgi"))
+    parser.add_argument("--kind", default="vllm", choices=("vllm", "tgi", "llamacpp"))
     parser.add_argument("--model", default="sim")
     parser.add_argument("--profile", default="tiny-cpu", help="simulator profile")
     parser.add_argument("--max-num-seqs", type=int, default=4, help="simulator batch size")
@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         "--priority-scheduling", action="store_true",
         help="preemption: the backend orders its queue by priority (vLLM --scheduling-policy "
         "priority); fairq sends it fair-share priorities",
+    )  # fmt: skip
+    parser.add_argument(
+        "--per-user", type=int, default=0,
+        help="preemption: power requests per power user (default 4 on a backend, 8 on the sim)",
     )  # fmt: skip
     parser.add_argument("--describe", default="", help="backend description for the report")
     parser.add_argument("--reproduce", default="", help="command shown in the report")

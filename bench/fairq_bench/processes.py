@@ -112,11 +112,11 @@ async def sim_process(*args: str, cpus: Sequence[int] = ()) -> AsyncIterator[str
 def toml_config(backend_url: str, model: str, kind: str, extra: str = "") -> str:
     """A minimal open-mode fairq configuration with one backend, listening on a free port.
 
-    ``kind`` is a backend kind, or ``sglang``: the OpenAI-compatible kind with SGLang's
-    metric names (the simulator's SGLang mode).
+    ``kind`` is a backend kind, or ``sglang`` / ``llamacpp``: the OpenAI-compatible kind with
+    that engine's metric names (the simulator's SGLang mode; a real ``llama-server``).
     """
-    if kind == "sglang":
-        kind = 'openai"\nmetrics_preset = "sglang'
+    if kind in ("sglang", "llamacpp"):
+        kind = f'openai"\nmetrics_preset = "{kind}'
     return (
         'listen = "127.0.0.1:0"\n'
         f"{extra}\n"

@@ -109,12 +109,17 @@ def _metric(text: str, name: str) -> float:
     return sum(float(v) for v in pattern.findall(text))
 
 
+# The engine's counter of generated tokens; llama-server's counts a cancelled request's
+# tokens too (flushed when its slot is reset). TGI has none for an aborted request.
+_GENERATED = {"vllm": "vllm:generation_tokens_total", "llamacpp": "llamacpp:tokens_predicted_total"}
+
+
 async def _engine_generated(client: httpx.AsyncClient, url: str, kind: str) -> float:
     """The engine's count of tokens generated so far (NaN: a TGI backend, which has none)."""
-    if kind != "vllm":
+    if kind not in _GENERATED:
         return math.nan
     text = (await client.get(f"{url}/metrics")).text
-    return _metric(text, "vllm:generation_tokens_total")
+    return _metric(text, _GENERATED[kind])
 
 
 async def run_once(
@@ -153,7 +158,10 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
     real = args.backend != "sim"
     slots = args.max_num_seqs if real else 8
     rounds = 1 if args.quick else (2 if real else 3)
-    specs = flood_of_many(per_user=4 if real or args.quick else 8)
+    # A fast engine (llama.cpp on the tiny model) drains 12 requests before the light user's
+    # last arrives: ``--per-user`` lengthens the flood.
+    per_user = getattr(args, "per_user", 0) or (4 if real or args.quick else 8)
+    specs = flood_of_many(per_user=per_user)
     sections, good = [], True
     for kind in (args.kind,) if real else ("vllm", "tgi"):
         runs: dict[str, list[tuple[list[RequestResult], Cost]]] = {m: [] for m in MODES}
