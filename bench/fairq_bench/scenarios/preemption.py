@@ -153,7 +153,9 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
 
     On the simulator (``--backend sim``) in vLLM and TGI modes, 8 slots; against a running
     backend (``--backend URL --kind vllm --max-num-seqs N``) on that one, with a smaller flood.
-    True when preemption brings the light user's TTFT below fairq's without it.
+    True when preemption halves the light user's worst TTFT against fairq without it: the
+    worst is the request that arrived mid-wave, the wait preemption removes (the median sits at
+    the floor either way when most light requests find a slot freeing, so it cannot tell).
     """
     real = args.backend != "sim"
     slots = args.max_num_seqs if real else 8
@@ -188,7 +190,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
                         )
                     )
         rows, light = _rows(runs)
-        good &= light["fairq + preemption"] < light["fairq"]
+        good &= light["fairq + preemption"] < 0.5 * light["fairq"]
         where = args.describe or f"{args.backend}" if real else f"Simulator, {kind} mode"
         sections.append(f"### {where} ({slots} slots)\n\n{rows}\n")
     power = len(specs) - 5
@@ -207,7 +209,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
 def _rows(
     runs: dict[str, list[tuple[list[RequestResult], Cost]]],
 ) -> tuple[str, dict[str, float]]:
-    """The table of medians per mode, and the light TTFT p50 per mode."""
+    """The table of medians per mode, and the light user's worst TTFT per mode."""
     med: dict[str, dict[str, float]] = {}
     for mode, rounds in runs.items():
         light = [summarize(mode, r, lambda u: u == LIGHT) for r, _ in rounds]
@@ -241,7 +243,7 @@ def _rows(
         "power makespan s (vs direct)", "regenerated (decoded twice)",
         "re-read as prompt", "failed",
     )  # fmt: skip
-    return markdown_table(header, table), {k: v["ttft_p50"] for k, v in med.items()}
+    return markdown_table(header, table), {k: v["ttft_max"] for k, v in med.items()}
 
 
 def _share(engine: float, fairq_side: float) -> str:

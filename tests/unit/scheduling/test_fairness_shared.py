@@ -127,6 +127,25 @@ def test_a_refused_request_coming_back_keeps_its_users_standing() -> None:
         assert policy.counter("a") == expected
 
 
+def test_a_refund_to_a_user_with_more_queued_reorders_it_at_once() -> None:
+    """A refused dispatch of a user with more requests queued: the refund lowers its counter
+    while it stays backlogged. It must go before users it is now ahead of; in a cluster a stale
+    order made each replica pick a user above the other's floor, and both waited for ever."""
+    for policy in (RoundRobinFairness(), VtcFairness()):
+        for user in ("a", "b"):
+            policy.activate(user, 1.0)
+        cost = Cost(requests=1, prompt_tokens=10)
+        policy.charge("a", cost)
+        assert policy.select() == "b"  # a's entry now sits at its charged counter
+        policy.charge("b", cost)
+        policy.charge("b", cost)
+        assert policy.select() == "a"  # b's entry now sits at two charges
+        policy.charge("b", Cost(requests=-2, prompt_tokens=-20))  # refunded, still backlogged
+        assert policy.counter("b") < policy.counter("a")
+        assert policy.select() == "b"
+        assert policy.candidates(0.0, 2) == ["b"]
+
+
 def test_a_users_record_outlives_an_empty_replica_in_a_cluster() -> None:
     """Charges of requests still in flight count when the user comes back (not lifted)."""
     for counters, expected in ((JournaledCounters(), 70.0), (LocalCounters(), 10.0)):

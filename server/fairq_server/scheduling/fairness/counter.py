@@ -2,9 +2,10 @@
 
 Each policy keeps a service counter per user and serves the backlogged user with the smallest
 counter; they differ in what they charge (see :mod:`.round_robin`, :mod:`.vtc`). The counters
-live in a heap with lazy updates: charges only ever raise a counter, so a heap entry whose key
-is lower than its user's current counter is simply re-pushed when it surfaces. Every operation
-is O(log n) amortised.
+live in a heap with lazy updates: a charge raises a counter, so a heap entry whose key is lower
+than its user's current counter is simply re-pushed when it surfaces. What lowers a counter (a
+refund, a cluster's sync) re-pushes the user at once: an entry above its counter would keep a
+user that is furthest behind from ever surfacing. Every operation is O(log n) amortised.
 
 A user whose queue goes from empty to non-empty is lifted to the smallest counter among
 backlogged users (or, with none backlogged, to the counter of the last user served): idle time
@@ -233,6 +234,11 @@ class CounterFairness:
         # Without a record (nobody to be fair against here: see deactivate()) only a cluster
         # keeps the charge: the user may be backlogged elsewhere.
         self._counters.add(user, amount / w)
+        if amount < 0 and state is not None and state.active:
+            # A refund (a refused dispatch) lowers the counter: the heap entry above it must
+            # go now, or this user sorts behind users it is ahead of (and, in a cluster, its
+            # replica serves nobody while another replica waits for it).
+            self._push(user, state)
 
     def price(self, cost: Cost) -> float:
         """Return what ``cost`` adds to a counter before the weight divides it."""
