@@ -13,6 +13,9 @@ from fairq_server.auth import hash_key
 from fairq_server.config import BackendConfig, Config, KeyConfig, SchedulerConfig
 from fairq_sim import SimConfig, SimServer
 
+#: The longest a test server's stop may take (a few seconds normally; grace is 0.5 s).
+_STOP_SECONDS = 60
+
 KEYS = {
     "alice-key": KeyConfig("alice", hash_key("alice-key"), tiers=("standard", "batch")),
     "bob-key": KeyConfig("bob", hash_key("bob-key"), tiers=("interactive", "standard", "batch")),
@@ -67,7 +70,10 @@ async def fairq_factory() -> AsyncIterator[FairqFactory]:
 
     yield make
     for server in servers:
-        await server.stop(grace=0.5)
+        # Bounded: a stop that hangs fails the test that made the server, not a later one
+        # (a server left running keeps its collector's frozen heap, for one).
+        async with asyncio.timeout(_STOP_SECONDS):
+            await server.stop(grace=0.5)
 
 
 async def freeze_gate(server: FairqServer, backend_id: str = "sim-a") -> None:

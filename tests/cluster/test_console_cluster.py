@@ -45,8 +45,9 @@ async def _live(url: str) -> list[dict[str, object]]:
 
 
 async def test_each_replica_shows_the_whole_cluster(
-    sim: SimServer, fairq_factory: FairqFactory, redis_url: str, tmp_path: Path
+    redis_url: str, sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
 ) -> None:
+    # redis_url first: fixtures are torn down in reverse, so Redis outlives the replicas.
     one = await _replica(fairq_factory, sim, redis_url, "replica-1")
     two = await _replica(fairq_factory, sim, redis_url, "replica-2")
     for server in (one, two):

@@ -46,9 +46,9 @@ async def _send(server: FairqServer, n: int) -> tuple[int, list[grpc.aio.AioRpcE
 
 @pytest.mark.parametrize(("shared", "store"), [(True, False), (True, True), (False, False)])
 async def test_a_hard_quota_holds_whichever_replica_serves(
+    redis_url: str,  # first: fixtures are torn down in reverse, so Redis outlives the replicas
     sim: SimServer,
     fairq_factory: FairqFactory,
-    redis_url: str,
     tmp_path: Path,
     shared: bool,
     store: bool,
