@@ -69,6 +69,69 @@ async def test_missing_max_tokens_gets_the_limit_on_both_doors(
     assert status == 200 and doc["usage"]["completion_tokens"] == 5
 
 
+async def test_a_default_bound_over_the_context_is_sent_as_the_context(
+    fairq_factory: FairqFactory,
+) -> None:
+    """vLLM refuses a max_tokens above max_model_len: with limits.max_tokens (32768) over a
+    model's context, every caller that left the bound out got a 400. The bound fairq chose is
+    sent at most the context /v1/models gave, so such a caller gets the rest of the context,
+    as from vLLM directly; a bound the caller gave is still vLLM's to refuse."""
+    config = SimConfig(mode="vllm", model="sim", speed=20.0, max_model_len=48)
+    async with SimServer(config) as sim:
+        server = await start(fairq_factory, sim)
+        events = await grpc_call(
+            server.port, scheduler_pb2.GenerateRequest(model="sim", prompt="hi")
+        )
+        usage = events[-1].finished.usage
+        assert usage.prompt_tokens + usage.completion_tokens == 48
+        chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+        for path, body in (
+            ("/v1/chat/completions", chat),
+            ("/v1/completions", {"model": "sim", "prompt": "hi"}),
+        ):
+            status, doc = await http_post(server, path, body)
+            assert status == 200, doc
+            assert doc["choices"][0]["finish_reason"] == "length"
+            assert doc["usage"]["prompt_tokens"] + doc["usage"]["completion_tokens"] == 48
+        status, doc = await http_post(
+            server, "/v1/completions", {"model": "sim", "prompt": "hi", "max_tokens": 100}
+        )
+        assert (
+            status == 400 and "cannot be greater than max_model_len=48" in doc["error"]["message"]
+        )
+        # Read from /v1/models with the served-models check.
+        assert server.core.backend("sim-a").backend.context_lengths == {"sim": 48}  # type: ignore[union-attr]
+
+
+async def test_a_default_bound_over_tgis_context_is_left_to_tgi(
+    fairq_factory: FairqFactory,
+) -> None:
+    """TGI refuses a prompt plus max_new_tokens over max_total_tokens (it does not cap): a
+    bound fairq chose at least the context /info gives is left out, and TGI generates the
+    rest of the context; a bound the caller gave is still TGI's to refuse."""
+    config = SimConfig(mode="tgi", model="sim", speed=20.0, max_model_len=48)
+    async with SimServer(config) as tgi:
+        server = await start(fairq_factory, tgi)
+        events = await grpc_call(
+            server.port, scheduler_pb2.GenerateRequest(model="sim", prompt="hi")
+        )
+        usage = events[-1].finished.usage
+        assert usage.prompt_tokens + usage.completion_tokens == 48
+        chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+        status, doc = await http_post(server, "/v1/chat/completions", chat)
+        assert status == 200, doc
+        assert doc["usage"]["prompt_tokens"] + doc["usage"]["completion_tokens"] == 48
+        status, doc = await http_post(server, "/v1/chat/completions", {**chat, "max_tokens": 100})
+        assert status == 400 and "must be <= 48" in doc["error"]["message"], doc
+        assert server.core.backend("sim-a").backend.context_lengths == {"sim": 48}  # type: ignore[union-attr]
+        # A limit below the context is still sent, and holds.
+        server = await start(fairq_factory, tgi, max_tokens=5)
+        events = await grpc_call(
+            server.port, scheduler_pb2.GenerateRequest(model="sim", prompt="hi")
+        )
+        assert events[-1].finished.usage.completion_tokens == 5
+
+
 async def test_default_max_tokens_below_the_limit(
     sim: SimServer, fairq_factory: FairqFactory
 ) -> None:

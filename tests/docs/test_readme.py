@@ -41,6 +41,26 @@ def test_the_http_api_page_snippets_compile_and_use_the_readme_model(index: int)
     assert re.findall(r'model="([^"]+)"', DOC_SNIPPETS[index]) == ["sim"]
 
 
+EXAMPLE_PAGES = [
+    README,
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted(ROOT.glob("clients/*/README.md")),
+]
+# A model a request example names: JSON ("model": "sim"), a Python keyword (model="sim"), a
+# JavaScript property (model: 'sim'), a command's flag (--model sim). Configuration examples
+# (TOML's `model = "..."` in a quota) may name any model.
+MODEL_NAMED = re.compile(
+    r"""(?:"model":\s*"|\bmodel=["']|\bmodel:\s*')([^"']+)|--model[ =]([^\s`]+)"""
+)
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_example_names_the_readme_model(page: Path) -> None:
+    """Examples pasted after the README's setup must find its model (were tiny and m)."""
+    named = {a or b for a, b in MODEL_NAMED.findall(page.read_text())}
+    assert named <= {"sim"}, named
+
+
 async def test_each_snippet_runs_against_fairq_and_the_simulator(
     sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
 ) -> None:

@@ -152,6 +152,7 @@ def _sampling(s: scheduler_pb2.SamplingParams, limits: Limits) -> Sampling:
         )
     return Sampling(
         max_tokens=output_bound(limits, max_tokens),
+        max_tokens_defaulted=max_tokens is None,
         # float32 on the wire: round so 0.7 reaches the backend as 0.7, not 0.699999988.
         temperature=round(temperature, 6) if temperature is not None else None,
         top_p=round(top_p, 6) if top_p is not None else None,

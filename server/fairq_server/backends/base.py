@@ -93,6 +93,8 @@ class Backend(abc.ABC):
         # Until /v1/models has listed every registered model, scrapes check it first (and
         # fail with the reason, which keeps the backend unhealthy).
         self.models_verified = not verify_models
+        # Each model's context length, as /v1/models gave it (read with the check).
+        self.context_lengths: dict[str, int] = {}
 
     @classmethod
     def from_config(
@@ -158,7 +160,7 @@ class Backend(abc.ABC):
             BackendError: the backend could not be asked (unreachable, refused the key).
 
         """
-        await check_served_models(self, timeout)
+        self.context_lengths = await check_served_models(self, timeout)
         self.models_verified = True
 
     async def aclose(self) -> None:

@@ -137,8 +137,11 @@ def _rpc_key(name: str) -> str:
     return key
 
 
-async def check_served_models(backend: ListsModels, timeout: float) -> None:
+async def check_served_models(backend: ListsModels, timeout: float) -> dict[str, int]:
     """Ask ``/v1/models`` and compare it with ``backend.models``.
+
+    Returns the context length of each registered model the list gives one for (vLLM's
+    ``max_model_len``); empty when the list was not read.
 
     Only a conclusive answer counts: a model list without a registered model refuses the
     backend, a refused API key keeps it unverified. Anything else (no such endpoint, an
@@ -160,7 +163,7 @@ async def check_served_models(backend: ListsModels, timeout: float) -> None:
                 resp.close()  # the rest is never read; the connection goes with it
     except TimeoutError:
         log.warning("backend %s: /v1/models did not answer; its models are not checked", backend.id)
-        return
+        return {}
     except aiohttp.ClientError as exc:
         raise BackendError(
             f"backend {backend.id}: cannot list models at {escape(url, 300)}: "
@@ -186,7 +189,7 @@ async def check_served_models(backend: ListsModels, timeout: float) -> None:
             backend.id,
             resp.status,
         )
-        return
+        return {}
     served = {str(m["id"]) for m in listing if isinstance(m, dict) and "id" in m}
     missing = [m for m in backend.models if m not in served]
     if missing:
@@ -196,6 +199,15 @@ async def check_served_models(backend: ListsModels, timeout: float) -> None:
             f"/v1/models "
             f"lists: {listed})"
         )
+    return {
+        str(m["id"]): m["max_model_len"]
+        for m in listing
+        if isinstance(m, dict)
+        and m.get("id") in backend.models
+        and isinstance(m.get("max_model_len"), int)
+        and not isinstance(m["max_model_len"], bool)
+        and m["max_model_len"] > 0
+    }
 
 
 async def refuse_unserved(backend: ListsModels) -> None:

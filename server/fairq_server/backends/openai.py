@@ -187,7 +187,7 @@ class OpenAIBackend(VllmBackend):
 
     def payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
         """Return the path and JSON body for ``request``."""
-        path, body = openai_body(request)
+        path, body = openai_body(request, self.context_lengths.get(request.model))
         if request.resume is not None:
             continue_openai(body, request.resume, token_ids=False)
         if self.priority_scheduling:

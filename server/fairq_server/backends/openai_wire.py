@@ -9,13 +9,20 @@ from fairq_server.backends.request import BackendRequest
 __all__ = ["openai_body"]
 
 
-def openai_body(request: BackendRequest) -> tuple[str, dict[str, Any]]:
+def openai_body(request: BackendRequest, context: int | None = None) -> tuple[str, dict[str, Any]]:
     """Return the path and streaming JSON body of ``request`` for an OpenAI-compatible API.
 
     Pass-through parameters go in first; fairq's own fields are set over them: the model,
     the input, ``stream`` (fairq always streams from the backend, to see the first token),
     usage in the stream (fairq charges tokens by it; a caller's other ``stream_options``
     are kept) and the validated sampling parameters.
+
+    ``context`` is the model's context length where the backend's ``/v1/models`` said it
+    (vLLM's ``max_model_len``). A bound fairq chose for a caller who gave none is sent at
+    most that: vLLM refuses a ``max_tokens`` above the context (a 400 for every such caller
+    when ``limits.max_tokens`` is larger) and caps one that only leaves too little room for
+    the prompt, so the model's whole context stays available and the limit still holds. A
+    bound the caller gave is sent as given, so fairq answers as the engine would.
     """
     s = request.sampling
     body: dict[str, Any] = dict(request.extra)
@@ -37,8 +44,11 @@ def openai_body(request: BackendRequest) -> tuple[str, dict[str, Any]]:
         path = "/v1/completions"
         ids = request.prompt_token_ids
         body["prompt"] = list(ids) if ids is not None else request.prompt
+    bound = s.max_tokens
+    if bound is not None and s.max_tokens_defaulted and context is not None:
+        bound = min(bound, context)
     optional = {
-        "max_tokens": s.max_tokens,
+        "max_tokens": bound,
         "temperature": s.temperature,
         "top_p": s.top_p,
         "seed": s.seed,

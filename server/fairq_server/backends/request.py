@@ -23,7 +23,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters; None means "the backend's default"."""
+    """Sampling parameters; None means "the backend's default".
+
+    ``max_tokens_defaulted`` says the caller gave no output bound and ``max_tokens`` is
+    fairq's default (``limits.default_max_tokens`` or ``limits.max_tokens``): a backend that
+    knows the model's context length sends at most that (see
+    :func:`~fairq_server.backends.openai_wire.openai_body`).
+    """
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -31,6 +37,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    max_tokens_defaulted: bool = False
 
 
 @dataclass(frozen=True)

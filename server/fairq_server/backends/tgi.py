@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
+
+import aiohttp
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import continue_openai, continue_tgi, resumed_usage
 from fairq_server.backends.errors import BackendError, BackendFailure
-from fairq_server.backends.http_reading import token_count
+from fairq_server.backends.http_reading import read_at_most, token_count
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
 from fairq_server.backends.passthrough import openai_stream
@@ -22,6 +27,9 @@ from fairq_server.backends.request import (
 from fairq_server.names import escape
 
 __all__ = ["TgiBackend"]
+
+log = logging.getLogger(__name__)
+_MAX_INFO_BYTES = 65_536
 
 _QUEUE = "tgi_queue_size"
 _BATCH = "tgi_batch_current_size"
@@ -73,6 +81,48 @@ class TgiBackend(Backend):
             missing=(("kv_usage", ""),),  # TGI exports no KV-cache usage
         )
 
+    async def verify_models(self, timeout: float = 5.0) -> None:
+        """Check ``/v1/models`` as for any backend, then read the context from ``/info``.
+
+        TGI's ``max_total_tokens`` (prompt plus output) is every model's context; an
+        ``/info`` that does not say it leaves the context unknown.
+        """
+        await super().verify_models(timeout)
+        try:
+            async with self.session().get(
+                f"{self.base_url}/info", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                body, complete = await read_at_most(resp, _MAX_INFO_BYTES)
+                if not complete:
+                    resp.close()
+                doc = json.loads(body) if resp.status == 200 and complete else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.info(
+                "backend %s: /info gave no context length: %s", self.id, escape(repr(exc), 300)
+            )
+            return
+        total = doc.get("max_total_tokens") if isinstance(doc, dict) else None
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            self.context_lengths = dict.fromkeys(self.models, total)
+
+    def _within_context(self, request: BackendRequest) -> BackendRequest:
+        """Leave out a bound fairq chose that is at least the model's context.
+
+        TGI refuses a prompt plus ``max_new_tokens`` over ``max_total_tokens`` instead of
+        capping it (every caller that gave no bound got a 422 when ``limits.max_tokens`` was
+        larger); left out, TGI generates the rest of the context, less than the bound.
+        """
+        s = request.sampling
+        context = self.context_lengths.get(request.model)
+        if (
+            s.max_tokens_defaulted
+            and context is not None
+            and s.max_tokens is not None
+            and s.max_tokens >= context
+        ):
+            return replace(request, sampling=replace(s, max_tokens=None))
+        return request
+
     def payload(self, request: BackendRequest) -> tuple[str, dict[str, Any]]:
         """Return the path and JSON body for ``request``.
 
@@ -80,6 +130,7 @@ class TgiBackend(Backend):
         any OpenAI server. A prompt goes to ``/generate_stream``; its pass-through fields
         are TGI's own ``parameters`` (``top_k``, ``repetition_penalty``, ``grammar``, ...).
         """
+        request = self._within_context(request)
         s = request.sampling
         if request.messages is not None:
             return openai_body(request)
@@ -101,7 +152,7 @@ class TgiBackend(Backend):
 
     def openai_payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
         """Return the OpenAI-shaped request (TGI serves ``/v1/completions`` too)."""
-        path, body = openai_body(request)
+        path, body = openai_body(self._within_context(request))
         if request.resume is not None:  # completions only: chat is never preempted on TGI
             continue_openai(body, request.resume, token_ids=False)
         return path, body

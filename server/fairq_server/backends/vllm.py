@@ -66,7 +66,7 @@ class VllmBackend(Backend):
 
     def payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
         """Return the path and JSON body for ``request`` (pass-through fields included)."""
-        path, body = openai_body(request)
+        path, body = openai_body(request, self.context_lengths.get(request.model))
         if request.request_id:
             body["request_id"] = request.request_id
         if self.preempt:

@@ -220,6 +220,7 @@ def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
         raise _bad("ignore_eos must be true or false")
     return Sampling(
         max_tokens=output_bound(limits, max_tokens),
+        max_tokens_defaulted=max_tokens is None,
         temperature=body.get("temperature"),
         top_p=body.get("top_p"),
         stop=_stop(body.get("stop"), limits),

@@ -105,6 +105,60 @@ def test_a_token_id_prompt_goes_as_the_list_of_ids() -> None:
     assert VllmBackend.token_prompts and not TgiBackend.token_prompts
 
 
+def test_only_a_default_bound_is_fitted_to_the_context() -> None:
+    """Capped at the context on vLLM, left out on TGI at or over it; a caller's own bound and
+    a bound below the context go as they are, and so does any bound of an unknown context."""
+    vllm = VllmBackend("v", "http://127.0.0.1:1", ("m",))
+    tgi = TgiBackend("t", "http://127.0.0.1:1", ("m",))
+    vllm.context_lengths = tgi.context_lengths = {"m": 100}
+
+    def sent(max_tokens: int, defaulted: bool, model: str = "m") -> tuple[object, object]:
+        sampling = Sampling(max_tokens=max_tokens, max_tokens_defaulted=defaulted)
+        request = BackendRequest(model=model, prompt="hi", sampling=sampling)
+        tgi_params = tgi.payload(request)[1]["parameters"]
+        return vllm.payload(request, 0)[1].get("max_tokens"), tgi_params.get("max_new_tokens")
+
+    assert sent(32768, True) == (100, None)
+    assert sent(100, True) == (100, None)
+    assert sent(99, True) == (99, 99)
+    assert sent(32768, False) == (32768, 32768)
+    assert sent(32768, True, model="other") == (32768, 32768)
+
+
+async def test_context_lengths_are_read_only_as_positive_integers_of_registered_models() -> None:
+    cards = [
+        {"id": "a", "max_model_len": 4096},
+        {"id": "b", "max_model_len": "4096"},
+        {"id": "c", "max_model_len": True},
+        {"id": "d", "max_model_len": -1},
+        {"id": "e"},
+        {"id": "unregistered", "max_model_len": 10},
+    ]
+    async with vllm_with(lambda _: reply(json_body={"object": "list", "data": cards})) as backend:
+        backend.models = ("a", "b", "c", "d", "e")
+        await backend.verify_models()
+        assert backend.context_lengths == {"a": 4096}
+    # TGI's comes from /info's max_total_tokens, for every model it is registered for.
+    info = {"max_total_tokens": 2048}
+
+    def tgi_server(request: web.BaseRequest) -> web.Response:
+        if request.path == "/info":
+            return reply(json_body=info)
+        return reply(json_body={"object": "list", "data": [{"id": "a"}, {"id": "b"}]})
+
+    async with serve(tgi_server) as url:
+        tgi = TgiBackend("t", url, ("a", "b"))
+        try:
+            await tgi.verify_models()
+            assert tgi.context_lengths == {"a": 2048, "b": 2048}
+            info["max_total_tokens"] = 1.5
+            tgi.context_lengths = {}
+            await tgi.verify_models()
+            assert tgi.context_lengths == {}
+        finally:
+            await tgi.aclose()
+
+
 @pytest.mark.parametrize(
     ("fixture", "status", "code", "needle"),
     [
