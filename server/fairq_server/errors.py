@@ -34,6 +34,9 @@ request. Each door maps these classes to its wire in one table of its own: gRPC 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 from fairq_server.backends.errors import BackendError, BackendFailure
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "ShuttingDownError",
     "SlowClientError",
     "UnauthenticatedError",
+    "door_entry",
 ]
 
 
@@ -180,3 +184,27 @@ class BackendFailedError(EvictedError):
         super().__init__(str(cause))
         self.cause = cause
         self.outcome = _BACKEND_OUTCOME[cause.kind]
+
+
+_Entry = TypeVar("_Entry")
+
+
+def door_entry(
+    exc: Exception,
+    by_error: Mapping[type[SchedulerError], _Entry],
+    by_failure: Mapping[BackendFailure, _Entry],
+) -> tuple[_Entry, str] | None:
+    """Return a door's table entry for ``exc`` and the message that goes with it.
+
+    A backend's failure (raised by an adapter, or wrapped by the dispatcher) is looked up by its
+    kind and speaks in the backend's words; any other error by its nearest class in
+    ``by_error``. None: nothing maps it (the door answers with an internal error).
+    """
+    if isinstance(exc, BackendFailedError | BackendError):
+        cause = exc.cause if isinstance(exc, BackendFailedError) else exc
+        return by_failure[cause.kind], str(cause)
+    for cls in type(exc).__mro__:
+        entry = by_error.get(cls)
+        if entry is not None:
+            return entry, str(exc)
+    return None

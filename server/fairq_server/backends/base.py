@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Self
 import aiohttp
 import orjson
 
+from fairq_server.backends.continuation import resumed_usage
 from fairq_server.backends.credentials import check_served_models, read_api_key
 from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import (
@@ -30,10 +31,15 @@ from fairq_server.backends.http_reading import (
     http_error,
     read_at_most,
     sse_reads,
+    stream_failures,
 )
 from fairq_server.backends.openai_wire import openai_body
-from fairq_server.backends.request import BackendRequest, MetricsSample, StreamEvent
-from fairq_server.backends.sse import SseLimitError
+from fairq_server.backends.request import (
+    BackendRequest,
+    MetricsSample,
+    StreamEnd,
+    StreamEvent,
+)
 from fairq_server.errors import InvalidRequestError
 from fairq_server.names import escape
 
@@ -245,7 +251,7 @@ class Backend(abc.ABC):
         :class:`BackendError`; leaving the context closes the stream (the backend aborts).
         """
         headers = {"accept": "text/event-stream"}
-        try:
+        with stream_failures(self.id):
             async with self._http().post(
                 f"{self.base_url}{path}", json=payload, headers=headers
             ) as resp:
@@ -253,19 +259,6 @@ class Backend(abc.ABC):
                     raise await self.http_error(resp)
                 async with contextlib.aclosing(sse_reads(resp.content)) as reads:
                     yield reads
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise BackendError(
-                f"backend {self.id}: connection failed: {exc!r}",
-                BackendFailure.UNAVAILABLE,
-                retryable=True,
-            ) from exc
-        except SseLimitError as exc:
-            # Leaving the `async with` above has closed the stream: the backend aborts.
-            raise BackendError(
-                f"backend {self.id}: malformed stream: a line or event exceeds the limit of "
-                f"{exc.limit} characters",
-                BackendFailure.FAILED,
-            ) from exc
 
     def decode_batch(self, batch: list[str]) -> tuple[list[dict[str, Any]], bool]:
         """Decode a read's payloads (:meth:`decode_event`) up to ``[DONE]``; True if it came."""
@@ -298,6 +291,20 @@ class Backend(abc.ABC):
             f"backend {self.id}: unexpected stream event {escape(repr(obj), 200)}",
             BackendFailure.FAILED,
         )
+
+    def stream_end(
+        self, request: BackendRequest, finish: str, prompt: int, completion: int
+    ) -> StreamEnd:
+        """Return the end of ``request``'s stream: its finish reason and the caller's usage.
+
+        Raises:
+            BackendError: the stream ended without a finish reason (:meth:`unfinished`).
+
+        """
+        if not finish:
+            raise self.unfinished()
+        prompt, completion = resumed_usage(request.resume, prompt, completion)
+        return StreamEnd(finish, prompt, completion)
 
     def unfinished(self) -> BackendError:
         """Return the error for a stream that ended without saying it was complete."""
