@@ -64,15 +64,6 @@ class Principal:
     group: str = "default"
     team: str | None = None
 
-    @property
-    def team_id(self) -> tuple[str, str]:
-        """The unit service is shared between at the team level.
-
-        A named team, or the user alone when it has none. Tagged, so a user without a team
-        never shares an entry with a team of the same name.
-        """
-        return ("team", self.team) if self.team is not None else ("user", self.user)
-
 
 class KeySource(Protocol):
     """Keys kept outside the configuration file (the store), consulted after the file's."""

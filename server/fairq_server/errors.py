@@ -19,14 +19,17 @@ Exception tree::
         └── BackendFailedError      the backend failed                    from its failure kind
 
     ConfigError (a ValueError)      the configuration is invalid; names the offending key
+    BackendError                    a backend failed, of a BackendFailure kind (adapters)
 
 Every :class:`SchedulerError` carries an ``outcome``: the label of ``fairq_requests_total``
 and of the access log's ``outcome`` field, the same whichever door the request came through
 (the names are those of the gRPC status the gRPC door answers with, in lower case).
 
-Backend adapters raise :class:`~fairq_server.backends.errors.BackendError`, in the backend's
-own terms; the dispatcher wraps it in :class:`BackendFailedError` when it gives up on a
-request. Each door maps these classes to its wire in one table of its own: gRPC status codes in
+Backend adapters raise :class:`BackendError` with a :class:`BackendFailure` kind, in the
+backend's own terms (they know nothing of either door); the dispatcher decides from its
+``retryable`` whether another backend may take the request, and wraps it in
+:class:`BackendFailedError` when it gives up on the request. Each door maps these classes to
+its wire in one table of its own (through :func:`door_entry`): gRPC status codes in
 :mod:`fairq_server.api.status`, HTTP statuses and OpenAI error bodies in
 :mod:`fairq_server.http.errors`. Anything unmapped is an internal error there;
 ``asyncio.CancelledError`` is never caught by either: a cancelled client is not an error.
@@ -34,13 +37,14 @@ request. Each door maps these classes to its wire in one table of its own: gRPC 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import TypeVar
 
-from fairq_server.backends.errors import BackendError, BackendFailure
-
 __all__ = [
+    "BackendError",
     "BackendFailedError",
+    "BackendFailure",
     "ConfigError",
     "EvictedError",
     "InternalError",
@@ -58,6 +62,32 @@ __all__ = [
     "UnauthenticatedError",
     "door_entry",
 ]
+
+
+class BackendFailure(enum.Enum):
+    """Why a backend did not serve a request; the value doubles as a log and metric label."""
+
+    UNAVAILABLE = "unavailable"  # unreachable, reset, 5xx, or the stream ended early
+    OVERLOADED = "overloaded"  # the backend said so (HTTP 429, TGI "overloaded")
+    INVALID_REQUEST = "invalid_request"  # the backend refused the request itself (4xx)
+    NOT_FOUND = "not_found"  # the backend does not know the model or path
+    FAILED = "failed"  # the generation failed, or the backend broke its protocol
+
+
+class BackendError(Exception):
+    """The backend refused or failed a request, or a scrape.
+
+    Attributes:
+        kind: what went wrong.
+        retryable: the failure says nothing about the request itself (connection refused,
+            reset, 5xx, overloaded), so another backend may succeed.
+
+    """
+
+    def __init__(self, message: str, kind: BackendFailure, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retryable = retryable
 
 
 class ConfigError(ValueError):

@@ -28,8 +28,8 @@ import math
 
 import grpc
 
-from fairq_server.backends.errors import BackendFailure
 from fairq_server.errors import (
+    BackendFailure,
     InternalError,
     InvalidRequestError,
     ModelNotFoundError,

@@ -2,7 +2,7 @@
 
 Adapters translate one :class:`BackendRequest` into the backend's streaming HTTP API and its
 answer into :class:`TextDelta` / :class:`StreamEnd` events. Foreign exceptions (aiohttp,
-JSON) are translated at this boundary into :class:`~fairq_server.backends.errors.BackendError`,
+JSON) are translated at this boundary into :class:`~fairq_server.errors.BackendError`,
 which names what went wrong in the backend's terms; the API layer picks the gRPC status.
 
 HTTP goes through aiohttp: its C parser hands a stream's buffered events over in one read,
@@ -24,7 +24,6 @@ import orjson
 
 from fairq_server.backends.continuation import resumed_usage
 from fairq_server.backends.credentials import check_served_models, read_api_key
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import (
     FAILURE_BY_HTTP,
     ReadLimits,
@@ -40,7 +39,7 @@ from fairq_server.backends.request import (
     StreamEnd,
     StreamEvent,
 )
-from fairq_server.errors import InvalidRequestError
+from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError
 from fairq_server.names import escape
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Reading backends' HTTP answers within bounds, and translating their errors.
 
 Every byte fairq reads from a backend outside a generation stream is bounded
-(:class:`ReadLimits`); an HTTP error becomes a :class:`~fairq_server.backends.errors.BackendError`
+(:class:`ReadLimits`); an HTTP error becomes a :class:`~fairq_server.errors.BackendError`
 that keeps the backend's own message; token counts are validated before fairq charges them.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 
 from fairq_server import loop_share
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.sse import SseLimitError, SseSplitter
+from fairq_server.errors import BackendError, BackendFailure
 from fairq_server.names import escape
 
 __all__ = [

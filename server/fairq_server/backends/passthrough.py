@@ -21,7 +21,6 @@ import orjson
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import relay_payload
-from fairq_server.backends.errors import BackendError
 from fairq_server.backends.http_reading import (
     http_error,
     read_at_most,
@@ -30,6 +29,7 @@ from fairq_server.backends.http_reading import (
     usage_tokens,
 )
 from fairq_server.backends.request import BackendRequest, StreamEvent, TextDelta
+from fairq_server.errors import BackendError
 
 __all__ = ["BackendHttpError", "RawDelta", "openai_stream"]
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import continue_openai, continue_tgi
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import token_count
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
@@ -18,6 +17,7 @@ from fairq_server.backends.request import (
     StreamEvent,
     TextDelta,
 )
+from fairq_server.errors import BackendError, BackendFailure
 from fairq_server.names import escape
 
 __all__ = ["TgiBackend"]

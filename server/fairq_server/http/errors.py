@@ -39,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from fairq_server import errors as domain
-from fairq_server.backends.errors import BackendFailure
+from fairq_server.errors import BackendFailure
 
 __all__ = ["HttpError", "error_body", "error_for", "error_response"]
 
