@@ -16,12 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fairq_server.config import ConfigError, KeyConfig
-from fairq_server.errors import PermissionDeniedError, UnauthenticatedError
+from fairq_server.errors import ConfigError, PermissionDeniedError, UnauthenticatedError
 from fairq_server.identity.jwks import source_for
 from fairq_server.identity.jwt import JwtVerifier, looks_like_jwt
 from fairq_server.identity.keyset import JwksError
-from fairq_server.identity.settings import JwtConfig
+from fairq_server.identity.settings import JwtConfig, KeyConfig
 
 __all__ = [
     "ANONYMOUS_USER",
