@@ -22,7 +22,7 @@ import time
 
 import aiohttp
 
-from fairq_bench.scenarios.procs import child_process, cpu_seconds
+from fairq_bench.processes import child_process, cpu_seconds
 from fairq_sim.server import bind_socket
 
 __all__ = ["main"]

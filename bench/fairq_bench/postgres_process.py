@@ -17,7 +17,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,16 +140,3 @@ class PostgresProcess:
             yield server
         finally:
             server.close()
-
-
-def wait_until_refused(port: int, timeout: float = 10.0) -> None:
-    """Wait until nothing accepts on ``port`` (the server is really down)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                pass
-        except OSError:
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} still accepts after {timeout} s")

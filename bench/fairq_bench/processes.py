@@ -17,7 +17,10 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 __all__ = [
+    "child_process",
     "confined",
+    "cpu_seconds",
+    "fairq_module_process",
     "fairq_process",
     "sim_process",
     "split_cpus",
@@ -28,35 +31,43 @@ __all__ = [
 _READY_TIMEOUT = 60.0
 
 
-async def _start(
-    args: Sequence[str], pattern: str, python: str = sys.executable, cpus: Sequence[int] = ()
-) -> tuple[asyncio.subprocess.Process, str]:
-    """Start a child and wait for the stdout line matching ``pattern``; return group 1.
+@contextlib.asynccontextmanager
+async def child_process(
+    argv: Sequence[str], pattern: str, python: str = sys.executable, cpus: Sequence[int] = ()
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """Run ``python ARGV``; yield the process and group 1 of its first stdout line matching.
 
-    ``cpus`` confines the child (and every thread it starts) to those CPUs.
+    ``cpus`` confines the child (and every thread it starts) to those CPUs. Leaving stops it.
     """
     # stderr goes to a file: a pipe nobody drains would block a chatty child.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child
     pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     proc = await asyncio.create_subprocess_exec(
-        *pin, python, "-m", "fairq_server", *args,
+        *pin, python, *argv,
         stdout=asyncio.subprocess.PIPE, stderr=log,
         # Own process group (so stop reaches every child) but not a new session: a new session
         # is a new scheduler autogroup, which on a small machine starves the measuring client.
         process_group=0,
     )  # fmt: skip
     assert proc.stdout is not None
+    found = ""
     try:
         async with asyncio.timeout(_READY_TIMEOUT):
             while line := (await proc.stdout.readline()).decode():
                 if match := re.search(pattern, line):
-                    return proc, match.group(1)
+                    found = match.group(1)
+                    break
     except TimeoutError:
         pass
-    await stop_process(proc)
-    log.seek(0)
-    err = log.read().decode(errors="replace")[-2000:]
-    raise RuntimeError(f"fairq {args[0]} did not start: {err}")
+    try:
+        if not found:
+            log.seek(0)
+            err = log.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"{' '.join(argv[:3])} did not start: {err}")
+        yield proc, found
+    finally:
+        await stop_process(proc, timeout=15)
+        log.close()
 
 
 def split_cpus() -> tuple[tuple[int, ...], set[int]]:
@@ -102,11 +113,9 @@ async def stop_process(proc: asyncio.subprocess.Process, timeout: float = 10.0) 
 @contextlib.asynccontextmanager
 async def sim_process(*args: str, cpus: Sequence[int] = ()) -> AsyncIterator[str]:
     """Run ``fairq sim ARGS --port 0`` (on ``cpus`` if given) and yield its base URL."""
-    proc, url = await _start(["sim", "--port", "0", *args], r"^(http://\S+)", cpus=cpus)
-    try:
+    argv = ["-m", "fairq_server", "sim", "--port", "0", *args]
+    async with child_process(argv, r"^(http://\S+)", cpus=cpus) as (_, url):
         yield url
-    finally:
-        await stop_process(proc)
 
 
 def toml_config(backend_url: str, model: str, kind: str, extra: str = "") -> str:
@@ -137,12 +146,34 @@ async def fairq_process(config_text: str, python: str = sys.executable) -> Async
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fairq.toml"
         path.write_text(config_text)
-        proc, port = await _start(
-            ["--log-level", "WARNING", "serve", "--config", str(path), "--grace", "2"],
-            r"\(port (\d+)\)",
-            python,
-        )
-        try:
+        argv = ["-m", "fairq_server", *_serve_args(path)]
+        async with child_process(argv, r"\(port (\d+)\)", python) as (_, port):
             yield f"127.0.0.1:{port}"
-        finally:
-            await stop_process(proc)
+
+
+@contextlib.asynccontextmanager
+async def fairq_module_process(
+    config_text: str, module: Sequence[str] = ("-m", "fairq_server")
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """Run ``python MODULE serve`` with ``config_text``; yield the process and gRPC target.
+
+    ``module`` lets a scenario run fairq under a profiler.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fairq.toml"
+        path.write_text(config_text)
+        argv = [*module, *_serve_args(path)]
+        async with child_process(argv, r"\(port (\d+)\)") as (proc, port):
+            yield proc, f"127.0.0.1:{port}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def _serve_args(config: Path) -> list[str]:
+    """The arguments after ``fairq`` that serve ``config`` quietly, with a short grace."""
+    return ["--log-level", "WARNING", "serve", "--config", str(config), "--grace", "2"]

@@ -16,12 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fairq_server.config import ConfigError, KeyConfig
-from fairq_server.errors import PermissionDeniedError, UnauthenticatedError
+from fairq_server.errors import ConfigError, PermissionDeniedError, UnauthenticatedError
 from fairq_server.identity.jwks import source_for
 from fairq_server.identity.jwt import JwtVerifier, looks_like_jwt
 from fairq_server.identity.keyset import JwksError
-from fairq_server.identity.settings import JwtConfig
+from fairq_server.identity.settings import JwtConfig, KeyConfig
 
 __all__ = [
     "ANONYMOUS_USER",
@@ -63,15 +62,6 @@ class Principal:
     weight: float = 1.0
     group: str = "default"
     team: str | None = None
-
-    @property
-    def team_id(self) -> tuple[str, str]:
-        """The unit service is shared between at the team level.
-
-        A named team, or the user alone when it has none. Tagged, so a user without a team
-        never shares an entry with a team of the same name.
-        """
-        return ("team", self.team) if self.team is not None else ("user", self.user)
 
 
 class KeySource(Protocol):

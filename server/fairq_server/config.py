@@ -43,12 +43,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster_config import ClusterConfig
+from fairq_server.console_config import ConsoleConfig
 from fairq_server.door_config import HttpConfig, Limits, TlsConfig
 from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
 from fairq_server.errors import ConfigError
-from fairq_server.identity.settings import JwtConfig
-from fairq_server.observe.settings import ConsoleConfig
+from fairq_server.identity.settings import JwtConfig, KeyConfig
 from fairq_server.preempt_config import PreemptConfig
 from fairq_server.store.settings import PriceConfig, StoreConfig
 from fairq_server.teams import TeamConfig
@@ -166,19 +166,6 @@ class BackendConfig:
     api_key_file: str = ""
     verify_models: bool = True
     preempt: bool = False
-
-
-@dataclass(frozen=True)
-class KeyConfig:
-    """An API key, stored only as its SHA-256 digest (hex); ``team`` empty: no team."""
-
-    user: str
-    sha256: str
-    tiers: tuple[str, ...] = ()
-    admin: bool = False
-    weight: float = 1.0
-    group: str = "default"
-    team: str = ""
 
 
 DEFAULT_BACKEND_ALLOWLIST = (

@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.credentials import refuse_unserved
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.poller import MetricsPoller
 from fairq_server.backends.registry import make_backend
 from fairq_server.config import BackendConfig, Config, ConfigError
 from fairq_server.entitlement.factory import build_entitlement
-from fairq_server.errors import InvalidRequestError, QueueFullError
+from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError, QueueFullError
 from fairq_server.loop_monitor import LoopMonitor
 from fairq_server.names import escape
 from fairq_server.registrations import (

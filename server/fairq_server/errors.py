@@ -19,14 +19,17 @@ Exception tree::
         └── BackendFailedError      the backend failed                    from its failure kind
 
     ConfigError (a ValueError)      the configuration is invalid; names the offending key
+    BackendError                    a backend failed, of a BackendFailure kind (adapters)
 
 Every :class:`SchedulerError` carries an ``outcome``: the label of ``fairq_requests_total``
 and of the access log's ``outcome`` field, the same whichever door the request came through
 (the names are those of the gRPC status the gRPC door answers with, in lower case).
 
-Backend adapters raise :class:`~fairq_server.backends.errors.BackendError`, in the backend's
-own terms; the dispatcher wraps it in :class:`BackendFailedError` when it gives up on a
-request. Each door maps these classes to its wire in one table of its own: gRPC status codes in
+Backend adapters raise :class:`BackendError` with a :class:`BackendFailure` kind, in the
+backend's own terms (they know nothing of either door); the dispatcher decides from its
+``retryable`` whether another backend may take the request, and wraps it in
+:class:`BackendFailedError` when it gives up on the request. Each door maps these classes to
+its wire in one table of its own (through :func:`door_entry`): gRPC status codes in
 :mod:`fairq_server.api.status`, HTTP statuses and OpenAI error bodies in
 :mod:`fairq_server.http.errors`. Anything unmapped is an internal error there;
 ``asyncio.CancelledError`` is never caught by either: a cancelled client is not an error.
@@ -34,10 +37,14 @@ request. Each door maps these classes to its wire in one table of its own: gRPC 
 
 from __future__ import annotations
 
-from fairq_server.backends.errors import BackendError, BackendFailure
+import enum
+from collections.abc import Mapping
+from typing import TypeVar
 
 __all__ = [
+    "BackendError",
     "BackendFailedError",
+    "BackendFailure",
     "ConfigError",
     "EvictedError",
     "InternalError",
@@ -53,7 +60,34 @@ __all__ = [
     "ShuttingDownError",
     "SlowClientError",
     "UnauthenticatedError",
+    "door_entry",
 ]
+
+
+class BackendFailure(enum.Enum):
+    """Why a backend did not serve a request; the value doubles as a log and metric label."""
+
+    UNAVAILABLE = "unavailable"  # unreachable, reset, 5xx, or the stream ended early
+    OVERLOADED = "overloaded"  # the backend said so (HTTP 429, TGI "overloaded")
+    INVALID_REQUEST = "invalid_request"  # the backend refused the request itself (4xx)
+    NOT_FOUND = "not_found"  # the backend does not know the model or path
+    FAILED = "failed"  # the generation failed, or the backend broke its protocol
+
+
+class BackendError(Exception):
+    """The backend refused or failed a request, or a scrape.
+
+    Attributes:
+        kind: what went wrong.
+        retryable: the failure says nothing about the request itself (connection refused,
+            reset, 5xx, overloaded), so another backend may succeed.
+
+    """
+
+    def __init__(self, message: str, kind: BackendFailure, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retryable = retryable
 
 
 class ConfigError(ValueError):
@@ -180,3 +214,27 @@ class BackendFailedError(EvictedError):
         super().__init__(str(cause))
         self.cause = cause
         self.outcome = _BACKEND_OUTCOME[cause.kind]
+
+
+_Entry = TypeVar("_Entry")
+
+
+def door_entry(
+    exc: Exception,
+    by_error: Mapping[type[SchedulerError], _Entry],
+    by_failure: Mapping[BackendFailure, _Entry],
+) -> tuple[_Entry, str] | None:
+    """Return a door's table entry for ``exc`` and the message that goes with it.
+
+    A backend's failure (raised by an adapter, or wrapped by the dispatcher) is looked up by its
+    kind and speaks in the backend's words; any other error by its nearest class in
+    ``by_error``. None: nothing maps it (the door answers with an internal error).
+    """
+    if isinstance(exc, BackendFailedError | BackendError):
+        cause = exc.cause if isinstance(exc, BackendFailedError) else exc
+        return by_failure[cause.kind], str(cause)
+    for cls in type(exc).__mro__:
+        entry = by_error.get(cls)
+        if entry is not None:
+            return entry, str(exc)
+    return None

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
-__all__ = ["RESTART_DELAYS", "stop_task", "supervise"]
+__all__ = ["RESTART_DELAYS", "OwnedTask", "stop_task", "supervise"]
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +59,26 @@ async def stop_task(task: asyncio.Task[None] | None) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class OwnedTask:
+    """The one background task an object runs between its ``start`` and its ``close``.
+
+    Args:
+        name: the task's name (shown in asyncio's debug output and task dumps).
+
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start ``run()`` as the task, unless it is already running."""
+        if self._task is None:
+            self._task = asyncio.create_task(run(), name=self._name)
+
+    async def stop(self) -> None:
+        """Cancel the task (if started) and wait until it has ended; it may start again."""
+        await stop_task(self._task)
+        self._task = None

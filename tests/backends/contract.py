@@ -27,7 +27,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairq_server.api.status import status_for
-from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
@@ -37,6 +36,7 @@ from fairq_server.backends.request import (
     TextDelta,
 )
 from fairq_server.backends.vllm import VllmBackend
+from fairq_server.errors import BackendError
 
 from ..scripted_http import RecordingProxy
 

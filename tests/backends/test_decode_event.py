@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.vllm import VllmBackend
+from fairq_server.errors import BackendError, BackendFailure
 
 
 def _backend() -> VllmBackend:

@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from fairq_server.api.status import status_for
-from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
@@ -25,6 +24,7 @@ from fairq_server.backends.request import (
     TextDelta,
 )
 from fairq_server.backends.tgi import TgiBackend
+from fairq_server.errors import BackendError
 from fairq_sim import SimConfig, SimServer
 
 from ..scripted_http import RecordingProxy

@@ -1,4 +1,4 @@
-"""Both clients' backend kinds are the proto's ``BackendKind`` enum, checked in CI.
+"""The server's and both clients' backend kinds are the proto's ``BackendKind`` enum (CI).
 
 The enum is read from ``protos/fairq/v1/admin.proto`` itself, compiled here by
 protoc, not from the generated stubs the Python client imports: stale stubs,
@@ -15,6 +15,7 @@ from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
 import fairq
+from fairq_server.backends.kinds import BACKEND_KINDS as SERVER_KINDS
 
 from .test_node_client import NODE, NODE_DIR, needs_node
 
@@ -44,6 +45,12 @@ def test_the_enum_has_the_kinds_the_clients_document(tmp_path: Path) -> None:
 
 def test_python_client_kinds_are_the_protos(tmp_path: Path) -> None:
     assert list(fairq.BACKEND_KINDS) == proto_kinds(tmp_path)
+
+
+def test_server_drives_exactly_the_protos_kinds(tmp_path: Path) -> None:
+    # A kind added to the proto without an adapter (or the reverse) fails here, not at an
+    # operator's RegisterBackend.
+    assert sorted(SERVER_KINDS) == sorted(proto_kinds(tmp_path))
 
 
 @needs_node

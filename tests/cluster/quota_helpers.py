@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from fairq_server.cluster.connection import connect
-from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.entitlement.book import (
     Grant,
     LimitBook,

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from fairq_server.cluster.connection import connect
-from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.http.console.render import fragment
 from fairq_server.observe.live import LiveView, ModelRow, UserRow
 from fairq_server.observe.replicas import MAX_VIEW_BYTES, ReplicaViews

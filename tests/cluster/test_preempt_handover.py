@@ -19,7 +19,7 @@ import grpc
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
-from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.config import DEFAULT_TIERS
 from fairq_server.preempt_config import PreemptConfig
 from fairq_sim import SimConfig, SimServer

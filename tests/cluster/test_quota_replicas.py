@@ -12,7 +12,7 @@ import pytest
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
-from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
 from fairq_server.entitlement.settings import QuotaConfig
 from fairq_server.store.settings import StoreConfig

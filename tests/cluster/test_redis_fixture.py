@@ -12,7 +12,7 @@ import pytest
 
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.cluster.connection import connect
-from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.config import ConfigError
 from fairq_server.config_file import parse_config
 from fairq_sim import SimServer

@@ -14,7 +14,7 @@ import grpc
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
-from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.config import Config
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config

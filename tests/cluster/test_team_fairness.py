@@ -17,7 +17,7 @@ import grpc
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
 from fairq_server.auth import hash_key
-from fairq_server.cluster.settings import ClusterConfig
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.config import Config, KeyConfig, TierConfig
 from fairq_server.teams import TeamConfig
 from fairq_sim import SimConfig, SimServer

@@ -170,10 +170,10 @@ async def test_names_are_verbatim_and_never_collide(idp: Idp) -> None:
         assert p.team == (team[0] if isinstance(team, list) else team)
         seen.add(p.user)
     assert len(seen) == 3
-    # A user with no team is its own team, never the same entry as a team of its name.
+    # A user with no team has none (it is its own team), whatever a team of its name exists.
     p = await auth.authenticate(bearer(EC.sign(claims("ml"))))
     q = await auth.authenticate(bearer(EC.sign(claims("someone", team="ml"))))
-    assert p.team_id != q.team_id
+    assert (p.user, p.team) == ("ml", None) and (q.user, q.team) == ("someone", "ml")
     assert "longer than 256" in await refused(auth, EC.sign(claims("x" * 257)))
     assert "control characters" in await refused(auth, EC.sign(claims("eve\nINFO forged")))
     assert "names 2 teams" in await refused(auth, EC.sign(claims(team=["a", "b"])))

@@ -18,6 +18,31 @@ import fairq_server
 
 PACKAGE = Path(fairq_server.__file__).parent
 
+# The service's layers, top to bottom (docs/design/architecture.md draws them): a folder or
+# top-level module may import only what stands in a layer below its own; side by side, units
+# of one layer never import each other.
+_LAYERS = (
+    ("__main__.py",),
+    ("cli.py",),
+    ("app.py",),
+    ("http",),
+    ("api", "observe"),
+    ("requests",),
+    ("core.py", "tools"),
+    ("cluster", "config_file.py"),
+    ("scheduling",),
+    ("telemetry.py",),
+    ("backends", "registrations.py", "config_reader.py"),
+    ("config.py",),
+    ("entitlement",),
+    ("store",),
+    ("auth.py",),
+    ("identity", "cluster_config.py", "logs.py"),
+    ("errors.py", "names.py", "supervisor.py", "loop_monitor.py", "loop_share.py",
+     "collector.py", "listening.py", "door_config.py", "console_config.py",
+     "preempt_config.py", "team_labels.py", "teams.py"),
+)  # fmt: skip
+
 # Folder (or module) -> packages of fairq_server it must never import.
 _FORBIDDEN = {
     "api": ("http", "app", "cli"),
@@ -61,6 +86,35 @@ def test_no_arrow_runs_back_up(where: str) -> None:
         if name == f"fairq_server.{banned.removesuffix('.py')}"
         or name.startswith(f"fairq_server.{banned}.")
     ]
+    assert wrong == []
+
+
+def _unit(module: str) -> str:
+    """The folder or top-level module of ``fairq_server`` that ``module`` belongs to."""
+    first = module.split(".")[1]
+    return first if (PACKAGE / first).is_dir() else f"{first}.py"
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    units |= {p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    placed = [u for layer in _LAYERS for u in layer]
+    assert sorted(placed) == sorted(units), "place a new folder or module in _LAYERS"
+
+
+def test_every_import_points_down_the_layers() -> None:
+    layer_of = {unit: i for i, layer in enumerate(_LAYERS) for unit in layer}
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent == PACKAGE and path.name == "__init__.py":
+            continue
+        here = _unit(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        for name in sorted(_imports(path)):
+            if name == "fairq_server":
+                continue
+            there = _unit(name)
+            if there != here and layer_of[there] <= layer_of[here]:
+                wrong.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert wrong == []
 
 

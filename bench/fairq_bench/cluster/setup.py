@@ -20,9 +20,8 @@ import aiohttp
 import grpc
 import redis.asyncio as aioredis
 
-from fairq_bench.processes import confined, sim_process, split_cpus
+from fairq_bench.processes import confined, fairq_module_process, sim_process, split_cpus
 from fairq_bench.redis_process import RedisProcess
-from fairq_bench.scenarios.procs import fairq_module_process
 from fairq_bench.targets import fairq_sender
 from fairq_bench.workload import RequestSpec, SendFn
 from fairq_server.cluster.connection import server_ms

@@ -37,9 +37,8 @@ from fairq_bench.hot_path.load import (
 )
 from fairq_bench.hot_path.scenario import _flames
 from fairq_bench.hot_path.setup import HTTP_LIMITS, TIERS, Door, Stack, cores, pinned
-from fairq_bench.processes import toml_config
+from fairq_bench.processes import child_process, fairq_module_process, toml_config
 from fairq_bench.report import percentile
-from fairq_bench.scenarios.procs import child_process, fairq_module_process
 from fairq_bench.targets import aiohttp_session, free_port
 
 __all__ = ["main"]

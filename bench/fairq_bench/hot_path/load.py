@@ -20,7 +20,7 @@ import grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.hot_path.setup import Door
-from fairq_bench.scenarios.procs import cpu_seconds
+from fairq_bench.processes import cpu_seconds
 
 __all__ = [
     "Probe",

@@ -17,9 +17,8 @@ import aiohttp
 import grpc
 
 from fairq_bench.cluster.setup import formed, replica_config
-from fairq_bench.processes import confined, toml_config
+from fairq_bench.processes import child_process, confined, fairq_module_process, toml_config
 from fairq_bench.redis_process import RedisProcess
-from fairq_bench.scenarios.procs import child_process, fairq_module_process
 from fairq_bench.targets import aiohttp_session, free_port
 
 __all__ = ["HTTP_LIMITS", "TIERS", "Cores", "Door", "Stack", "cores", "hot_stack", "pinned"]

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from fairq_bench.processes import sim_process
-from fairq_bench.scenarios.procs import fairq_module_process
+from fairq_bench.processes import fairq_module_process, sim_process
 from fairq_bench.scenarios.tracing import Trace, trace_replay
 from fairq_bench.targets import direct_sender, fairq_sender, http_client, keyed_sender
 from fairq_bench.workload import RequestSpec

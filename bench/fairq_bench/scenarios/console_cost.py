@@ -25,10 +25,9 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from fairq_bench.processes import toml_config
+from fairq_bench.processes import child_process, cpu_seconds, fairq_module_process, toml_config
 from fairq_bench.report import markdown_table
 from fairq_bench.scenarios.docs import Report
-from fairq_bench.scenarios.procs import child_process, cpu_seconds, fairq_module_process
 from fairq_bench.targets import fairq_sender, free_port
 from fairq_bench.workload import RequestSpec
 from fairq_server.app import FairqServer

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from fairq_bench.processes import toml_config
+from fairq_bench.processes import child_process, cpu_seconds, fairq_module_process, toml_config
 from fairq_bench.report import markdown_table
 from fairq_bench.scenarios.docs import Report
-from fairq_bench.scenarios.procs import child_process, cpu_seconds, fairq_module_process
 from fairq_bench.scenarios.runs import p
 from fairq_bench.targets import aiohttp_session, fairq_sender, free_port, openai_sender
 from fairq_bench.workload import RequestSpec, SendFn, time_to_first_text

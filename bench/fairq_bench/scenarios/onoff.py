@@ -18,8 +18,8 @@ from pathlib import Path
 from fairq_bench.report import markdown_table
 from fairq_bench.scenarios.common import FairqSetup, SimSetup, Tier
 from fairq_bench.scenarios.docs import Report
-from fairq_bench.scenarios.plots import Panel, Series, plot_panels
-from fairq_bench.scenarios.runs import Run, needs_sim, run_all
+from fairq_bench.scenarios.plots import Panel, plot_panels
+from fairq_bench.scenarios.runs import needs_sim, run_all, share_series
 from fairq_bench.scenarios.workloads import arrivals, prompt_text
 from fairq_bench.workload import RequestSpec
 
@@ -42,17 +42,6 @@ def workload(on1: float, off: float, on2: float) -> list[RequestSpec]:
                 specs.append(RequestSpec(user, prompt_text(256, f"{user}#{i}"), 256, at=at))
                 i += 1
     return specs
-
-
-def _series(run: Run, width: float) -> Series:
-    xs, ys = [], []
-    k = 0
-    while (k + 1) * width <= run.sim(run.duration) + 1e-9:
-        shares = run.ledger.shares(run.wall(k * width), run.wall((k + 1) * width))
-        xs.append((k + 0.5) * width)
-        ys.append(shares[B])
-        k += 1
-    return Series(run.label, xs, ys, style="o-")
 
 
 async def on_off(args: argparse.Namespace, url: str, out: Path) -> bool:
@@ -103,7 +92,7 @@ async def on_off(args: argparse.Namespace, url: str, out: Path) -> bool:
         [
             Panel(
                 "B's share of service per 10 s window",
-                [_series(r, 10.0) for r in runs],
+                [share_series(r, B, 10.0) for r in runs],
                 ylabel="B share of (prompt + 2 x output)",
                 hlines=((0.5, "equal"),),
             )

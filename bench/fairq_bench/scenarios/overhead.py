@@ -20,11 +20,10 @@ from pathlib import Path
 
 import grpc
 
-from fairq_bench.processes import toml_config
+from fairq_bench.processes import child_process, cpu_seconds, fairq_module_process, toml_config
 from fairq_bench.report import markdown_table
 from fairq_bench.scenarios.docs import Report
 from fairq_bench.scenarios.plots import Panel, Series, plot_panels
-from fairq_bench.scenarios.procs import child_process, cpu_seconds, fairq_module_process
 from fairq_bench.scenarios.runs import p
 from fairq_bench.targets import direct_sender, fairq_sender, http_client
 from fairq_bench.workload import RequestSpec, SendFn, time_to_first_text

@@ -39,8 +39,8 @@ from fairq_bench.redis_process import RedisProcess
 from fairq_bench.report import markdown_table, percentile
 from fairq_bench.scenarios.docs import RESULT_PREFIX
 from fairq_server.cluster.connection import connect
-from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import SharedGate
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.entitlement.book import (
     Grant,
     LimitBook,

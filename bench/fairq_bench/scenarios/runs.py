@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 
 from fairq_bench.report import percentile
 from fairq_bench.scenarios.common import FairqSetup, SimSetup, run_direct, run_fairq
+from fairq_bench.scenarios.plots import Series
 from fairq_bench.scenarios.service import Ledger, chars_per_token
 from fairq_bench.scenarios.tracing import Trace, scaled
 from fairq_bench.workload import RequestSpec
 
-__all__ = ["Run", "needs_sim", "output_tokens", "run_all", "ttfts"]
+__all__ = ["Run", "needs_sim", "output_tokens", "run_all", "share_series", "ttfts"]
 
 
 @dataclass
@@ -108,3 +109,15 @@ def needs_sim(args: argparse.Namespace, name: str) -> bool:
         print(f"  {name}: needs the simulator (--backend sim); skipped", flush=True)
         return True
     return False
+
+
+def share_series(run: Run, user: str, width: float) -> Series:
+    """``user``'s share of the service in ``run``, per window of ``width`` simulated seconds."""
+    xs, ys = [], []
+    k = 0
+    while (k + 1) * width <= run.sim(run.duration) + 1e-9:
+        shares = run.ledger.shares(run.wall(k * width), run.wall((k + 1) * width))
+        xs.append((k + 0.5) * width)
+        ys.append(shares[user])
+        k += 1
+    return Series(run.label, xs, ys, style="o-")

@@ -15,8 +15,8 @@ from pathlib import Path
 from fairq_bench.report import markdown_table
 from fairq_bench.scenarios.common import FairqSetup, SimSetup, Tier
 from fairq_bench.scenarios.docs import Report
-from fairq_bench.scenarios.plots import Panel, Series, plot_panels
-from fairq_bench.scenarios.runs import Run, needs_sim, output_tokens, run_all
+from fairq_bench.scenarios.plots import Panel, plot_panels
+from fairq_bench.scenarios.runs import needs_sim, output_tokens, run_all, share_series
 from fairq_bench.scenarios.workloads import arrivals, prompt_text
 from fairq_bench.workload import RequestSpec
 
@@ -61,17 +61,6 @@ def _setups(quick: bool) -> list[tuple[str, FairqSetup | None, float]]:
     return out
 
 
-def _share_series(run: Run, width: float) -> Series:
-    xs, ys = [], []
-    k = 0
-    while (k + 1) * width <= run.sim(run.duration) + 1e-9:
-        shares = run.ledger.shares(run.wall(k * width), run.wall((k + 1) * width))
-        xs.append((k + 0.5) * width)
-        ys.append(shares[SHORT])
-        k += 1
-    return Series(run.label, xs, ys, style="o-")
-
-
 async def short_long(args: argparse.Namespace, url: str, out: Path) -> bool:
     """Run scenario 3; True if vtc is within 10% of its target share and round-robin is not."""
     if needs_sim(args, NAME):
@@ -112,7 +101,7 @@ async def short_long(args: argparse.Namespace, url: str, out: Path) -> bool:
         [
             Panel(
                 "share of service going to S, per 10 s",
-                [_share_series(r, 10.0) for r in runs],
+                [share_series(r, SHORT, 10.0) for r in runs],
                 ylabel="S share of (prompt + 2 x output)",
                 hlines=((0.5, "1:1"), (2 / 3, "2:1")),
             )

@@ -42,12 +42,17 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from fairq_bench.processes import confined, sim_process, split_cpus
+from fairq_bench.processes import (
+    confined,
+    cpu_seconds,
+    fairq_module_process,
+    sim_process,
+    split_cpus,
+)
 from fairq_bench.report import markdown_table, percentile
 from fairq_bench.scenarios.common import api_key
 from fairq_bench.scenarios.docs import RESULT_PREFIX
 from fairq_bench.scenarios.plots import Panel, Series, plot_panels
-from fairq_bench.scenarios.procs import cpu_seconds, fairq_module_process
 from fairq_bench.targets import keyed_sender
 from fairq_bench.workload import RequestSpec, SendFn
 from fairq_server.auth import hash_key

@@ -19,11 +19,14 @@ from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server import loop_share
 from fairq_server.api.status import status_for, trailers_for
 from fairq_server.api.validation import models_hint, to_backend_request
-from fairq_server.auth import Authenticator
-from fairq_server.core import FairqCore
 from fairq_server.errors import ModelNotFoundError, SchedulerError
-from fairq_server.requests.access_log import RequestLog, RequestTrace
-from fairq_server.requests.lifecycle import count_rejection, open_ticket, ticket_events
+from fairq_server.requests.access_log import RequestTrace
+from fairq_server.requests.lifecycle import (
+    DoorBase,
+    count_rejection,
+    open_ticket,
+    ticket_events,
+)
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
 __all__ = ["SchedulerServicer"]
@@ -33,15 +36,8 @@ log = logging.getLogger(__name__)
 Response = scheduler_pb2.GenerateResponse
 
 
-class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+class SchedulerServicer(DoorBase, scheduler_pb2_grpc.SchedulerServicer):
     """Serves ``Generate``: authenticate, validate, queue, stream."""
-
-    def __init__(
-        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
-    ) -> None:
-        self._core = core
-        self._auth = auth
-        self._request_log = request_log if request_log is not None else RequestLog()
 
     async def Generate(
         self,

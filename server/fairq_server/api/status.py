@@ -28,9 +28,8 @@ import math
 
 import grpc
 
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.errors import (
-    BackendFailedError,
+    BackendFailure,
     InternalError,
     InvalidRequestError,
     ModelNotFoundError,
@@ -43,6 +42,7 @@ from fairq_server.errors import (
     ShuttingDownError,
     SlowClientError,
     UnauthenticatedError,
+    door_entry,
 )
 
 __all__ = ["RETRY_PUSHBACK", "status_for", "trailers_for"]
@@ -75,14 +75,8 @@ _STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
 
 def status_for(exc: Exception) -> tuple[grpc.StatusCode, str]:
     """Return the gRPC status code and message a caller should see for ``exc``."""
-    if isinstance(exc, BackendFailedError | BackendError):
-        cause = exc.cause if isinstance(exc, BackendFailedError) else exc
-        return _BACKEND_STATUS[cause.kind], str(cause)
-    for cls in type(exc).__mro__:
-        code = _STATUS.get(cls)
-        if code is not None:
-            return code, str(exc)
-    return grpc.StatusCode.INTERNAL, "internal error"
+    found = door_entry(exc, _STATUS, _BACKEND_STATUS)
+    return found if found is not None else (grpc.StatusCode.INTERNAL, "internal error")
 
 
 def trailers_for(exc: Exception) -> tuple[tuple[str, str], ...]:

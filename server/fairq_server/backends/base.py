@@ -2,7 +2,7 @@
 
 Adapters translate one :class:`BackendRequest` into the backend's streaming HTTP API and its
 answer into :class:`TextDelta` / :class:`StreamEnd` events. Foreign exceptions (aiohttp,
-JSON) are translated at this boundary into :class:`~fairq_server.backends.errors.BackendError`,
+JSON) are translated at this boundary into :class:`~fairq_server.errors.BackendError`,
 which names what went wrong in the backend's terms; the API layer picks the gRPC status.
 
 HTTP goes through aiohttp: its C parser hands a stream's buffered events over in one read,
@@ -22,19 +22,24 @@ from typing import TYPE_CHECKING, Any, Self
 import aiohttp
 import orjson
 
+from fairq_server.backends.continuation import resumed_usage
 from fairq_server.backends.credentials import check_served_models, read_api_key
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import (
     FAILURE_BY_HTTP,
     ReadLimits,
     http_error,
     read_at_most,
     sse_reads,
+    stream_failures,
 )
 from fairq_server.backends.openai_wire import openai_body
-from fairq_server.backends.request import BackendRequest, MetricsSample, StreamEvent
-from fairq_server.backends.sse import SseLimitError
-from fairq_server.errors import InvalidRequestError
+from fairq_server.backends.request import (
+    BackendRequest,
+    MetricsSample,
+    StreamEnd,
+    StreamEvent,
+)
+from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError
 from fairq_server.names import escape
 
 if TYPE_CHECKING:
@@ -247,7 +252,7 @@ class Backend(abc.ABC):
         :class:`BackendError`; leaving the context closes the stream (the backend aborts).
         """
         headers = {"accept": "text/event-stream"}
-        try:
+        with stream_failures(self.id):
             async with self._http().post(
                 f"{self.base_url}{path}", json=payload, headers=headers
             ) as resp:
@@ -255,19 +260,6 @@ class Backend(abc.ABC):
                     raise await self.http_error(resp)
                 async with contextlib.aclosing(sse_reads(resp.content)) as reads:
                     yield reads
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise BackendError(
-                f"backend {self.id}: connection failed: {exc!r}",
-                BackendFailure.UNAVAILABLE,
-                retryable=True,
-            ) from exc
-        except SseLimitError as exc:
-            # Leaving the `async with` above has closed the stream: the backend aborts.
-            raise BackendError(
-                f"backend {self.id}: malformed stream: a line or event exceeds the limit of "
-                f"{exc.limit} characters",
-                BackendFailure.FAILED,
-            ) from exc
 
     def decode_batch(self, batch: list[str]) -> tuple[list[dict[str, Any]], bool]:
         """Decode a read's payloads (:meth:`decode_event`) up to ``[DONE]``; True if it came."""
@@ -300,6 +292,20 @@ class Backend(abc.ABC):
             f"backend {self.id}: unexpected stream event {escape(repr(obj), 200)}",
             BackendFailure.FAILED,
         )
+
+    def stream_end(
+        self, request: BackendRequest, finish: str, prompt: int, completion: int
+    ) -> StreamEnd:
+        """Return the end of ``request``'s stream: its finish reason and the caller's usage.
+
+        Raises:
+            BackendError: the stream ended without a finish reason (:meth:`unfinished`).
+
+        """
+        if not finish:
+            raise self.unfinished()
+        prompt, completion = resumed_usage(request.resume, prompt, completion)
+        return StreamEnd(finish, prompt, completion)
 
     def unfinished(self) -> BackendError:
         """Return the error for a stream that ended without saying it was complete."""

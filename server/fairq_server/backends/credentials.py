@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.http_reading import read_at_most
-from fairq_server.errors import InvalidRequestError
+from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError
 from fairq_server.names import escape
 
 if TYPE_CHECKING:

@@ -1,23 +1,24 @@
 """Reading backends' HTTP answers within bounds, and translating their errors.
 
 Every byte fairq reads from a backend outside a generation stream is bounded
-(:class:`ReadLimits`); an HTTP error becomes a :class:`~fairq_server.backends.errors.BackendError`
+(:class:`ReadLimits`); an HTTP error becomes a :class:`~fairq_server.errors.BackendError`
 that keeps the backend's own message; token counts are validated before fairq charges them.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from fairq_server import loop_share
-from fairq_server.backends.errors import BackendError, BackendFailure
-from fairq_server.backends.sse import SseSplitter
+from fairq_server.backends.sse import SseLimitError, SseSplitter
+from fairq_server.errors import BackendError, BackendFailure
 from fairq_server.names import escape
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "http_error",
     "read_at_most",
     "sse_reads",
+    "stream_failures",
     "token_count",
     "utf8_chunks",
 ]
@@ -199,3 +201,27 @@ def usage_tokens(event: Mapping[str, Any], prompt: int, completion: int) -> tupl
     if not usage:
         return prompt, completion
     return token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens"))
+
+
+@contextlib.contextmanager
+def stream_failures(backend_id: str) -> Iterator[None]:
+    """Translate what reading a generation stream inside raises into :class:`BackendError`.
+
+    A failed connection (or a timeout) is retryable; an event over the reader's limit is a
+    malformed stream. Leaving the stream's ``async with`` (inside) has closed it by then, so
+    the backend aborts the request.
+    """
+    try:
+        yield
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise BackendError(
+            f"backend {backend_id}: connection failed: {exc!r}",
+            BackendFailure.UNAVAILABLE,
+            retryable=True,
+        ) from exc
+    except SseLimitError as exc:
+        raise BackendError(
+            f"backend {backend_id}: malformed stream: a line or event exceeds the limit of "
+            f"{exc.limit} characters",
+            BackendFailure.FAILED,
+        ) from exc

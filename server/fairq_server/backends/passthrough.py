@@ -17,20 +17,19 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from fairq_server.backends.base import Backend
-from fairq_server.backends.continuation import relay_payload, resumed_usage
-from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.continuation import relay_payload
 from fairq_server.backends.http_reading import (
     http_error,
     read_at_most,
     sse_reads,
+    stream_failures,
     usage_tokens,
 )
-from fairq_server.backends.request import BackendRequest, StreamEnd, StreamEvent, TextDelta
-from fairq_server.backends.sse import SseLimitError
+from fairq_server.backends.request import BackendRequest, StreamEvent, TextDelta
+from fairq_server.errors import BackendError
 
 __all__ = ["BackendHttpError", "RawDelta", "openai_stream"]
 
@@ -62,10 +61,16 @@ class RawDelta(TextDelta):
     objects: tuple[Mapping[str, Any], ...] = ()
 
 
-def _output_tokens(obj: Mapping[str, Any]) -> int:
-    """Count the choices of a chunk that carry generated output (one token each, or more)."""
+def _read_choices(obj: Mapping[str, Any]) -> tuple[int, str]:
+    """Count a chunk's choices that carry generated output (a token each, or more); its finish.
+
+    The finish is the last finish reason a choice gives ("" if none does).
+    """
     n = 0
+    finish = ""
     for choice in obj.get("choices") or ():
+        if choice.get("finish_reason"):
+            finish = str(choice["finish_reason"])
         delta = choice.get("delta")
         # A dict, not the Mapping ABC: the JSON decoder makes dicts, and an ABC's isinstance
         # costs as much as the rest of this function per event.
@@ -74,7 +79,7 @@ def _output_tokens(obj: Mapping[str, Any]) -> int:
                 n += 1
         elif choice.get("text"):
             n += 1
-    return n
+    return n, finish
 
 
 async def openai_stream(
@@ -97,7 +102,7 @@ async def openai_stream(
     rewrite = strip_ids or request.resume is not None
     finish = ""
     prompt_tokens = completion_tokens = 0
-    try:
+    with stream_failures(backend.id):
         async with backend.session().post(
             f"{backend.base_url}{path}", json=body, headers={"accept": "text/event-stream"}
         ) as resp:
@@ -118,10 +123,9 @@ async def openai_stream(
                         break
                     obj = backend.decode_event(payload)
                     try:
-                        tokens += _output_tokens(obj)
-                        for choice in obj.get("choices") or ():
-                            if choice.get("finish_reason"):
-                                finish = str(choice["finish_reason"])
+                        n, finished = _read_choices(obj)
+                        tokens += n
+                        finish = finished or finish
                         prompt_tokens, completion_tokens = usage_tokens(
                             obj, prompt_tokens, completion_tokens
                         )
@@ -145,21 +149,4 @@ async def openai_stream(
                     yield RawDelta(framed, tokens, objects=tuple(objects))
                 if done:
                     break
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise BackendError(
-            f"backend {backend.id}: connection failed: {exc!r}",
-            BackendFailure.UNAVAILABLE,
-            retryable=True,
-        ) from exc
-    except SseLimitError as exc:
-        raise BackendError(
-            f"backend {backend.id}: malformed stream: a line or event exceeds the limit of "
-            f"{exc.limit} characters",
-            BackendFailure.FAILED,
-        ) from exc
-    if not finish:
-        raise backend.unfinished()
-    prompt_tokens, completion_tokens = resumed_usage(
-        request.resume, prompt_tokens, completion_tokens
-    )
-    yield StreamEnd(finish, prompt_tokens, completion_tokens)
+    yield backend.stream_end(request, finish, prompt_tokens, completion_tokens)

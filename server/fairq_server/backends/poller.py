@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 
 from fairq_server.backends.base import Backend
-from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import MetricsSample
+from fairq_server.errors import BackendError
 
 __all__ = ["MetricsPoller", "ScrapeResult"]
 

@@ -22,8 +22,8 @@ from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from fairq_server import loop_share
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
+from fairq_server.errors import BackendError, BackendFailure
 
 __all__ = ["StreamSink", "start_reading"]
 

@@ -11,8 +11,7 @@ from typing import Any
 import aiohttp
 
 from fairq_server.backends.base import Backend
-from fairq_server.backends.continuation import continue_openai, continue_tgi, resumed_usage
-from fairq_server.backends.errors import BackendError, BackendFailure
+from fairq_server.backends.continuation import continue_openai, continue_tgi
 from fairq_server.backends.http_reading import read_at_most, token_count
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
@@ -20,10 +19,10 @@ from fairq_server.backends.passthrough import openai_stream
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
-    StreamEnd,
     StreamEvent,
     TextDelta,
 )
+from fairq_server.errors import BackendError, BackendFailure
 from fairq_server.names import escape
 
 __all__ = ["TgiBackend"]
@@ -185,12 +184,7 @@ class TgiBackend(Backend):
                     completion_tokens += 1
             if texts:
                 yield TextDelta("".join(texts), len(texts))
-        if not finish:
-            raise self.unfinished()
-        prompt_tokens, completion_tokens = resumed_usage(
-            request.resume, prompt_tokens, completion_tokens
-        )
-        yield StreamEnd(finish, prompt_tokens, completion_tokens)
+        yield self.stream_end(request, finish, prompt_tokens, completion_tokens)
 
     def _error_event(self, err: object, error_type: object) -> BackendError:
         """Translate a TGI error event: TGI names the kind in ``error_type``, or its message.

@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from fairq_server.backends.base import Backend
-from fairq_server.backends.continuation import continue_openai, resumed_usage
+from fairq_server.backends.continuation import continue_openai
 from fairq_server.backends.http_reading import usage_tokens
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
@@ -14,7 +14,6 @@ from fairq_server.backends.passthrough import openai_stream
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
-    StreamEnd,
     StreamEvent,
     TextDelta,
 )
@@ -156,12 +155,7 @@ class VllmBackend(Backend):
                     yield TextDelta("", len(held), (), tuple(held), prompt_ids)
                 if done:
                     break
-        if not finish:
-            raise self.unfinished()
-        prompt_tokens, completion_tokens = resumed_usage(
-            request.resume, prompt_tokens, completion_tokens
-        )
-        yield StreamEnd(finish, prompt_tokens, completion_tokens)
+        yield self.stream_end(request, finish, prompt_tokens, completion_tokens)
 
 
 def _token_ids(value: object) -> list[int]:

@@ -35,9 +35,9 @@ from fairq_server.cluster.fair_sync import COALESCE_SECONDS, FairSync
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.redis_state import RedisState
-from fairq_server.cluster.settings import ClusterConfig
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
 from fairq_server.cluster.tasks import cancel_all, forever, spawn
+from fairq_server.cluster_config import ClusterConfig
 from fairq_server.scheduling import events as ev
 
 __all__ = ["ClusterNode"]

@@ -105,9 +105,7 @@ class Entitlement:
         self._prices = prices
         self._next_gauges = 0.0
         if self._metrics is not None:
-            for gauge in (self._metrics.team_use, self._metrics.team_used,
-                          self._metrics.team_limit):  # fmt: skip
-                gauge.clear()
+            self._metrics.clear_team_limits()
 
     @property
     def active(self) -> bool:
@@ -214,9 +212,7 @@ class Entitlement:
         for limit, used in zip(limits, self.book.used_now(keys, now), strict=True):
             labels = (m.team_labels.label(limit.subject), limit.kind, limit.model or "",
                       "hard" if limit.hard else "soft")  # fmt: skip
-            m.team_used.labels(*labels).set(used)
-            m.team_limit.labels(*labels).set(limit.limit)
-            m.team_use.labels(*labels).set(used / limit.limit)
+            m.set_team_limit(labels, used, limit.limit)
 
     # -- helpers ------------------------------------------------------------------------------
 

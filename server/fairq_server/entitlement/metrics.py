@@ -14,6 +14,14 @@ from fairq_server.team_labels import TeamLabels
 
 __all__ = ["EntitlementMetrics"]
 
+#: The labels of every per-team limit gauge: the team, the limit's kind, model and mode.
+_TEAM_LIMIT_LABELS = ("team", "kind", "model", "mode")
+
+
+def _team_gauge(registry: CollectorRegistry, name: str, documentation: str) -> Gauge:
+    """Return a per-team limit gauge (labelled by :data:`_TEAM_LIMIT_LABELS`) on ``registry``."""
+    return Gauge(name, documentation, _TEAM_LIMIT_LABELS, registry=registry)
+
 
 class EntitlementMetrics:
     """The metric objects of the quotas and budgets, on the process's registry.
@@ -26,25 +34,20 @@ class EntitlementMetrics:
 
     def __init__(self, registry: CollectorRegistry, team_labels: TeamLabels) -> None:
         self.team_labels = team_labels
-        self.team_use = Gauge(
+        self.team_use = _team_gauge(
+            registry,
             "fairq_team_limit_used_ratio",
             "Each team's use of its quota or budget in the current window, as a fraction of the "
             "limit (1 or more: reached).",
-            ["team", "kind", "model", "mode"],
-            registry=registry,
         )
-        self.team_used = Gauge(
+        self.team_used = _team_gauge(
+            registry,
             "fairq_team_limit_used",
             "Each team's use of its quota or budget in the current window (tokens, requests, "
             "or cost units).",
-            ["team", "kind", "model", "mode"],
-            registry=registry,
         )
-        self.team_limit = Gauge(
-            "fairq_team_limit",
-            "Each team's configured quota or budget per window.",
-            ["team", "kind", "model", "mode"],
-            registry=registry,
+        self.team_limit = _team_gauge(
+            registry, "fairq_team_limit", "Each team's configured quota or budget per window."
         )
         self.refusals = Counter(
             "fairq_limit_refusals_total",
@@ -71,3 +74,14 @@ class EntitlementMetrics:
             ["kind", "scope"],
             registry=registry,
         )
+
+    def clear_team_limits(self) -> None:
+        """Forget every team's limit figures (the entries changed; the next tick sets them)."""
+        for gauge in (self.team_use, self.team_used, self.team_limit):
+            gauge.clear()
+
+    def set_team_limit(self, labels: tuple[str, str, str, str], used: float, limit: float) -> None:
+        """Show one team limit's use ``used`` of ``limit`` (labels: team, kind, model, mode)."""
+        self.team_used.labels(*labels).set(used)
+        self.team_limit.labels(*labels).set(limit)
+        self.team_use.labels(*labels).set(used / limit)

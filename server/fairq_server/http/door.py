@@ -47,7 +47,12 @@ from fairq_server.http.fanout import answer_batch
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
 from fairq_server.http.sse import DONE, comment, error_event
 from fairq_server.requests.access_log import RequestLog, RequestTrace
-from fairq_server.requests.lifecycle import count_rejection, open_ticket, ticket_events
+from fairq_server.requests.lifecycle import (
+    DoorBase,
+    count_rejection,
+    open_ticket,
+    ticket_events,
+)
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
 __all__ = ["OpenAIHandlers"]
@@ -57,15 +62,13 @@ log = logging.getLogger(__name__)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
-class OpenAIHandlers:
+class OpenAIHandlers(DoorBase):
     """The door's request handlers over one :class:`FairqCore` and :class:`Authenticator`."""
 
     def __init__(
         self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
     ) -> None:
-        self._core = core
-        self._auth = auth
-        self._request_log = request_log if request_log is not None else RequestLog()
+        super().__init__(core, auth, request_log)
         self._created = int(time.time())
 
     # -- routes ---------------------------------------------------------------------------

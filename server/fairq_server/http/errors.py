@@ -38,22 +38,8 @@ from typing import Any
 
 from aiohttp import web
 
-from fairq_server.backends.errors import BackendError, BackendFailure
-from fairq_server.errors import (
-    BackendFailedError,
-    InternalError,
-    InvalidRequestError,
-    ModelNotFoundError,
-    NoBackendError,
-    PermissionDeniedError,
-    QueueFullError,
-    QueueTimeoutError,
-    QuotaExceededError,
-    SchedulerError,
-    ShuttingDownError,
-    SlowClientError,
-    UnauthenticatedError,
-)
+from fairq_server import errors as domain
+from fairq_server.errors import BackendFailure
 
 __all__ = ["HttpError", "error_body", "error_for", "error_response"]
 
@@ -64,18 +50,18 @@ _UNAVAILABLE = (503, "service_unavailable_error", None)
 _INTERNAL = (500, "internal_error", None)
 
 # fairq's error -> (HTTP status, OpenAI error type, OpenAI error code).
-_HTTP: dict[type[SchedulerError], tuple[int, str, str | None]] = {
-    InvalidRequestError: _BAD_REQUEST,
-    UnauthenticatedError: (401, "authentication_error", "invalid_api_key"),
-    PermissionDeniedError: (403, "permission_error", None),
-    ModelNotFoundError: _NOT_FOUND,
-    QueueFullError: (429, "rate_limit_error", "queue_full"),
-    QuotaExceededError: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
-    NoBackendError: _UNAVAILABLE,
-    QueueTimeoutError: (504, "timeout_error", "queue_timeout"),
-    ShuttingDownError: _UNAVAILABLE,
-    SlowClientError: _TOO_MANY,
-    InternalError: _INTERNAL,
+_HTTP: dict[type[domain.SchedulerError], tuple[int, str, str | None]] = {
+    domain.InvalidRequestError: _BAD_REQUEST,
+    domain.UnauthenticatedError: (401, "authentication_error", "invalid_api_key"),
+    domain.PermissionDeniedError: (403, "permission_error", None),
+    domain.ModelNotFoundError: _NOT_FOUND,
+    domain.QueueFullError: (429, "rate_limit_error", "queue_full"),
+    domain.QuotaExceededError: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
+    domain.NoBackendError: _UNAVAILABLE,
+    domain.QueueTimeoutError: (504, "timeout_error", "queue_timeout"),
+    domain.ShuttingDownError: _UNAVAILABLE,
+    domain.SlowClientError: _TOO_MANY,
+    domain.InternalError: _INTERNAL,
 }
 _BACKEND: dict[BackendFailure, tuple[int, str, str | None]] = {
     BackendFailure.UNAVAILABLE: _UNAVAILABLE,
@@ -129,20 +115,14 @@ def error_for(exc: Exception) -> HttpError:
     """Return the HTTP error of any exception a request met (unknown ones are 500)."""
     if isinstance(exc, HttpError):
         return exc
-    if isinstance(exc, BackendFailedError | BackendError):
-        cause = exc.cause if isinstance(exc, BackendFailedError) else exc
-        status, type_, code = _BACKEND[cause.kind]
-        return HttpError(status, str(cause), type_, code=code)
-    for cls in type(exc).__mro__:
-        mapped = _HTTP.get(cls)
-        if mapped is not None:
-            status, type_, code = mapped
-            message = str(exc)
-            if status == 401:  # authentication names gRPC metadata; here they are headers
-                message = message.replace(" metadata", " header")
-            retry = math.ceil(exc.retry_after) if isinstance(exc, QuotaExceededError) else None
-            return HttpError(status, message, type_, code=code, retry_after=retry)
-    return HttpError(500, "internal error", "internal_error")
+    found = domain.door_entry(exc, _HTTP, _BACKEND)
+    if found is None:
+        return HttpError(500, "internal error", "internal_error")
+    (status, type_, code), message = found
+    if status == 401:  # authentication names gRPC metadata; here they are headers
+        message = message.replace(" metadata", " header")
+    retry = math.ceil(exc.retry_after) if isinstance(exc, domain.QuotaExceededError) else None
+    return HttpError(status, message, type_, code=code, retry_after=retry)
 
 
 def error_response(error: HttpError, retry_after: int = 1) -> web.Response:

@@ -1,4 +1,6 @@
-"""The ``[jwt]`` section: which identity provider's tokens fairq accepts, and what they mean.
+"""Who a caller may be: the ``[[keys]]`` entries and the ``[jwt]`` section.
+
+The ``[jwt]`` section says which identity provider's tokens fairq accepts, and what they mean.
 
 Example (Keycloak)::
 
@@ -27,6 +29,7 @@ __all__ = [
     "MAX_CLAIM_NAME_CHARS",
     "MAX_NAME_CHARS",
     "JwtConfig",
+    "KeyConfig",
     "audiences",
     "check_jwt",
     "check_name",
@@ -43,6 +46,19 @@ _MAX_LEEWAY_SECONDS = 300.0
 # C0 and C1 controls, DEL, and the Unicode line/paragraph separators: never in a name, so a
 # name cannot end a log line.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+@dataclass(frozen=True)
+class KeyConfig:
+    """An API key, stored only as its SHA-256 digest (hex); ``team`` empty: no team."""
+
+    user: str
+    sha256: str
+    tiers: tuple[str, ...] = ()
+    admin: bool = False
+    weight: float = 1.0
+    group: str = "default"
+    team: str = ""
 
 
 @dataclass(frozen=True)

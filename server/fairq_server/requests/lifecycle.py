@@ -14,11 +14,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from fairq_server.auth import Principal
+from fairq_server.auth import Authenticator, Principal
 from fairq_server.backends.request import BackendRequest
 from fairq_server.core import FairqCore
 from fairq_server.errors import InvalidRequestError, SchedulerError
-from fairq_server.requests.access_log import RequestTrace
+from fairq_server.requests.access_log import RequestLog, RequestTrace
 from fairq_server.requests.estimate import estimate_tokens
 from fairq_server.requests.tier import resolve_tier
 from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
@@ -26,9 +26,27 @@ from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.scheduling.ticket import Ticket
 from fairq_server.teams import team_weights
 
-__all__ = ["check_token_prompt", "count_rejection", "open_ticket", "ticket_events"]
+__all__ = ["DoorBase", "check_token_prompt", "count_rejection", "open_ticket", "ticket_events"]
 
 log = logging.getLogger(__name__)
+
+
+class DoorBase:
+    """What each door's request handlers hold: the core, the authenticator, the access log.
+
+    Args:
+        core: the process's scheduling core.
+        auth: the authenticator both doors share.
+        request_log: where finished requests are logged (a fresh one if not given).
+
+    """
+
+    def __init__(
+        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
+    ) -> None:
+        self._core = core
+        self._auth = auth
+        self._request_log = request_log if request_log is not None else RequestLog()
 
 
 def count_rejection(core: FairqCore, exc: SchedulerError) -> None:

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 
 from fairq_server.backends.continuation import Progress
-from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.entitlement.checker import Claim, Entitlement
 from fairq_server.errors import (
+    BackendError,
     BackendFailedError,
     InternalError,
     NoBackendError,

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass, field
 
 from fairq_server.backends.base import Backend
-from fairq_server.backends.errors import BackendError
 from fairq_server.backends.request import MetricsSample
+from fairq_server.errors import BackendError
 from fairq_server.scheduling.metric_gaps import Gap, describe, gaps
 from fairq_server.scheduling.prefix import PrefixCache
 

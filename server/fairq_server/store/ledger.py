@@ -32,7 +32,7 @@ from fairq_server.store.engine import short_error
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.schema import usage
 from fairq_server.store.settings import PriceConfig, StoreConfig
-from fairq_server.supervisor import stop_task
+from fairq_server.supervisor import OwnedTask
 
 __all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics", "Throttled"]
 
@@ -122,7 +122,7 @@ class Ledger:
         self._buffer: deque[dict[str, Any]] = deque()
         self._wake = asyncio.Event()
         self._writing = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._writer = OwnedTask("usage-ledger")
         self._failures = Throttled(LOG_INTERVAL_SECONDS)
         self._overflow = Throttled(LOG_INTERVAL_SECONDS)
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
@@ -173,13 +173,11 @@ class Ledger:
 
     def start(self) -> None:
         """Start the writer task."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="usage-ledger")
+        self._writer.start(self._run)
 
     async def close(self) -> None:
         """Stop the writer and write out what is buffered (within ``stop_flush_seconds``)."""
-        await stop_task(self._task)
-        self._task = None
+        await self._writer.stop()
         deadline = time.monotonic() + self._config.stop_flush_seconds
         pause = _FIRST_RETRY_SECONDS
         while self._buffer and time.monotonic() < deadline:

@@ -31,7 +31,7 @@ from fairq_server.store.engine import short_error
 from fairq_server.store.ledger import LOG_INTERVAL_SECONDS, MAX_RETRY_SECONDS, Throttled
 from fairq_server.store.schema import limit_usage
 from fairq_server.store.settings import StoreConfig
-from fairq_server.supervisor import stop_task
+from fairq_server.supervisor import OwnedTask
 
 __all__ = ["CounterName", "LimitState", "key_id", "period_of"]
 
@@ -75,7 +75,7 @@ class LimitState:
         self._config = config
         self._pending: dict[tuple[CounterName, str], float] = {}
         self._writing = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._writer = OwnedTask("limit-state")
         self._failures = Throttled(LOG_INTERVAL_SECONDS)
         self._overflow = Throttled(LOG_INTERVAL_SECONDS)
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
@@ -128,13 +128,11 @@ class LimitState:
 
     def start(self) -> None:
         """Start the writer task."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="limit-state")
+        self._writer.start(self._run)
 
     async def close(self) -> None:
         """Stop the writer and write what is held (within ``stop_flush_seconds``)."""
-        await stop_task(self._task)
-        self._task = None
+        await self._writer.stop()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._config.stop_flush_seconds):
                 pause = _FIRST_RETRY_SECONDS

@@ -15,11 +15,16 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from fairq_server.backends.errors import BackendError, BackendFailure
 from fairq_server.backends.request import MetricsSample, StreamEnd
 from fairq_server.backends.vllm import VllmBackend
 from fairq_server.config import SchedulerConfig, TierConfig
-from fairq_server.errors import QueueFullError, SchedulerError, ShuttingDownError
+from fairq_server.errors import (
+    BackendError,
+    BackendFailure,
+    QueueFullError,
+    SchedulerError,
+    ShuttingDownError,
+)
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.backend_state import BackendState, Health
 from fairq_server.scheduling.dispatcher import DISPATCH_BATCH, Dispatcher
