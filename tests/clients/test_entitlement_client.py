@@ -12,6 +12,7 @@ from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend
 from ..store.helpers import store_config
+from .test_node_client import needs_node, run_node
 
 
 async def test_teams_limits_and_the_audit_log(
@@ -51,3 +52,47 @@ async def test_teams_limits_and_the_audit_log(
             return client.audit_log(action="team.delete")
 
     assert [e.target for e in await asyncio.to_thread(blocking)] == ["ops"]
+
+
+NODE_CALLS = """
+import { createClient } from './src/client.js';
+const client = createClient(process.argv[1], { apiKey: 'root-key' });
+const out = (x) => console.log(JSON.stringify(x));
+out(await client.setTeam('ops', 3));
+out(await client.setLimit({ kind: 'budget', team: 'ops', per_month: 12.5, mode: 'soft' }));
+out(await client.listLimits());
+try {
+  await client.setLimit({ kind: 'quota', user: 'al' });
+} catch (err) {
+  out({ code: err.code, message: err.message });
+}
+await client.deleteLimit('budget', { team: 'ops' });
+out((await client.auditLog({ limit: 3 })).map((e) => [e.action, e.target, e.actor]));
+out(await client.listTeams());
+client.close();
+"""
+
+
+@needs_node
+async def test_the_node_client_manages_teams_and_limits(
+    sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
+) -> None:
+    config = store_config(f"sqlite:///{tmp_path / 'n.db'}", [sim_backend(sim)],
+                          keys=tuple(KEYS.values()))  # fmt: skip
+    server = await fairq_factory(config)
+    code, lines, err = await run_node(
+        "--input-type=module", "-e", NODE_CALLS, f"127.0.0.1:{server.port}"
+    )
+    assert code == 0, err
+    team, limit, listed, refused, audit, teams = lines
+    assert team == {"name": "ops", "weight": 3, "source": "store"}
+    assert limit["kind"] == "budget" and limit["team"] == "ops" and limit["per_month"] == 12.5
+    assert limit["mode"] == "soft" and limit["source"] == "store"
+    assert listed == [limit]
+    assert "quota: no limit given" in refused["message"], refused
+    assert audit == [
+        ["limit.delete", "budget team 'ops' model *", "root"],
+        ["limit.set", "budget team 'ops' model *", "root"],
+        ["team.set", "ops", "root"],
+    ]
+    assert teams == [team]
