@@ -185,7 +185,7 @@ class FairqServer:
         self.core.use_teams(effective)
         if self.core.dispatcher.entitlement is not None:
             self.core.dispatcher.entitlement.configure(
-                effective.quotas, effective.budgets, effective.prices
+                effective.quotas, effective.budgets, effective.prices, merged.labels()
             )
 
     async def stop(self, grace: float) -> None:

@@ -116,6 +116,11 @@ async def test_admin_rpcs_change_every_replica_and_are_audited(
         b_target = f"127.0.0.1:{b.port}"
         assert await generate(b_target, "alice-key") == grpc.StatusCode.OK
         assert await generate(b_target, "alice-key") == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # The refusal names the entry's source: the store, not a place in the file.
+        entitlement = b.core.dispatcher.entitlement
+        assert entitlement is not None
+        refused = entitlement.refusal("alice", None, "sim")
+        assert "hard requests_per_minute of user 'alice' (store)" in str(refused)
 
         # A stored quota overrides the file's of the same subject; deleting it brings that back.
         bob = admin_pb2.Limit(kind=QUOTA, user="bob", tokens_per_minute=50, mode="soft")
@@ -184,6 +189,7 @@ def test_the_override_rule_and_a_stored_entry_the_file_no_longer_allows() -> Non
     ]  # fmt: skip
     assert [b.user for b in merged.budgets] == ["al"]
     assert merged.stored_teams == {"ops", "new"}
+    assert merged.labels() == ["store", "quotas[1]", "store"]  # file entries keep their place
     reloaded = effective(replace(config, prices={}), stored, {"sim"})
     assert reloaded.budgets == ()
     assert reloaded.quotas == merged.quotas

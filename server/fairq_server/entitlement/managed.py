@@ -70,6 +70,20 @@ class Effective:
         """Return ``store`` or ``file``."""
         return STORE if subject_of(entry) in self.stored_limits else FILE
 
+    def labels(self) -> list[str]:
+        """Name each quota, then each budget, in messages: its place in the file, or ``store``.
+
+        The file's entries keep their places in the merged lists (a stored entry overriding
+        one takes its place; the store's others come after them).
+        """
+        quotas: list[LimitEntry] = list(self.quotas)
+        budgets: list[LimitEntry] = list(self.budgets)
+        return [
+            "store" if self.limit_source(e) == STORE else f"{section}[{i}]"
+            for section, entries in (("quotas", quotas), ("budgets", budgets))
+            for i, e in enumerate(entries)
+        ]
+
 
 def check_team(team: TeamConfig) -> None:
     """Refuse a team the file would refuse, naming the field (``team.weight``).
