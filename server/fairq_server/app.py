@@ -155,9 +155,13 @@ class FairqServer:
             raise ConfigError(f"keys: {exc}") from None
         jwt = self.auth.prepare_jwt(config.jwt)
         # Everything that can refuse the file has run; from here on it is applied whole.
-        await self.core.reconfigure(config)
+        # The core and the limit book get the file's entries merged with the store's at once.
+        effective, labels = self._effective(config)
+        await self.core.reconfigure(effective)
         if self.core.dispatcher.entitlement is not None:  # quotas, budgets and their prices
-            self.core.dispatcher.entitlement.configure(config.quotas, config.budgets, config.prices)
+            self.core.dispatcher.entitlement.configure(
+                effective.quotas, effective.budgets, effective.prices, labels
+            )
         self.auth.install(keys)
         await self.auth.install_jwt(jwt)
         self.request_log.set_enabled(config.access_log)
@@ -166,26 +170,32 @@ class FairqServer:
                 log.warning("[store] cannot change on reload; restart to apply it (prices do)")
             self.store.reconfigure(config.prices, self.core.tier_names)
         self.config = config
-        self._apply_entitlement()
         _warn_open_mode(config, self.auth.open_mode)
         log.info("configuration reloaded")
 
     def _served(self) -> set[str]:
-        """Return the models the file's backends and the registered ones serve."""
-        registered = {m for b in self.core.backends() for m in b.backend.models}
-        return registered | {m for b in self.config.backends for m in b.models}
+        """Return the models the registered backends serve (the file's are added)."""
+        return {m for b in self.core.backends() for m in b.backend.models}
+
+    def _effective(self, config: Config) -> tuple[Config, list[str]]:
+        """Return ``config`` with the store's teams, quotas and budgets merged in, and labels.
+
+        The labels name where each quota and budget comes from, for refusals' messages.
+        """
+        if self.managed is None:
+            return config, []
+        merged = self.managed.effective(config)
+        effective = replace(config, teams=merged.teams, quotas=merged.quotas,
+                            budgets=merged.budgets)  # fmt: skip
+        return effective, merged.labels()
 
     def _apply_entitlement(self) -> None:
-        """Put the file's teams, quotas and budgets merged with the store's in force."""
-        if self.managed is None:
-            return
-        merged = self.managed.effective()
-        effective = replace(self.config, teams=merged.teams, quotas=merged.quotas,
-                            budgets=merged.budgets)  # fmt: skip
+        """Put the store's entries in force (at start, and when any replica changed them)."""
+        effective, labels = self._effective(self.config)
         self.core.use_teams(effective)
         if self.core.dispatcher.entitlement is not None:
             self.core.dispatcher.entitlement.configure(
-                effective.quotas, effective.budgets, effective.prices, merged.labels()
+                effective.quotas, effective.budgets, effective.prices, labels
             )
 
     async def stop(self, grace: float) -> None:

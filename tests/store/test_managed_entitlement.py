@@ -4,6 +4,7 @@ audited, merged with the file's entries, and in force on a second replica sharin
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import pytest
@@ -193,3 +194,25 @@ def test_the_override_rule_and_a_stored_entry_the_file_no_longer_allows() -> Non
     reloaded = effective(replace(config, prices={}), stored, {"sim"})
     assert reloaded.budgets == ()
     assert reloaded.quotas == merged.quotas
+
+
+async def test_a_reload_keeps_the_stored_entries_over_the_new_file(
+    sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
+) -> None:
+    config = _config(f"sqlite:///{tmp_path / 'r.db'}", sim)
+    server = await fairq_factory(config)
+    assert server.managed is not None and server.core.dispatcher.entitlement is not None
+    await server.managed.set_team("root", "admin-api", "red", 5.0)
+    budget = BudgetConfig(user="alice", model="sim", per_day=0.5)
+    await server.managed.set_limit("root", "admin-api", budget)
+    assert server.core.dispatcher.entitlement.active
+    # The new file weighs red 7 and adds blue: the stored red (5) still overrides it.
+    reloaded = replace(config, teams=(TeamConfig("red", 7.0), TeamConfig("blue", 2.0)))
+    await server.reload(reloaded)
+    weights = team_weights(server.core.config.teams)
+    assert (weights.weight("red"), weights.weight("blue")) == (5.0, 2.0)
+    assert server.managed.effective().budgets == (budget,)
+    # A file without the model's price: the stored budget is left out, not the reload refused.
+    await server.reload(replace(reloaded, prices={}))
+    assert server.managed.effective().budgets == ()
+    assert team_weights(server.core.config.teams).weight("red") == 5.0

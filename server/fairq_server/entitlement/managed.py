@@ -159,6 +159,10 @@ def effective(config: Config, stored: Stored, served: set[str]) -> Effective:
     )
 
 
+def _models(config: Config) -> set[str]:
+    return {m for b in config.backends for m in b.models}
+
+
 def describe_limit(entry: LimitEntry) -> str:
     """Return a short description of ``entry``'s amounts and mode, for the audit log."""
     names: tuple[str, ...] = ("per_day", "per_month")
@@ -196,9 +200,10 @@ class ManagedEntitlement:
         self._config = config
         self._served = served
 
-    def effective(self) -> Effective:
-        """Return the entries in force now."""
-        return effective(self._config(), self._stored.current, self._served())
+    def effective(self, config: Config | None = None) -> Effective:
+        """Return the entries in force now (or with ``config`` as the file, at a reload)."""
+        file = config if config is not None else self._config()
+        return effective(file, self._stored.current, self._served() | _models(file))
 
     async def _record(self, who: str, via: str, action: str, target: str, detail: str) -> None:
         # The change is made by then: a failed audit write is logged, not turned into an error.
