@@ -104,3 +104,63 @@ async def test_set_a_weight_and_a_hard_quota_in_the_console(
          "requests_per_minute=1, hard"),
         ("root", "console", "team.set", "blue", "weight 2.5"),
     ]  # fmt: skip
+
+
+async def test_team_forms_need_the_session_its_csrf_token_and_this_origin(
+    sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
+) -> None:
+    config = store_config(f"sqlite:///{tmp_path / 'fairq.db'}", [sim_backend(sim)],
+                          keys=tuple(KEYS.values()))  # fmt: skip
+    server = await fairq_factory(replace(config, console=ConsoleConfig(enabled=True)))
+    url = f"http://127.0.0.1:{server.http_port}"
+    assert server.managed is not None
+    form = {"team-name": "mallory", "team-weight": "9"}
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        # A non-admin gets no page; no session posts nothing, whatever the headers.
+        alice = {"Authorization": "Bearer alice-key"}
+        async with http.get(f"{url}/console/teams", headers=alice) as resp:
+            assert resp.status == 403
+        root = {"Authorization": "Bearer root-key"}
+        async with http.post(f"{url}/console/teams/team", data=form, headers=root) as resp:
+            assert resp.status == 401
+        login = await http.post(
+            f"{url}/console/login", data={"key": "root-key"}, headers={"Origin": url},
+            allow_redirects=False,
+        )  # fmt: skip
+        assert login.status == 303
+        async with http.get(f"{url}/console/teams") as page:
+            csrf = (await page.text()).split('name="csrf" value="')[1].split('"')[0]
+        for origin, token in (("http://evil.example", csrf), (url, "wrong")):
+            async with http.post(
+                f"{url}/console/teams/team", data={**form, "csrf": token},
+                headers={"Origin": origin},
+            ) as resp:  # fmt: skip
+                assert resp.status == 403
+        assert server.managed.effective().teams == ()
+        # With both, a weight is set, then deleted from the page's own form.
+        async with http.post(
+            f"{url}/console/teams/team", data={**form, "csrf": csrf}, headers={"Origin": url}
+        ) as resp:
+            assert resp.status == 200 and "Team mallory has weight 9" in await resp.text()
+        assert team_weights(server.core.config.teams).weight("mallory") == 9.0
+        async with http.post(
+            f"{url}/console/teams/team-delete", data={"name": "mallory", "csrf": csrf},
+            headers={"Origin": url},
+        ) as resp:  # fmt: skip
+            assert "The stored weight of team mallory is deleted" in await resp.text()
+        assert team_weights(server.core.config.teams).weight("mallory") == 1.0
+        # A limit the file's rules refuse is said on the page, naming the field.
+        bad = {"kind": "quota", "scope": "user", "name": "al", "tokens_per_day": "1.5",
+               "csrf": csrf}  # fmt: skip
+        async with http.post(
+            f"{url}/console/teams/limit", data=bad, headers={"Origin": url}
+        ) as resp:
+            assert "quota.tokens_per_day must be a whole number" in await resp.text()
+        async with http.post(
+            f"{url}/console/teams/limit-delete",
+            data={"kind": "quota", "scope": "user", "name": "al", "csrf": csrf},
+            headers={"Origin": url},
+        ) as resp:  # fmt: skip
+            assert "the store has no quota of user &#x27;al&#x27;" in await resp.text()
+    audit = await server.store.audit.recent(3) if server.store else []
+    assert [a.action for a in audit] == ["team.delete", "team.set", "console.login"]
