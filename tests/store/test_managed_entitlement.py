@@ -13,6 +13,7 @@ from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_server.config import Config
 from fairq_server.entitlement.managed import effective
 from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.errors import InvalidRequestError
 from fairq_server.store.entitlement import Stored
 from fairq_server.teams import TeamConfig, team_weights
 from fairq_sim import SimServer
@@ -216,3 +217,11 @@ async def test_a_reload_keeps_the_stored_entries_over_the_new_file(
     await server.reload(replace(reloaded, prices={}))
     assert server.managed.effective().budgets == ()
     assert team_weights(server.core.config.teams).weight("red") == 5.0
+    # A stored team named by a stored quota stays while other teams are in force.
+    await server.managed.set_team("root", "admin-api", "green", 1.0)
+    quota = QuotaConfig(team="green", tokens_per_day=100)
+    await server.managed.set_limit("root", "admin-api", quota)
+    with pytest.raises(InvalidRequestError, match="team 'green' is named by the quota team"):
+        await server.managed.delete_team("root", "admin-api", "green")
+    assert await server.managed.delete_limit("root", "admin-api", "quota", "team", "green", "")
+    assert await server.managed.delete_team("root", "admin-api", "green")

@@ -256,7 +256,8 @@ class ManagedEntitlement:
 
         """
         config = self._config()
-        check_limit(entry, [t.name for t in self.effective().teams], config.prices, self._served())
+        teams = [t.name for t in self.effective().teams]
+        check_limit(entry, teams, config.prices, self._served() | _models(config))
         await self._stored.set_limit(entry)
         target = limit_target(*subject_of(entry))
         await self._record(who, via, "limit.set", target, describe_limit(entry))
