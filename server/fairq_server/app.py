@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import replace
 
 from prometheus_client import start_http_server
 
@@ -22,6 +23,7 @@ from fairq_server.auth import Authenticator
 from fairq_server.collector import Collector
 from fairq_server.config import Config
 from fairq_server.core import FairqCore
+from fairq_server.entitlement.managed import ManagedEntitlement
 from fairq_server.entitlement.persisted import keep_state
 from fairq_server.errors import ConfigError
 from fairq_server.http import HttpDoor
@@ -65,6 +67,7 @@ class FairqServer:
             registry = self.core.telemetry.registry
             self.store = Store(config.store, config.state_file, config.prices,
                                self.core.tier_names, replica, registry)  # fmt: skip
+        self.managed: ManagedEntitlement | None = None  # teams and limits set live (a store)
         self.request_log = RequestLog(config.access_log, usage=self.store)
         self.port = 0
         self.metrics_port = 0
@@ -94,6 +97,12 @@ class FairqServer:
         if self.store is not None:
             await self.store.start()
             self.auth.add_source(self.store.keys)
+            self.managed = ManagedEntitlement(
+                self.store.entitlement, self.store.audit, lambda: self.config, self._served
+            )
+            self._grpc.managed = self.managed
+            self.store.entitlement.on_change = lambda stored: self._apply_entitlement()
+            self._apply_entitlement()
             await keep_state(self.core.dispatcher.entitlement, self.store.limits, time.time())
         await self.core.start()
         await self.auth.start()
@@ -102,7 +111,9 @@ class FairqServer:
         if self.config.http.listen:
             console = None
             if self.config.console.enabled:
-                console = build_console(self.core, self.auth, self.request_log.recent, self.store)
+                console = build_console(
+                    self.core, self.auth, self.request_log.recent, self.store, self.managed
+                )
             self._http = HttpDoor(
                 self.core, self.auth, self.config.http.listen, self.request_log, console
             )
@@ -144,9 +155,13 @@ class FairqServer:
             raise ConfigError(f"keys: {exc}") from None
         jwt = self.auth.prepare_jwt(config.jwt)
         # Everything that can refuse the file has run; from here on it is applied whole.
-        await self.core.reconfigure(config)
+        # The core and the limit book get the file's entries merged with the store's at once.
+        effective, labels = self._effective(config)
+        await self.core.reconfigure(effective)
         if self.core.dispatcher.entitlement is not None:  # quotas, budgets and their prices
-            self.core.dispatcher.entitlement.configure(config.quotas, config.budgets, config.prices)
+            self.core.dispatcher.entitlement.configure(
+                effective.quotas, effective.budgets, effective.prices, labels
+            )
         self.auth.install(keys)
         await self.auth.install_jwt(jwt)
         self.request_log.set_enabled(config.access_log)
@@ -157,6 +172,31 @@ class FairqServer:
         self.config = config
         _warn_open_mode(config, self.auth.open_mode)
         log.info("configuration reloaded")
+
+    def _served(self) -> set[str]:
+        """Return the models the registered backends serve (the file's are added)."""
+        return {m for b in self.core.backends() for m in b.backend.models}
+
+    def _effective(self, config: Config) -> tuple[Config, list[str]]:
+        """Return ``config`` with the store's teams, quotas and budgets merged in, and labels.
+
+        The labels name where each quota and budget comes from, for refusals' messages.
+        """
+        if self.managed is None:
+            return config, []
+        merged = self.managed.effective(config)
+        effective = replace(config, teams=merged.teams, quotas=merged.quotas,
+                            budgets=merged.budgets)  # fmt: skip
+        return effective, merged.labels()
+
+    def _apply_entitlement(self) -> None:
+        """Put the store's entries in force (at start, and when any replica changed them)."""
+        effective, labels = self._effective(self.config)
+        self.core.use_teams(effective)
+        if self.core.dispatcher.entitlement is not None:
+            self.core.dispatcher.entitlement.configure(
+                effective.quotas, effective.budgets, effective.prices, labels
+            )
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, answer queued requests UNAVAILABLE, let running ones finish.

@@ -1,4 +1,4 @@
-"""The ``fairq`` command: ``serve`` and the tools (``keys``, ``usage``, ``db``, ``top``, ...)."""
+"""The ``fairq`` command: ``serve`` and the operator tools (``keys``, ``teams``, ``usage``, ...)."""
 
 from __future__ import annotations
 
@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "keys", help="API keys: new (file), create/list/revoke/rotate (store)", add_help=False
     )
+    sub.add_parser("teams", help="team weights kept in the store: set/delete/list", add_help=False)
+    sub.add_parser("limits", help="quotas and budgets kept in the store", add_help=False)
+    sub.add_parser("audit", help="the audit log of admins' changes", add_help=False)
     sub.add_parser("usage", help="usage by team, user or model (the ledger)", add_help=False)
     sub.add_parser("db", help="the store's schema: fairq db upgrade --config FILE", add_help=False)
     sub.add_parser("top", help="live view of queues, users and backends", add_help=False)
@@ -187,6 +190,9 @@ def _plugin_command(name: str) -> Callable[[list[str]], int] | None:
 _TOOLS = {
     "health": "fairq_server.tools.health",
     "keys": "fairq_server.tools.keys",
+    "teams": "fairq_server.tools.teams",
+    "limits": "fairq_server.tools.limits",
+    "audit": "fairq_server.tools.audit",
     "usage": "fairq_server.tools.usage",
     "db": "fairq_server.tools.db",
     "top": "fairq_server.tools.top",

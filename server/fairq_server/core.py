@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from fairq_server.backends.base import Backend
@@ -116,6 +116,10 @@ class FairqCore:
     def config(self) -> Config:
         """The configuration in use (its scheduling part as the dispatcher applied it)."""
         return self._config
+
+    def use_teams(self, config: Config) -> None:
+        """Resolve teams' weights by ``config``'s teams (the file's merged with the store's)."""
+        self._config = replace(self._config, teams=config.teams)
 
     @property
     def policies(self) -> Policies:
@@ -269,13 +273,9 @@ class FairqCore:
         self._stored[backend_id] = text
 
     async def register_backend(
-        self,
-        cfg: BackendConfig,
-        *,
-        backend: Backend | None = None,
-        from_rpc: bool = False,
+        self, cfg: BackendConfig, *, backend: Backend | None = None, from_rpc: bool = False,
         persist: bool = True,
-    ) -> BackendState:
+    ) -> BackendState:  # fmt: skip
         """Validate and register a backend (replacing one with the same id).
 
         The first scrape is done before returning, so a freshly registered backend can take

@@ -12,6 +12,7 @@ import fairq
 PUBLIC_API = [
     "BACKEND_KINDS",
     "AsyncClient",
+    "AuditEntry",
     "Backend",
     "BackendKind",
     "BackendLoad",
@@ -26,6 +27,7 @@ PUBLIC_API = [
     "Finished",
     "InvalidArgumentError",
     "JsonValue",
+    "Limit",
     "ModelQueue",
     "NotFoundError",
     "PermissionDeniedError",
@@ -35,6 +37,7 @@ PUBLIC_API = [
     "RetryableError",
     "Snapshot",
     "Started",
+    "Team",
     "UnauthenticatedError",
     "UnavailableError",
     "UserLoad",

@@ -160,6 +160,30 @@ function backendStatusFromProto(status) {
   };
 }
 
+const SOURCE_NAMES = { ENTRY_SOURCE_FILE: 'file', ENTRY_SOURCE_STORE: 'store' };
+const LIMIT_KINDS = { quota: 'LIMIT_KIND_QUOTA', budget: 'LIMIT_KIND_BUDGET' };
+const LIMIT_AMOUNTS = [
+  'tokens_per_minute', 'tokens_per_day', 'requests_per_minute', 'per_day', 'per_month',
+];
+
+function teamFromProto(team) {
+  return { name: team.name, weight: team.weight, source: SOURCE_NAMES[team.source] ?? '' };
+}
+
+function limitFromProto(limit) {
+  const amounts = Object.fromEntries(LIMIT_AMOUNTS.map((name) => [name, limit[name]]));
+  return {
+    kind: limit.kind === 'LIMIT_KIND_QUOTA' ? 'quota' : 'budget',
+    team: limit.team, user: limit.user, model: limit.model, ...amounts,
+    mode: limit.mode, source: SOURCE_NAMES[limit.source] ?? '',
+  };
+}
+
+function limitKind(kind) {
+  if (!(kind in LIMIT_KINDS)) throw new TypeError(`kind must be 'quota' or 'budget', not ${kind}`);
+  return LIMIT_KINDS[kind];
+}
+
 function callOptions(timeoutMs) {
   return timeoutMs === undefined ? {} : { deadline: Date.now() + timeoutMs };
 }
@@ -284,6 +308,76 @@ export function createClient(target, { apiKey, user, credentials } = {}) {
     async queueSnapshot({ topUsers = 0, ...options } = {}) {
       const response = await unary('GetQueueSnapshot', { top_users: topUsers }, options);
       return snapshotFromProto(response);
+    },
+
+    /**
+     * Set a team's weight on every replica sharing fairq's store; it overrides
+     * the configuration file's team of that name (admin only).
+     *
+     * @param {string} name
+     * @param {number} weight above 0.
+     * @param {{timeoutMs?: number}} [options]
+     * @returns {Promise<object>} {name, weight, source}.
+     */
+    async setTeam(name, weight, options = {}) {
+      const response = await unary('SetTeam', { team: { name, weight } }, options);
+      return teamFromProto(response.team ?? {});
+    },
+
+    /** Remove a stored team weight; the file's applies again (admin only). */
+    async deleteTeam(name, options = {}) {
+      await unary('DeleteTeam', { name }, options);
+    },
+
+    /** @returns {Promise<object[]>} the teams in force: {name, weight, source}. */
+    async listTeams(options = {}) {
+      const response = await unary('ListTeams', {}, options);
+      return response.teams.map(teamFromProto);
+    },
+
+    /**
+     * Set a quota or a budget on every replica; it overrides the file's entry of
+     * the same subject (admin only). Bad input rejects with INVALID_ARGUMENT
+     * naming the field.
+     *
+     * @param {object} limit {kind: 'quota'|'budget', team | user, model,
+     *   tokens_per_minute, tokens_per_day, requests_per_minute, per_day,
+     *   per_month, mode: 'hard'|'soft'}.
+     * @param {{timeoutMs?: number}} [options]
+     * @returns {Promise<object>} the entry stored, with its source.
+     */
+    async setLimit(limit, options = {}) {
+      const message = { ...limit, kind: limitKind(limit.kind) };
+      const response = await unary('SetLimit', { limit: message }, options);
+      return limitFromProto(response.limit ?? {});
+    },
+
+    /**
+     * Remove a stored quota or budget; the file's applies again (admin only).
+     *
+     * @param {'quota'|'budget'} kind
+     * @param {{team?: string, user?: string, model?: string, timeoutMs?: number}} [subject]
+     */
+    async deleteLimit(kind, { team = '', user = '', model = '', ...options } = {}) {
+      await unary('DeleteLimit', { kind: limitKind(kind), team, user, model }, options);
+    },
+
+    /** @returns {Promise<object[]>} the quotas and budgets in force. */
+    async listLimits(options = {}) {
+      const response = await unary('ListLimits', {}, options);
+      return response.limits.map(limitFromProto);
+    },
+
+    /**
+     * The changes admins made, newest first (admin only).
+     *
+     * @param {{limit?: number, action?: string, timeoutMs?: number}} [options]
+     * @returns {Promise<object[]>} {at_unix_seconds, actor, via, action, target,
+     *   detail, replica}.
+     */
+    async auditLog({ limit = 0, action = '', ...options } = {}) {
+      const response = await unary('ListAuditLog', { limit, action }, options);
+      return response.entries;
     },
 
     /** Close the channel; calls still running are cancelled. */

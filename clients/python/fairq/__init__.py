@@ -17,6 +17,7 @@ Typical use::
 
 from fairq._async_client import AsyncClient
 from fairq._backends import BACKEND_KINDS, Backend, BackendKind, BackendStatus
+from fairq._entitlement import AuditEntry, Limit, Team
 from fairq._errors import (
     DeadlineExceededError,
     FairqError,
@@ -38,6 +39,7 @@ from fairq._sync_client import Client
 __all__ = [
     "BACKEND_KINDS",
     "AsyncClient",
+    "AuditEntry",
     "Backend",
     "BackendKind",
     "BackendLoad",
@@ -52,6 +54,7 @@ __all__ = [
     "Finished",
     "InvalidArgumentError",
     "JsonValue",
+    "Limit",
     "ModelQueue",
     "NotFoundError",
     "PermissionDeniedError",
@@ -61,6 +64,7 @@ __all__ = [
     "RetryableError",
     "Snapshot",
     "Started",
+    "Team",
     "UnauthenticatedError",
     "UnavailableError",
     "UserLoad",

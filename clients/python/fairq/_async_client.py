@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 import grpc.aio
 
-from fairq import _calls
+from fairq import _calls, _entitlement
 from fairq._base_client import BaseClient, client_method
 from fairq._calls import StreamCall, UnaryCall
 from fairq._errors import translated_errors
@@ -93,3 +93,10 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
     deregister_backend = client_method(_calls.deregister_backend, _unary)
     queue_snapshot = client_method(_calls.queue_snapshot, _unary)
     list_backends = client_method(_calls.list_backends, _unary)
+    set_team = client_method(_entitlement.set_team, _unary)
+    delete_team = client_method(_entitlement.delete_team, _unary)
+    list_teams = client_method(_entitlement.list_teams, _unary)
+    set_limit = client_method(_entitlement.set_limit, _unary)
+    delete_limit = client_method(_entitlement.delete_limit, _unary)
+    list_limits = client_method(_entitlement.list_limits, _unary)
+    audit_log = client_method(_entitlement.audit_log, _unary)

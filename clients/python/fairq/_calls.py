@@ -31,8 +31,10 @@ __all__: list[str] = []
 _T = TypeVar("_T")
 
 AdminRpc: TypeAlias = Literal[
-    "RegisterBackend", "DeregisterBackend", "ListBackends", "GetQueueSnapshot"
-]
+    "RegisterBackend", "DeregisterBackend", "ListBackends", "GetQueueSnapshot",
+    "SetTeam", "DeleteTeam", "ListTeams", "SetLimit", "DeleteLimit", "ListLimits",
+    "ListAuditLog",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import time
 import grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
-from fairq_server.api.admin_store import StoreAdmin
+from fairq_server.api.admin_entitlement import EntitlementAdmin
 from fairq_server.api.snapshot import build_snapshot, read_core
 from fairq_server.api.status import status_for
 from fairq_server.auth import Authenticator
@@ -16,6 +16,7 @@ from fairq_server.backends.kinds import BACKEND_KINDS
 from fairq_server.backends.openai import OpenAIBackend
 from fairq_server.config import BackendConfig
 from fairq_server.core import FairqCore
+from fairq_server.entitlement.managed import ManagedEntitlement
 from fairq_server.errors import InvalidRequestError, SchedulerError
 from fairq_server.requests.recent import RecentService
 from fairq_server.scheduling.backend_state import BackendState
@@ -30,8 +31,8 @@ _KIND_NAMES = {admin_pb2.BackendKind.Value(v): k for k, v in _KIND_VALUES.items(
 Context = grpc.aio.ServicerContext
 
 
-class AdminServicer(StoreAdmin, admin_pb2_grpc.AdminServicer):
-    """Backend management, stored keys, usage; every call requires an admin principal."""
+class AdminServicer(EntitlementAdmin, admin_pb2_grpc.AdminServicer):
+    """Backends, stored keys, usage, teams, limits, the audit log; admins only."""
 
     def __init__(
         self,
@@ -39,11 +40,13 @@ class AdminServicer(StoreAdmin, admin_pb2_grpc.AdminServicer):
         auth: Authenticator,
         recent: RecentService | None = None,
         store: Store | None = None,
+        managed: ManagedEntitlement | None = None,
     ) -> None:
         self._core = core
         self._auth = auth
         self._recent = recent if recent is not None else RecentService()
         self._store = store
+        self._managed = managed
 
     async def _authorize(self, context: Context[object, object]) -> str:
         """Return the calling admin's identity (the call is aborted for anyone else)."""

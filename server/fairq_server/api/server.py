@@ -17,6 +17,7 @@ from fairq_server.api.scheduler import SchedulerServicer
 from fairq_server.auth import Authenticator
 from fairq_server.config import Config, TlsConfig
 from fairq_server.core import FairqCore
+from fairq_server.entitlement.managed import ManagedEntitlement
 from fairq_server.listening import add_grpc_port
 from fairq_server.requests.access_log import RequestLog
 from fairq_server.store.service import Store
@@ -126,6 +127,8 @@ class GrpcDoor:
         self._auth = auth
         self._request_log = request_log
         self._store = store
+        # Team weights, quotas and budgets set live; given by the server once its store is open.
+        self.managed: ManagedEntitlement | None = None
         self.port = 0
         self._server = grpc.aio.server(options=server_options(config))
         self._guard = RequestGuard(config.limits.request_receive_seconds)
@@ -158,7 +161,10 @@ class GrpcDoor:
             SchedulerServicer(self._core, self._auth, self._request_log), registrar
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminServicer(self._core, self._auth, self._request_log.recent, self._store), registrar
+            AdminServicer(
+                self._core, self._auth, self._request_log.recent, self._store, self.managed
+            ),
+            registrar,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, registrar)
         enable_reflection((*_SERVICES, health.SERVICE_NAME), self._server)

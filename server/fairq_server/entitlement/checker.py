@@ -99,9 +99,14 @@ class Entitlement:
         quotas: Sequence[QuotaConfig],
         budgets: Sequence[BudgetConfig],
         prices: Mapping[str, PriceConfig],
+        labels: Sequence[str] = (),
     ) -> None:
-        """Apply (checked) entries and prices; counters so far are kept."""
-        self._table = LimitTable(quotas, budgets)
+        """Apply (checked) entries and prices; counters so far are kept.
+
+        ``labels`` name where each quota, then each budget, comes from in messages (default:
+        its place in the file).
+        """
+        self._table = LimitTable(quotas, budgets, labels)
         self._prices = prices
         self._next_gauges = 0.0
         if self._metrics is not None:

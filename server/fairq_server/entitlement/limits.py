@@ -97,11 +97,16 @@ class LimitTable:
     Args:
         quotas: the ``[[quotas]]`` entries (checked).
         budgets: the ``[[budgets]]`` entries (checked).
+        labels: where each quota, then each budget, comes from, for messages (default: its
+            place in the file, ``quotas[2]``).
 
     """
 
     def __init__(
-        self, quotas: Sequence[QuotaConfig] = (), budgets: Sequence[BudgetConfig] = ()
+        self,
+        quotas: Sequence[QuotaConfig] = (),
+        budgets: Sequence[BudgetConfig] = (),
+        labels: Sequence[str] = (),
     ) -> None:
         self._teams: dict[str, list[Limit]] = {}
         self._users: dict[str, list[Limit]] = {}
@@ -110,6 +115,8 @@ class LimitTable:
         ]
         entries = [(f"quotas[{i}]", q, _QUOTA_FIELDS) for i, q in enumerate(quotas)]
         entries += [(f"budgets[{i}]", b, _BUDGET_FIELDS) for i, b in enumerate(budgets)]
+        if labels:
+            entries = [(label, e[1], e[2]) for label, e in zip(labels, entries, strict=True)]
         for entry, cfg, fields in entries:
             scope, subject = (Scope.TEAM, cfg.team) if cfg.team else (Scope.USER, cfg.user)
             index = self._teams if scope is Scope.TEAM else self._users

@@ -1,6 +1,7 @@
 """The audit log: every change an admin makes through the console or the Admin API.
 
-One row per change (a key created, rotated or revoked, a backend registered or removed) or
+One row per change (a key created, rotated or revoked, a backend registered or removed, a
+team's weight, a quota or a budget set or deleted) or
 console login, naming the admin's identity, the way it came (``console`` or ``admin-api``),
 the action, its target and a short detail. Rows are written when the change has been made
 (so a change the store refused leaves none), read newest first, and bounded: each write
@@ -34,6 +35,10 @@ ACTIONS = (
     "key.revoke",
     "backend.register",
     "backend.deregister",
+    "team.set",
+    "team.delete",
+    "limit.set",
+    "limit.delete",
 )
 # Longest target and detail kept (a name or a URL given by a caller is bounded here).
 _MAX_TEXT = 500

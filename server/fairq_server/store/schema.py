@@ -14,8 +14,14 @@ The migrations (``migrations/versions``) create exactly these; a test compares t
   per period, so a restart does not give a day's budget back. ``key_id`` is a digest of the
   counter's fields (a bounded primary key); the fields are stored verbatim beside it.
 
-``team`` is nullable everywhere: teams (their weights, quotas and budgets) come with later
-migrations that add their own tables beside these.
+- ``teams``: team weights set over the Admin API or the console (``entitlement_version``).
+- ``entitlement_limits``: quotas and budgets set the same way, one row per kind (``quota`` or
+  ``budget``), subject (``team`` or ``user`` and its name) and model (``""``: every model).
+  Either table's rows override the configuration file's entry of the same subject
+  (:mod:`fairq_server.entitlement.managed`); the ``entitlement`` counter of ``store_versions``
+  is raised with every change.
+
+``team`` is nullable in ``usage`` and ``api_keys``: a user without a team is its own team.
 """
 
 from __future__ import annotations
@@ -35,16 +41,20 @@ from sqlalchemy import (
 )
 
 __all__ = [
+    "ENTITLEMENT_VERSION",
     "KEYS_VERSION",
     "api_keys",
     "audit_log",
+    "entitlement_limits",
     "limit_usage",
     "metadata",
     "store_versions",
+    "teams",
     "usage",
 ]
 
 KEYS_VERSION = "keys"
+ENTITLEMENT_VERSION = "entitlement"
 
 # Explicit constraint names: migrations that alter these tables later can refer to them on
 # every engine.
@@ -126,4 +136,28 @@ limit_usage = Table(
     Column("amount", Double, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Index("ix_limit_usage_period", "period"),
+)
+
+teams = Table(
+    "teams",
+    metadata,
+    Column("name", String(256), primary_key=True),
+    Column("weight", Double, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+entitlement_limits = Table(
+    "entitlement_limits",
+    metadata,
+    Column("kind", String(8), primary_key=True),
+    Column("scope", String(8), primary_key=True),
+    Column("subject", String(256), primary_key=True),
+    Column("model", String(256), primary_key=True),
+    Column("tokens_per_minute", BigInteger, nullable=True),
+    Column("tokens_per_day", BigInteger, nullable=True),
+    Column("requests_per_minute", BigInteger, nullable=True),
+    Column("per_day", Double, nullable=True),
+    Column("per_month", Double, nullable=True),
+    Column("mode", String(8), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
 )

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import describe, open_engine, upgrade
+from fairq_server.store.entitlement import StoredEntitlement
 from fairq_server.store.keys import KeyStore
 from fairq_server.store.ledger import Ledger
 from fairq_server.store.limits import LimitState
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class Store:
-    """The usage ledger, stored keys and the audit log on one database.
+    """The usage ledger, stored keys, managed entitlement and the audit log on one database.
 
     Args:
         config: the ``[store]`` section.
@@ -62,6 +63,7 @@ class Store:
         self._keys: KeyStore | None = None
         self._audit: AuditLog | None = None
         self._limits: LimitState | None = None
+        self._entitlement: StoredEntitlement | None = None
 
     @property
     def ledger(self) -> Ledger:
@@ -87,6 +89,12 @@ class Store:
         assert self._limits is not None, "Store.start() first"
         return self._limits
 
+    @property
+    def entitlement(self) -> StoredEntitlement:
+        """Team weights, quotas and budgets set over the Admin API (once started)."""
+        assert self._entitlement is not None, "Store.start() first"
+        return self._entitlement
+
     async def start(self) -> None:
         """Open the database, upgrade its schema, read the keys, start the ledger's writer.
 
@@ -95,14 +103,17 @@ class Store:
 
         """
         engine = await open_engine(self.config, self._state_file)
+        keys = KeyStore(engine, self._tier_names, self.config.key_poll_seconds)
+        entitlement = StoredEntitlement(engine, self.config.key_poll_seconds)
         try:
             await upgrade(engine)
-            keys = KeyStore(engine, self._tier_names, self.config.key_poll_seconds)
             await keys.start()
+            await entitlement.start()
         except BaseException:
+            await keys.close()
             await engine.dispose()
             raise
-        self._engine, self._keys = engine, keys
+        self._engine, self._keys, self._entitlement = engine, keys, entitlement
         retention = self.config.audit_retention_days * 86400
         self._audit = AuditLog(engine, self._replica, retention, self.config.audit_max_rows)
         self._ledger = Ledger(engine, self.config, self._prices, self._replica, self._registry)
@@ -148,5 +159,7 @@ class Store:
             await self._limits.close()
         if self._keys is not None:
             await self._keys.close()
+        if self._entitlement is not None:
+            await self._entitlement.close()
         if self._engine is not None:
             await self._engine.dispose()

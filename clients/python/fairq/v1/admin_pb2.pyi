@@ -13,10 +13,28 @@ class BackendKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BACKEND_KIND_VLLM: _ClassVar[BackendKind]
     BACKEND_KIND_TGI: _ClassVar[BackendKind]
     BACKEND_KIND_OPENAI: _ClassVar[BackendKind]
+
+class EntrySource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENTRY_SOURCE_UNSPECIFIED: _ClassVar[EntrySource]
+    ENTRY_SOURCE_FILE: _ClassVar[EntrySource]
+    ENTRY_SOURCE_STORE: _ClassVar[EntrySource]
+
+class LimitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LIMIT_KIND_UNSPECIFIED: _ClassVar[LimitKind]
+    LIMIT_KIND_QUOTA: _ClassVar[LimitKind]
+    LIMIT_KIND_BUDGET: _ClassVar[LimitKind]
 BACKEND_KIND_UNSPECIFIED: BackendKind
 BACKEND_KIND_VLLM: BackendKind
 BACKEND_KIND_TGI: BackendKind
 BACKEND_KIND_OPENAI: BackendKind
+ENTRY_SOURCE_UNSPECIFIED: EntrySource
+ENTRY_SOURCE_FILE: EntrySource
+ENTRY_SOURCE_STORE: EntrySource
+LIMIT_KIND_UNSPECIFIED: LimitKind
+LIMIT_KIND_QUOTA: LimitKind
+LIMIT_KIND_BUDGET: LimitKind
 
 class Backend(_message.Message):
     __slots__ = ("id", "kind", "base_url", "models", "priority_scheduling", "max_in_flight", "metrics_preset", "waiting_metric", "running_metric", "kv_usage_metric", "tpot_metric", "priority_order", "api_key_env", "fair_share_priority", "preempt")
@@ -289,3 +307,141 @@ class GetUsageReportResponse(_message.Message):
     ROWS_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[UsageSummary]
     def __init__(self, rows: _Optional[_Iterable[_Union[UsageSummary, _Mapping]]] = ...) -> None: ...
+
+class Team(_message.Message):
+    __slots__ = ("name", "weight", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight: float
+    source: EntrySource
+    def __init__(self, name: _Optional[str] = ..., weight: _Optional[float] = ..., source: _Optional[_Union[EntrySource, str]] = ...) -> None: ...
+
+class SetTeamRequest(_message.Message):
+    __slots__ = ("team",)
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    team: Team
+    def __init__(self, team: _Optional[_Union[Team, _Mapping]] = ...) -> None: ...
+
+class SetTeamResponse(_message.Message):
+    __slots__ = ("team",)
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    team: Team
+    def __init__(self, team: _Optional[_Union[Team, _Mapping]] = ...) -> None: ...
+
+class DeleteTeamRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteTeamResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTeamsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTeamsResponse(_message.Message):
+    __slots__ = ("teams",)
+    TEAMS_FIELD_NUMBER: _ClassVar[int]
+    teams: _containers.RepeatedCompositeFieldContainer[Team]
+    def __init__(self, teams: _Optional[_Iterable[_Union[Team, _Mapping]]] = ...) -> None: ...
+
+class Limit(_message.Message):
+    __slots__ = ("kind", "team", "user", "model", "tokens_per_minute", "tokens_per_day", "requests_per_minute", "per_day", "per_month", "mode", "source")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_DAY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    PER_DAY_FIELD_NUMBER: _ClassVar[int]
+    PER_MONTH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    kind: LimitKind
+    team: str
+    user: str
+    model: str
+    tokens_per_minute: int
+    tokens_per_day: int
+    requests_per_minute: int
+    per_day: float
+    per_month: float
+    mode: str
+    source: EntrySource
+    def __init__(self, kind: _Optional[_Union[LimitKind, str]] = ..., team: _Optional[str] = ..., user: _Optional[str] = ..., model: _Optional[str] = ..., tokens_per_minute: _Optional[int] = ..., tokens_per_day: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., per_day: _Optional[float] = ..., per_month: _Optional[float] = ..., mode: _Optional[str] = ..., source: _Optional[_Union[EntrySource, str]] = ...) -> None: ...
+
+class SetLimitRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: Limit
+    def __init__(self, limit: _Optional[_Union[Limit, _Mapping]] = ...) -> None: ...
+
+class SetLimitResponse(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: Limit
+    def __init__(self, limit: _Optional[_Union[Limit, _Mapping]] = ...) -> None: ...
+
+class DeleteLimitRequest(_message.Message):
+    __slots__ = ("kind", "team", "user", "model")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    kind: LimitKind
+    team: str
+    user: str
+    model: str
+    def __init__(self, kind: _Optional[_Union[LimitKind, str]] = ..., team: _Optional[str] = ..., user: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class DeleteLimitResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListLimitsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListLimitsResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[Limit]
+    def __init__(self, limits: _Optional[_Iterable[_Union[Limit, _Mapping]]] = ...) -> None: ...
+
+class ListAuditLogRequest(_message.Message):
+    __slots__ = ("limit", "action")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    action: str
+    def __init__(self, limit: _Optional[int] = ..., action: _Optional[str] = ...) -> None: ...
+
+class AuditEntry(_message.Message):
+    __slots__ = ("at_unix_seconds", "actor", "via", "action", "target", "detail", "replica")
+    AT_UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    at_unix_seconds: float
+    actor: str
+    via: str
+    action: str
+    target: str
+    detail: str
+    replica: str
+    def __init__(self, at_unix_seconds: _Optional[float] = ..., actor: _Optional[str] = ..., via: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[str] = ..., detail: _Optional[str] = ..., replica: _Optional[str] = ...) -> None: ...
+
+class ListAuditLogResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...

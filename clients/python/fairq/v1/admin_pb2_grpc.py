@@ -81,6 +81,41 @@ class AdminStub:
                 request_serializer=fairq_dot_v1_dot_admin__pb2.GetUsageReportRequest.SerializeToString,
                 response_deserializer=fairq_dot_v1_dot_admin__pb2.GetUsageReportResponse.FromString,
                 _registered_method=True)
+        self.SetTeam = channel.unary_unary(
+                '/fairq.v1.Admin/SetTeam',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.SetTeamRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.SetTeamResponse.FromString,
+                _registered_method=True)
+        self.DeleteTeam = channel.unary_unary(
+                '/fairq.v1.Admin/DeleteTeam',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.DeleteTeamRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.DeleteTeamResponse.FromString,
+                _registered_method=True)
+        self.ListTeams = channel.unary_unary(
+                '/fairq.v1.Admin/ListTeams',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.ListTeamsRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.ListTeamsResponse.FromString,
+                _registered_method=True)
+        self.SetLimit = channel.unary_unary(
+                '/fairq.v1.Admin/SetLimit',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.SetLimitRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.SetLimitResponse.FromString,
+                _registered_method=True)
+        self.DeleteLimit = channel.unary_unary(
+                '/fairq.v1.Admin/DeleteLimit',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.DeleteLimitRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.DeleteLimitResponse.FromString,
+                _registered_method=True)
+        self.ListLimits = channel.unary_unary(
+                '/fairq.v1.Admin/ListLimits',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.ListLimitsRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.ListLimitsResponse.FromString,
+                _registered_method=True)
+        self.ListAuditLog = channel.unary_unary(
+                '/fairq.v1.Admin/ListAuditLog',
+                request_serializer=fairq_dot_v1_dot_admin__pb2.ListAuditLogRequest.SerializeToString,
+                response_deserializer=fairq_dot_v1_dot_admin__pb2.ListAuditLogResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -158,6 +193,60 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTeam(self, request, context):
+        """SetTeam stores a team's weight; it overrides a [[teams]] entry of the same
+        name and holds on every replica sharing the store within a poll.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTeam(self, request, context):
+        """DeleteTeam removes a stored team (the file's entry, if any, holds again).
+        NOT_FOUND when the store has no such team.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTeams(self, request, context):
+        """ListTeams lists the teams in force: the file's and the store's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetLimit(self, request, context):
+        """SetLimit stores a quota or a budget; it overrides the file's entry of the
+        same kind, subject and model, on every replica within a poll.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteLimit(self, request, context):
+        """DeleteLimit removes a stored quota or budget (the file's, if any, holds
+        again). NOT_FOUND when the store has no such entry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLimits(self, request, context):
+        """ListLimits lists the quotas and budgets in force: the file's and the store's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAuditLog(self, request, context):
+        """ListAuditLog reports the changes admins made (keys, backends, teams,
+        limits, console logins), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +294,41 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetUsageReport,
                     request_deserializer=fairq_dot_v1_dot_admin__pb2.GetUsageReportRequest.FromString,
                     response_serializer=fairq_dot_v1_dot_admin__pb2.GetUsageReportResponse.SerializeToString,
+            ),
+            'SetTeam': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTeam,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.SetTeamRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.SetTeamResponse.SerializeToString,
+            ),
+            'DeleteTeam': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTeam,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.DeleteTeamRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.DeleteTeamResponse.SerializeToString,
+            ),
+            'ListTeams': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTeams,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.ListTeamsRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.ListTeamsResponse.SerializeToString,
+            ),
+            'SetLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLimit,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.SetLimitRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.SetLimitResponse.SerializeToString,
+            ),
+            'DeleteLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteLimit,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.DeleteLimitRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.DeleteLimitResponse.SerializeToString,
+            ),
+            'ListLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLimits,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.ListLimitsRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.ListLimitsResponse.SerializeToString,
+            ),
+            'ListAuditLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditLog,
+                    request_deserializer=fairq_dot_v1_dot_admin__pb2.ListAuditLogRequest.FromString,
+                    response_serializer=fairq_dot_v1_dot_admin__pb2.ListAuditLogResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -452,6 +576,195 @@ class Admin:
             '/fairq.v1.Admin/GetUsageReport',
             fairq_dot_v1_dot_admin__pb2.GetUsageReportRequest.SerializeToString,
             fairq_dot_v1_dot_admin__pb2.GetUsageReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTeam(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/SetTeam',
+            fairq_dot_v1_dot_admin__pb2.SetTeamRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.SetTeamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTeam(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/DeleteTeam',
+            fairq_dot_v1_dot_admin__pb2.DeleteTeamRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.DeleteTeamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTeams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/ListTeams',
+            fairq_dot_v1_dot_admin__pb2.ListTeamsRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.ListTeamsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/SetLimit',
+            fairq_dot_v1_dot_admin__pb2.SetLimitRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.SetLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/DeleteLimit',
+            fairq_dot_v1_dot_admin__pb2.DeleteLimitRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.DeleteLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/ListLimits',
+            fairq_dot_v1_dot_admin__pb2.ListLimitsRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.ListLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairq.v1.Admin/ListAuditLog',
+            fairq_dot_v1_dot_admin__pb2.ListAuditLogRequest.SerializeToString,
+            fairq_dot_v1_dot_admin__pb2.ListAuditLogResponse.FromString,
             options,
             channel_credentials,
             insecure,

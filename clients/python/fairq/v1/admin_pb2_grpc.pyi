@@ -65,6 +65,30 @@ class AdminStub:
     """
     GetUsageReport: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetUsageReportRequest, _admin_pb2.GetUsageReportResponse]
     """GetUsageReport sums the usage ledger by team, user or model."""
+    SetTeam: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetTeamRequest, _admin_pb2.SetTeamResponse]
+    """SetTeam stores a team's weight; it overrides a [[teams]] entry of the same
+    name and holds on every replica sharing the store within a poll.
+    """
+    DeleteTeam: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteTeamRequest, _admin_pb2.DeleteTeamResponse]
+    """DeleteTeam removes a stored team (the file's entry, if any, holds again).
+    NOT_FOUND when the store has no such team.
+    """
+    ListTeams: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListTeamsRequest, _admin_pb2.ListTeamsResponse]
+    """ListTeams lists the teams in force: the file's and the store's."""
+    SetLimit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetLimitRequest, _admin_pb2.SetLimitResponse]
+    """SetLimit stores a quota or a budget; it overrides the file's entry of the
+    same kind, subject and model, on every replica within a poll.
+    """
+    DeleteLimit: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteLimitRequest, _admin_pb2.DeleteLimitResponse]
+    """DeleteLimit removes a stored quota or budget (the file's, if any, holds
+    again). NOT_FOUND when the store has no such entry.
+    """
+    ListLimits: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListLimitsRequest, _admin_pb2.ListLimitsResponse]
+    """ListLimits lists the quotas and budgets in force: the file's and the store's."""
+    ListAuditLog: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAuditLogRequest, _admin_pb2.ListAuditLogResponse]
+    """ListAuditLog reports the changes admins made (keys, backends, teams,
+    limits, console logins), newest first.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -103,6 +127,30 @@ class AdminAsyncStub(AdminStub):
     """
     GetUsageReport: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetUsageReportRequest, _admin_pb2.GetUsageReportResponse]  # type: ignore[assignment]
     """GetUsageReport sums the usage ledger by team, user or model."""
+    SetTeam: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetTeamRequest, _admin_pb2.SetTeamResponse]  # type: ignore[assignment]
+    """SetTeam stores a team's weight; it overrides a [[teams]] entry of the same
+    name and holds on every replica sharing the store within a poll.
+    """
+    DeleteTeam: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteTeamRequest, _admin_pb2.DeleteTeamResponse]  # type: ignore[assignment]
+    """DeleteTeam removes a stored team (the file's entry, if any, holds again).
+    NOT_FOUND when the store has no such team.
+    """
+    ListTeams: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListTeamsRequest, _admin_pb2.ListTeamsResponse]  # type: ignore[assignment]
+    """ListTeams lists the teams in force: the file's and the store's."""
+    SetLimit: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetLimitRequest, _admin_pb2.SetLimitResponse]  # type: ignore[assignment]
+    """SetLimit stores a quota or a budget; it overrides the file's entry of the
+    same kind, subject and model, on every replica within a poll.
+    """
+    DeleteLimit: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteLimitRequest, _admin_pb2.DeleteLimitResponse]  # type: ignore[assignment]
+    """DeleteLimit removes a stored quota or budget (the file's, if any, holds
+    again). NOT_FOUND when the store has no such entry.
+    """
+    ListLimits: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListLimitsRequest, _admin_pb2.ListLimitsResponse]  # type: ignore[assignment]
+    """ListLimits lists the quotas and budgets in force: the file's and the store's."""
+    ListAuditLog: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAuditLogRequest, _admin_pb2.ListAuditLogResponse]  # type: ignore[assignment]
+    """ListAuditLog reports the changes admins made (keys, backends, teams,
+    limits, console logins), newest first.
+    """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """Admin manages the backends fairq forwards work to. Every call requires an
@@ -192,5 +240,71 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.GetUsageReportResponse, _abc.Awaitable[_admin_pb2.GetUsageReportResponse]]:
         """GetUsageReport sums the usage ledger by team, user or model."""
+
+    @_abc_1.abstractmethod
+    def SetTeam(
+        self,
+        request: _admin_pb2.SetTeamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetTeamResponse, _abc.Awaitable[_admin_pb2.SetTeamResponse]]:
+        """SetTeam stores a team's weight; it overrides a [[teams]] entry of the same
+        name and holds on every replica sharing the store within a poll.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteTeam(
+        self,
+        request: _admin_pb2.DeleteTeamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteTeamResponse, _abc.Awaitable[_admin_pb2.DeleteTeamResponse]]:
+        """DeleteTeam removes a stored team (the file's entry, if any, holds again).
+        NOT_FOUND when the store has no such team.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTeams(
+        self,
+        request: _admin_pb2.ListTeamsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListTeamsResponse, _abc.Awaitable[_admin_pb2.ListTeamsResponse]]:
+        """ListTeams lists the teams in force: the file's and the store's."""
+
+    @_abc_1.abstractmethod
+    def SetLimit(
+        self,
+        request: _admin_pb2.SetLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetLimitResponse, _abc.Awaitable[_admin_pb2.SetLimitResponse]]:
+        """SetLimit stores a quota or a budget; it overrides the file's entry of the
+        same kind, subject and model, on every replica within a poll.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteLimit(
+        self,
+        request: _admin_pb2.DeleteLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteLimitResponse, _abc.Awaitable[_admin_pb2.DeleteLimitResponse]]:
+        """DeleteLimit removes a stored quota or budget (the file's, if any, holds
+        again). NOT_FOUND when the store has no such entry.
+        """
+
+    @_abc_1.abstractmethod
+    def ListLimits(
+        self,
+        request: _admin_pb2.ListLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListLimitsResponse, _abc.Awaitable[_admin_pb2.ListLimitsResponse]]:
+        """ListLimits lists the quotas and budgets in force: the file's and the store's."""
+
+    @_abc_1.abstractmethod
+    def ListAuditLog(
+        self,
+        request: _admin_pb2.ListAuditLogRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListAuditLogResponse, _abc.Awaitable[_admin_pb2.ListAuditLogResponse]]:
+        """ListAuditLog reports the changes admins made (keys, backends, teams,
+        limits, console logins), newest first.
+        """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fairq_server.auth import Authenticator
 from fairq_server.core import FairqCore
+from fairq_server.entitlement.managed import ManagedEntitlement
+from fairq_server.http.console.entitlement_forms import EntitlementForms
 from fairq_server.http.console.feed import LiveFeed
 from fairq_server.http.console.manage import ManageRoutes
 from fairq_server.http.console.routes import ConsoleRoutes
@@ -16,7 +18,11 @@ __all__ = ["ConsoleRoutes", "build_console"]
 
 
 def build_console(
-    core: FairqCore, auth: Authenticator, recent: RecentService, store: Store | None = None
+    core: FairqCore,
+    auth: Authenticator,
+    recent: RecentService,
+    store: Store | None = None,
+    managed: ManagedEntitlement | None = None,
 ) -> ConsoleRoutes:
     """Return the console over ``core`` (its settings are read from ``core.config.console``).
 
@@ -25,6 +31,7 @@ def build_console(
         auth: the authenticator both doors share.
         recent: the recent service per user (the figures ``GetQueueSnapshot`` shows).
         store: fairq's store (keys and usage views), if it has one.
+        managed: team weights, quotas and budgets set live (with a store).
 
     """
 
@@ -45,4 +52,5 @@ def build_console(
         replicas = ReplicaViews(core.cluster.client, core.cluster.config.key_prefix, here, ttl)
     feed = LiveFeed(read, lambda: core.config.console.refresh_seconds, replicas, here)
     manage = ManageRoutes(store) if store is not None else None
-    return ConsoleRoutes(auth, feed, core.config.console.session_seconds, manage)
+    forms = EntitlementForms(managed) if managed is not None else None
+    return ConsoleRoutes(auth, feed, core.config.console.session_seconds, manage, forms)

@@ -10,8 +10,9 @@ Routes:
 
 * ``GET /console/login``, ``POST /console/login``, ``POST /console/logout``;
 * ``GET /console/{queues,backends,cluster}``: a page, its live part rendered at once;
-* ``GET /console/{usage,keys,audit}`` (with a store): usage plots and reports, stored keys,
-  the audit log of admins' changes; ``GET /console/usage.csv`` (totals) and
+* ``GET /console/{usage,keys,teams,audit}`` (with a store): usage plots and reports, stored
+  keys, team weights, quotas and budgets (``POST /console/teams/{action}`` changes them), the
+  audit log of admins' changes; ``GET /console/usage.csv`` (totals) and
   ``GET /console/usage-series.csv`` (per hour or day);
 * ``GET /console/events?view=NAME``: server-sent events, one ``data:`` frame per refresh
   carrying the view's HTML fragment (``event: logout`` when the credential stops working);
@@ -31,6 +32,7 @@ from aiohttp import web
 from fairq_server.auth import Authenticator, Principal
 from fairq_server.errors import SchedulerError
 from fairq_server.http.console import render
+from fairq_server.http.console.entitlement_forms import ACTIONS, EntitlementForms
 from fairq_server.http.console.feed import LiveFeed
 from fairq_server.http.console.manage import ManageRoutes, store_error
 from fairq_server.http.console.session import Session, Sessions, csrf_ok, same_origin
@@ -72,9 +74,11 @@ class ConsoleRoutes:
         feed: LiveFeed,
         session_seconds: float,
         manage: ManageRoutes | None = None,
+        forms: EntitlementForms | None = None,
     ) -> None:
         self._auth = auth
         self._manage = manage
+        self._forms = forms
         self._feed = feed
         self._sessions = Sessions(session_seconds)
         self._static = {name: (_STATIC / name).read_bytes() for name in _STATIC_TYPES}
@@ -99,6 +103,10 @@ class ConsoleRoutes:
             router.add_get("/console/usage.csv", self._usage_csv)
             router.add_get("/console/usage-series.csv", self._usage_csv)
             router.add_get("/console/audit", self._audit)
+        if self._forms is not None:
+            router.add_get("/console/teams", self._teams)
+            actions = "|".join(ACTIONS)
+            router.add_post(f"/console/teams/{{action:{actions}}}", self._teams)
 
     async def start(self) -> None:
         """Start the live feed."""
@@ -217,8 +225,10 @@ class ConsoleRoutes:
             body = store_error(exc)
         return await self._store_page(request, "keys", body)
 
-    async def _keys_change(self, request: web.Request) -> web.StreamResponse:
-        """Create, rotate or revoke a key: from a logged-in page of this origin only."""
+    async def _posted(
+        self, request: web.Request
+    ) -> tuple[Principal, Session, dict[str, str]] | web.Response:
+        """Return who posted a form and the form, or the refusal: a logged-in page only."""
         session = self._sessions.get(request)
         form = await _form(request)
         principal = await self._admin(session.credential) if session is not None else None
@@ -226,6 +236,14 @@ class ConsoleRoutes:
             return _refusal(401)
         if not same_origin(request) or form is None or not csrf_ok(session, form.get("csrf", "")):
             return _html(render.message_page("Refused", "The form came from another site."), 403)
+        return principal, session, form
+
+    async def _keys_change(self, request: web.Request) -> web.StreamResponse:
+        """Create, rotate or revoke a key: from a logged-in page of this origin only."""
+        posted = await self._posted(request)
+        if isinstance(posted, web.Response):
+            return posted
+        principal, session, form = posted
         assert self._manage is not None
         key_id, verb = request.match_info.get("id", ""), request.match_info.get("verb", "")
         try:
@@ -239,6 +257,24 @@ class ConsoleRoutes:
             notice = store_error(exc)
         body = await self._manage.keys_page(session.csrf, notice)
         return _html(render.page("keys", principal.user, session.csrf, body, store=True))
+
+    async def _teams(self, request: web.Request) -> web.StreamResponse:
+        """Show team weights, quotas and budgets; apply a change posted from this page."""
+        assert self._forms is not None
+        if request.method == "GET":
+            principal, session, status = await self._caller(request)
+            if principal is None:
+                return _redirect("/console/login") if status == 401 else _refusal(status)
+            csrf, notice = session.csrf if session is not None else "", ""
+        else:
+            posted = await self._posted(request)
+            if isinstance(posted, web.Response):
+                return posted
+            principal, session, form = posted
+            csrf = session.csrf
+            notice = await self._forms.change(request.match_info["action"], form, principal.user)
+        body = self._forms.page(csrf, notice)
+        return _html(render.page("teams", principal.user, csrf, body, store=True))
 
     async def _usage(self, request: web.Request) -> web.StreamResponse:
         assert self._manage is not None
