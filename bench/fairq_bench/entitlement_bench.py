@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from fairq_server.entitlement.checker import Claim, Entitlement
 from fairq_server.entitlement.local_book import LocalBook
-from fairq_server.entitlement.settings import ANY_USER, BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import ANY_USER, BudgetConfig, QuotaConfig
 from fairq_server.store.settings import PriceConfig
 
 __all__ = ["main", "run"]

@@ -46,7 +46,7 @@ from typing import Any
 from fairq_server.cluster_config import ClusterConfig
 from fairq_server.console_config import ConsoleConfig
 from fairq_server.door_config import HttpConfig, Limits, TlsConfig
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.errors import ConfigError
 from fairq_server.identity.settings import JwtConfig, KeyConfig
 from fairq_server.preempt_config import PreemptConfig

@@ -18,7 +18,7 @@ from typing import Any
 from fairq_server.backends.spec import check_backend_config
 from fairq_server.config import Config, ConfigError, SchedulerConfig
 from fairq_server.config_reader import read_table
-from fairq_server.entitlement.settings import check_entitlement
+from fairq_server.entitlement_config import check_entitlement
 from fairq_server.identity.settings import MAX_NAME_CHARS, check_jwt, check_name
 from fairq_server.store.settings import PriceConfig, StoreConfig, StoreError, check_prices
 from fairq_server.teams import check_teams

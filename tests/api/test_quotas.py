@@ -21,7 +21,7 @@ from fairq_server.config import Config, KeyConfig
 from fairq_server.config_file import load_config
 from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
 from fairq_server.entitlement.checker import Entitlement
-from fairq_server.entitlement.settings import QuotaConfig
+from fairq_server.entitlement_config import QuotaConfig
 from fairq_server.teams import TeamConfig
 from fairq_sim import SimConfig, SimServer
 

@@ -17,7 +17,7 @@ from fairq.v1 import scheduler_pb2_grpc
 from fairq_server.app import FairqServer
 from fairq_server.auth import hash_key
 from fairq_server.config import Config, KeyConfig
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.store.settings import PriceConfig
 from fairq_server.teams import TeamConfig
 from fairq_sim import SimServer

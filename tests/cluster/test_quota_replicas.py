@@ -14,7 +14,7 @@ from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
 from fairq_server.cluster_config import ClusterConfig
 from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
-from fairq_server.entitlement.settings import QuotaConfig
+from fairq_server.entitlement_config import QuotaConfig
 from fairq_server.store.settings import StoreConfig
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend

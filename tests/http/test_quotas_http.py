@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from fairq_server.config import HttpConfig
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.store.settings import PriceConfig
 from fairq_sim import SimServer
 

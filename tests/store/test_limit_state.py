@@ -174,7 +174,7 @@ async def test_fairq_restarted_keeps_refusing_a_spent_daily_quota(
 ) -> None:
     from fairq.v1 import scheduler_pb2_grpc
     from fairq_server.app import FairqServer
-    from fairq_server.entitlement.settings import QuotaConfig
+    from fairq_server.entitlement_config import QuotaConfig
     from tests.reliability.helpers import gen_request
 
     config = store_config(store_url, [sim_backend(sim)])

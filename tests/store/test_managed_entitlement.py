@@ -12,7 +12,7 @@ import pytest
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_server.config import Config
 from fairq_server.entitlement.managed import effective
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.errors import InvalidRequestError
 from fairq_server.store.entitlement import Stored
 from fairq_server.teams import TeamConfig, team_weights

@@ -36,7 +36,7 @@ _LAYERS = (
     ("config.py",),
     ("entitlement",),
     ("store",),
-    ("auth.py",),
+    ("auth.py", "entitlement_config.py"),
     ("identity", "cluster_config.py", "logs.py"),
     ("errors.py", "names.py", "supervisor.py", "loop_monitor.py", "loop_share.py",
      "collector.py", "listening.py", "door_config.py", "console_config.py",

@@ -16,7 +16,7 @@ import grpc
 from fairq.v1 import admin_pb2
 from fairq_server.api.admin_store import Context, StoreAdmin
 from fairq_server.entitlement.managed import STORE, Effective, ManagedEntitlement
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.store.audit import ACTIONS
 from fairq_server.store.entitlement import LimitEntry
 

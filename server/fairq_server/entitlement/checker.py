@@ -30,7 +30,7 @@ from fairq_server.entitlement.book import Grant, LimitKey, LimitUse, Measure, Re
 from fairq_server.entitlement.limits import Applicable, Limit, LimitTable
 from fairq_server.entitlement.local_book import period_of
 from fairq_server.entitlement.metrics import EntitlementMetrics
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.errors import QuotaExceededError
 from fairq_server.store.settings import PriceConfig
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from fairq_server.entitlement.checker import Entitlement, SyncBook
 from fairq_server.entitlement.local_book import LocalBook
 from fairq_server.entitlement.metrics import EntitlementMetrics
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.store.settings import PriceConfig
 from fairq_server.team_labels import TeamLabels
 

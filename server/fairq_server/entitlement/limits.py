@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
-from fairq_server.entitlement.settings import ANY_USER, BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import ANY_USER, BudgetConfig, QuotaConfig
 
 __all__ = ["Applicable", "Limit", "LimitTable"]
 

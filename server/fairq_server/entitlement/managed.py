@@ -3,7 +3,7 @@
 One class, :class:`ManagedEntitlement`, is what the Admin RPCs, the console's forms and (through
 the RPCs) ``fairq teams`` / ``fairq limits`` call. A change is checked by the configuration
 file's own rules (:func:`~fairq_server.teams.check_teams`,
-:func:`~fairq_server.entitlement.settings.check_entitlement`: one place for them), written to
+:func:`~fairq_server.entitlement_config.check_entitlement`: one place for them), written to
 the store (which raises the version every replica polls), recorded in the audit log, and then
 applied here at once and on the other replicas within one poll.
 
@@ -18,11 +18,12 @@ left out, with a warning, until the file or the entry is fixed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from fairq_server.config import Config
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig, check_entitlement
+from fairq_server.entitlement.factory import LimitSettings
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig, check_entitlement
 from fairq_server.errors import InvalidRequestError
 from fairq_server.identity.settings import MAX_NAME_CHARS, check_name
 from fairq_server.store.audit import AuditLog
@@ -40,6 +41,24 @@ __all__ = ["Effective", "ManagedEntitlement", "check_limit", "check_team", "effe
 log = logging.getLogger(__name__)
 
 FILE, STORE = "file", "store"
+
+
+class _Served(Protocol):
+    @property
+    def models(self) -> Sequence[str]:
+        """The models a configured backend serves."""
+
+
+class Config(LimitSettings, Protocol):
+    """What the managed entitlement reads of the configuration file (its teams and limits)."""
+
+    @property
+    def teams(self) -> Sequence[TeamConfig]:
+        """The file's teams."""
+
+    @property
+    def backends(self) -> Sequence[_Served]:
+        """The file's backends (their models may carry a budget)."""
 
 
 @dataclass(frozen=True)

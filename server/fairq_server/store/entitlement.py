@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.store.engine import short_error
 from fairq_server.store.schema import ENTITLEMENT_VERSION, entitlement_limits, store_versions, teams
 from fairq_server.supervisor import stop_task

@@ -19,7 +19,7 @@ from fairq_server.auth import hash_key
 from fairq_server.config import ConsoleConfig, HttpConfig, KeyConfig
 from fairq_server.entitlement.book import Window
 from fairq_server.entitlement.local_book import period_end
-from fairq_server.entitlement.settings import QuotaConfig
+from fairq_server.entitlement_config import QuotaConfig
 from fairq_server.teams import TeamConfig
 from fairq_sim import SimServer
 

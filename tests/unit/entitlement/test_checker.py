@@ -12,7 +12,7 @@ from fairq_server.entitlement.checker import Claim, Entitlement
 from fairq_server.entitlement.limits import LimitTable
 from fairq_server.entitlement.local_book import LocalBook
 from fairq_server.entitlement.metrics import EntitlementMetrics
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.errors import QuotaExceededError
 from fairq_server.store.settings import PriceConfig
 from fairq_server.team_labels import TeamLabels

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from fairq_server.entitlement.book import Grant, LimitKey, LimitUse, Refusal, Window
 from fairq_server.entitlement.checker import Entitlement
 from fairq_server.entitlement.local_book import LocalBook, period_end
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.observe.standing import StandingReader
 from fairq_server.store.settings import PriceConfig
 

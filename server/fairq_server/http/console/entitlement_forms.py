@@ -13,7 +13,7 @@ import logging
 from html import escape
 
 from fairq_server.entitlement.managed import STORE, ManagedEntitlement, describe_limit
-from fairq_server.entitlement.settings import BudgetConfig, QuotaConfig
+from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.errors import InvalidRequestError
 from fairq_server.store.entitlement import LimitEntry, subject_of
 
