@@ -46,11 +46,20 @@ from fairq_bench.scenarios.soft_quota import share_of
 from fairq_bench.targets import free_port
 from fairq_server.auth import hash_key
 
-__all__ = ["ClusterRun", "Probe", "SoftRun", "minute_peaks", "run_quota_cluster", "soft_share"]
+__all__ = [
+    "ClusterRun",
+    "Contended",
+    "Probe",
+    "SoftRun",
+    "Traffic",
+    "minute_peaks",
+    "run_quota_cluster",
+    "soft_share",
+]
 
-QUOTA = 10_000
-MAX_TOKENS = 400
-EOS_MEAN = 250  # the simulator's mean output length: outputs vary, capped at MAX_TOKENS
+QUOTA = 3_000
+MAX_TOKENS = 150
+EOS_MEAN = 100  # the simulator's mean output length: outputs vary, capped at MAX_TOKENS
 REPLICAS, SLOTS = 3, 4
 MINUTES = 3
 SOFT_TPM = 1_000
@@ -58,7 +67,11 @@ HARD, SOFT = "ann", "sid"
 IN_QUOTA = ("in1", "in2", "in3")  # one per replica in the soft part
 USERS = (HARD, SOFT, *IN_QUOTA)
 SOFT_OUTSTANDING = 4  # sid's requests per replica
-IN_OUTSTANDING = 12  # each in-quota user's, on its replica: the backend stays full
+#: Each in-quota user's requests on its replica, one run each. The backend holds 16 running
+#: and fairq lets 3 wait there, 19 in all: with 12 each, in-quota work waits in every
+#: replica's queue all the time; with 8 each (24 in all), it waits, but not always on every
+#: replica.
+IN_OUTSTANDING = (12, 8)
 SHARE_BOUND = 0.10
 
 
@@ -216,19 +229,39 @@ async def _hard(name: str, replicas: Sequence[Replica], seconds: float, probe: b
 
 
 @dataclass
-class SoftRun:
-    """The soft part: tokens/s alone, the contended run, band dispatches per replica."""
+class Traffic:
+    """Requests of one run: completions (seconds from start, user, tokens), chunks, errors."""
 
-    alone: dict[str, float] = field(default_factory=dict)
     done: list[tuple[float, str, int]] = field(default_factory=list)
-    contended_seconds: float = 0.0
     sent: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
-    band: list[float] = field(default_factory=list)
     chunks: list[float] = field(default_factory=list)
 
 
-async def _loop(replica: Replica, user: str, t0: float, stop: float, out: SoftRun) -> None:
+@dataclass
+class Contended:
+    """The soft user behind in-quota users with ``outstanding`` requests each."""
+
+    outstanding: int
+    seconds: float
+    traffic: Traffic
+    band: list[float]  # band dispatches per replica during the run
+
+
+@dataclass
+class SoftRun:
+    """The soft part: tokens/s alone round by round, and the contended runs."""
+
+    rounds: dict[str, list[float]] = field(default_factory=dict)
+    contended: list[Contended] = field(default_factory=list)
+
+    @property
+    def alone(self) -> dict[str, float]:
+        """Mean tokens/s alone per user."""
+        return {user: statistics.mean(v) for user, v in self.rounds.items()}
+
+
+async def _loop(replica: Replica, user: str, t0: float, stop: float, out: Traffic) -> None:
     i = 0
     while time.monotonic() < stop:
         i += 1
@@ -244,7 +277,7 @@ async def _loop(replica: Replica, user: str, t0: float, stop: float, out: SoftRu
 
 
 async def _users(replicas: Sequence[Replica], plan: dict[str, tuple[list[int], int]],
-                 seconds: float, out: SoftRun) -> float:  # fmt: skip
+                 seconds: float, out: Traffic) -> float:  # fmt: skip
     """Each user keeps ``n`` requests going on each replica it names; return the start."""
     t0 = time.monotonic()
     loops = [(replicas[r], u) for u, (rs, n) in plan.items() for r in rs for _ in range(n)]
@@ -266,35 +299,35 @@ async def _band(replica: Replica) -> float:
 
 
 async def _soft(replicas: Sequence[Replica], alone_s: float, contended_s: float) -> SoftRun:
-    res = SoftRun(contended_seconds=contended_s)
+    res = SoftRun({IN_QUOTA[0]: [], SOFT: []})
     every = list(range(len(replicas)))
-    warm = SoftRun()
-    await _users(replicas, {SOFT: ([0], 4)}, 3.0, warm)  # past SOFT_TPM through replica 0 only
+    await _users(replicas, {SOFT: ([0], 4)}, 3.0, Traffic())  # past SOFT_TPM through replica 0
     # The same load in quota and past it, in the order A B B A (drift cancels out).
-    rounds: dict[str, list[float]] = {IN_QUOTA[0]: [], SOFT: []}
     for user in (IN_QUOTA[0], SOFT, SOFT, IN_QUOTA[0]):
-        got = SoftRun()
+        got = Traffic()
         t0 = await _users(replicas, {user: (every, SOFT_OUTSTANDING)}, alone_s, got)
         # Tokens streamed per second past the first fifth (the ramp-up), not completions:
         # a round holds only a few of those per request slot.
         since = t0 + alone_s / 5
         streamed = sum(1 for t in got.chunks if since <= t < t0 + alone_s)
-        rounds[user].append(streamed / (alone_s * 4 / 5))
-        print(f"  soft: {user} alone {rounds[user][-1]:.0f} tokens/s, errors {got.errors}",
+        res.rounds[user].append(streamed / (alone_s * 4 / 5))
+        print(f"  soft: {user} alone {res.rounds[user][-1]:.0f} tokens/s, errors {got.errors}",
               flush=True)  # fmt: skip
-    res.alone = {user: statistics.mean(v) for user, v in rounds.items()}
-    plan = {u: ([r], IN_OUTSTANDING) for r, u in enumerate(IN_QUOTA)}
-    plan[SOFT] = (every, SOFT_OUTSTANDING)
-    contended = SoftRun()
-    # sid's loops run past the in-quota users' end: its queued requests are then served.
-    # Both start within a few ms of each other; times are from each one's own start.
-    in_quota = {u: v for u, v in plan.items() if u != SOFT}
-    await asyncio.gather(
-        _users(replicas, in_quota, contended_s, contended),
-        _users(replicas, {SOFT: plan[SOFT]}, contended_s + 10.0, contended),
-    )
-    res.done, res.sent, res.errors = contended.done, contended.sent, contended.errors
-    res.band = [await _band(r) for r in replicas]
+    for outstanding in IN_OUTSTANDING:
+        before = [await _band(r) for r in replicas]
+        plan = {u: ([r], outstanding) for r, u in enumerate(IN_QUOTA)}
+        traffic = Traffic()
+        # sid's loops run past the in-quota users' end: its queued requests are then served.
+        # Both start within a few ms of each other; times are from each one's own start.
+        await asyncio.gather(
+            _users(replicas, plan, contended_s, traffic),
+            _users(replicas, {SOFT: (every, SOFT_OUTSTANDING)}, contended_s + 10.0, traffic),
+        )
+        band = [await _band(r) - b for r, b in zip(replicas, before, strict=True)]
+        run = Contended(outstanding, contended_s, traffic, band)
+        res.contended.append(run)
+        print(f"  soft: behind {outstanding} each, share {soft_share(run):.3f}, band {band}, "
+              f"errors {traffic.errors}", flush=True)  # fmt: skip
     return res
 
 
@@ -359,6 +392,6 @@ async def run_quota_cluster(
     return runs, soft
 
 
-def soft_share(soft: SoftRun) -> float:
+def soft_share(run: Contended) -> float:
     """sid's share of the tokens completed while the in-quota users were backlogged."""
-    return share_of(soft.done, SOFT, 0.0, soft.contended_seconds)
+    return share_of(run.traffic.done, SOFT, 0.0, run.seconds)

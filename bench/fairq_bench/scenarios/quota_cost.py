@@ -44,8 +44,8 @@ from fairq_bench.targets import free_port
 
 __all__ = ["Paired", "bootstrap_median", "quota_cost"]
 
-WARMUP = 100
-PAIRS = {False: 800, True: 150}  # by --quick
+WARMUP = {False: 100, True: 30}  # by --quick
+PAIRS = {False: 1500, True: 150}
 IDLE_SECONDS = {False: 10.0, True: 2.0}
 NAMES = ("limits", "none")
 
@@ -121,11 +121,13 @@ async def _measure(quick: bool) -> Paired:
             while True:
                 try:
                     return await _one(clients[name])
-                except Exception:  # e.g. a scrape timing out on a loaded machine: sent again
+                except Exception as exc:  # e.g. a scrape timing out on a loaded machine
                     res.failed += 1
+                    if res.failed <= 3:
+                        print(f"  {name}: {type(exc).__name__}: {exc}", flush=True)
                     await asyncio.sleep(0.5)
 
-        for _ in range(WARMUP):
+        for _ in range(WARMUP[quick]):
             for name in NAMES:
                 await one(name)
         idle0 = {n: cpu_seconds(p) for n, p in pids.items()}
@@ -179,7 +181,7 @@ def _page(res: Paired, quick: bool) -> tuple[str, bool]:
     page = (
         "# The cost of quota and budget checks, end to end\n\n"
         + (__doc__ or "").split("\n\n", 1)[1]
-        + f"\nHere: WARMUP {WARMUP}, PAIRS {n}, IDLE_SECONDS {IDLE_SECONDS[quick]:g}.\n\n"
+        + f"\nHere: WARMUP {WARMUP[quick]}, PAIRS {n}, IDLE_SECONDS {IDLE_SECONDS[quick]:g}.\n\n"
         + markdown_table(
             [
                 "TTFT (ms)",
