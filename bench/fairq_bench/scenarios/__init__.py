@@ -25,6 +25,7 @@ from fairq_bench.scenarios import (
     preemption,
     prefix,
     priority,
+    quota_cost,
     quota_replicas,
     short_long,
     soft_quota,
@@ -50,6 +51,7 @@ SCENARIOS: dict[str, Scenario] = {
     "console-cost": console_cost.console_cost,
     "quota-replicas": quota_replicas.quota_replicas,
     "soft-quota": soft_quota.soft_quota,
+    "quota-cost": quota_cost.quota_cost,
 }
 
 TITLES: dict[str, str] = {
@@ -67,4 +69,5 @@ TITLES: dict[str, str] = {
     "console-cost": "14. The console's own cost (tokens per core with a page open)",
     "quota-replicas": "15. Quotas across replicas (hard TPM from three replicas, shared vs not)",
     "soft-quota": "16. Soft quotas (the idle-only band: alone, behind in-quota users, cost)",
+    "quota-cost": "17. The cost of quota and budget checks (paired TTFT, CPU per request)",
 }

@@ -57,7 +57,15 @@ from fairq_bench.targets import keyed_sender
 from fairq_bench.workload import RequestSpec, SendFn
 from fairq_server.auth import hash_key
 
-__all__ = ["Completions", "rate", "share_of", "share_series", "soft_quota", "speed_ratio"]
+__all__ = [
+    "Completions",
+    "config_text",
+    "rate",
+    "share_of",
+    "share_series",
+    "soft_quota",
+    "speed_ratio",
+]
 
 OVER = "over"
 USERS = {"in1": "A", "in2": "A", OVER: "B"}
@@ -76,7 +84,7 @@ COST_BOUND_MS = 0.2  # the promised bound on what the checks add to TTFT p50
 SPEED_BOUND = {False: 0.05, True: 0.3}
 
 
-def _config(backend_url: str, store: Path, metrics_port: int, limits: bool) -> str:
+def config_text(backend_url: str, store: Path, metrics_port: int, limits: bool) -> str:
     """One process's configuration: keys, teams and prices, with or without the limits."""
     from fairq_bench.cluster.setup import replica_config  # imports the scenario registry
 
@@ -234,7 +242,7 @@ async def _measure(quick: bool) -> Results:
         started = await asyncio.gather(
             *(
                 stack.enter_async_context(
-                    fairq_module_process(_config(url, tmp / f"{n}.db", port, n == "limits"))
+                    fairq_module_process(config_text(url, tmp / f"{n}.db", port, n == "limits"))
                 )
                 for n, port in ports.items()
             )
