@@ -38,10 +38,9 @@ import aiohttp
 import grpc
 
 from fairq import AsyncClient, Chunk, Finished, ResourceExhaustedError, Started
-from fairq_bench.processes import confined, sim_process, split_cpus
+from fairq_bench.processes import confined, fairq_module_process, sim_process, split_cpus
 from fairq_bench.redis_process import RedisProcess
 from fairq_bench.scenarios.common import api_key
-from fairq_bench.scenarios.procs import fairq_module_process
 from fairq_bench.scenarios.soft_quota import share_of
 from fairq_bench.targets import free_port
 from fairq_server.auth import hash_key

@@ -35,11 +35,16 @@ from pathlib import Path
 import grpc
 
 from fairq import AsyncClient, Chunk, Finished
-from fairq_bench.processes import confined, sim_process, split_cpus
+from fairq_bench.processes import (
+    confined,
+    cpu_seconds,
+    fairq_module_process,
+    sim_process,
+    split_cpus,
+)
 from fairq_bench.report import markdown_table, percentile
 from fairq_bench.scenarios.common import api_key
 from fairq_bench.scenarios.docs import RESULT_PREFIX
-from fairq_bench.scenarios.procs import cpu_seconds, fairq_module_process
 from fairq_bench.scenarios.soft_quota import COST_BOUND_MS, config_text
 from fairq_bench.targets import free_port
 
