@@ -64,6 +64,8 @@ class LocalCounters:
     """
 
     shared = False
+    #: The other replicas' heads (none on one process; a cluster's counters adopt them).
+    peer_heads = PeerHeads()
 
     def __init__(self) -> None:
         self._values: dict[str, float] = {}
@@ -114,7 +116,9 @@ class LocalCounters:
         """Whether ``user`` may be served here now (always, on one process)."""
         return True
 
-    def take_journal(self) -> tuple[Journal, list[str], Heads] | None:
+    def take_journal(
+        self, waits: Callable[[str], bool] | None = None
+    ) -> tuple[Journal, list[str], Heads] | None:
         """Start a new journal; return the old one, the backlogged users and the heads.
 
         None: nothing is shared (one process).
@@ -185,16 +189,25 @@ class JournaledCounters(LocalCounters):
         value = self._values.get(user)
         return floor is None or value is None or value <= floor + self.slack + 1e-9
 
-    def take_journal(self) -> tuple[Journal, list[str], Heads]:
+    def take_journal(
+        self, waits: Callable[[str], bool] | None = None
+    ) -> tuple[Journal, list[str], Heads]:
         """See :meth:`LocalCounters.take_journal`.
 
         The heads are the two backlogged users with the smallest counters here, smallest
-        first (fewer when fewer are backlogged).
+        first (fewer when fewer are backlogged), leaving out those ``waits`` names: users in
+        the idle-only band wait for in-quota work anywhere, so no other replica waits for
+        them (this replica knows best which of its users are over a soft limit).
         """
         journal, self.journal = self.journal, Journal()
         active = list(self._active)
         ranked = heapq.nsmallest(
-            2, ((v, u) for u in active if (v := self._values.get(u)) is not None)
+            2,
+            (
+                (v, u)
+                for u in active
+                if (v := self._values.get(u)) is not None and (waits is None or not waits(u))
+            ),
         )
         return journal, active + list(self._tracked), tuple((u, v) for v, u in ranked[:2])
 

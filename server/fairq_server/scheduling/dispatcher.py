@@ -321,7 +321,9 @@ class Dispatcher:
             case ev.Refused():
                 self.attempts.refused(event)
             case ev.PeerView() | ev.TakeJournals() | ev.FairnessSync():
-                apply_cluster_event(event, self._models, self._backends, self._clock())
+                apply_cluster_event(
+                    event, self._models, self._backends, self._clock(), self._picker.in_band
+                )
             case ev.AddBackend(state):
                 self._add_backend(state)
             case ev.RemoveBackend(backend_id, done):

@@ -19,9 +19,11 @@ from fairq_server.entitlement.checker import Entitlement
 from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.fairness.hierarchy import TEAM_TAG
 from fairq_server.scheduling.interfaces import GateOutcome, Route
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
+from fairq_server.scheduling.queue import TierQueue
 from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket
 from fairq_server.telemetry import Telemetry
@@ -107,12 +109,18 @@ class Picker:
             elif tier_queue.active_users:
                 # The retry waits for a backend it has not failed on; the backends admitting
                 # now serve the requests behind it meanwhile.
-                user, route = self._pick(model, tier, candidates)
+                picked = self._pick(model, tier, candidates)
+                if picked is None:
+                    return False
+                user, route = picked
                 ticket = queue.pop(tier, user)
             else:
                 return False  # only a waiting retry: strict tiers keep lower ones behind it
         else:
-            user, route = self._pick(model, tier, candidates)
+            picked = self._pick(model, tier, candidates)
+            if picked is None:
+                return False  # only the idle-only band here, in-quota work on another replica
+            user, route = picked
             if not tier_queue.may_serve(user):
                 # Cluster: a user backlogged on another replica is further behind; that
                 # replica takes this slot (the shared gate gives it out).
@@ -221,7 +229,7 @@ class Picker:
 
     def _pick(
         self, model: ModelState, tier: int, candidates: list[BackendState]
-    ) -> tuple[str, Route]:
+    ) -> tuple[str, Route] | None:
         """Choose the user to serve and its backend (prefix grouping within quantum Q).
 
         With Q = 0 the fairness policy's choice stands and only the backend is chosen by the
@@ -250,13 +258,14 @@ class Picker:
 
     def _out_of_band(
         self, model: ModelState, tier: int, candidates: list[BackendState], user: str, route: Route
-    ) -> tuple[str, Route]:
+    ) -> tuple[str, Route] | None:
         """Keep the idle-only band behind in-quota work: pass over a user over a soft limit.
 
         A user (or its team) over a soft quota or budget is served only when no in-quota user
         of the same tier waits for this model; otherwise the next in-quota user in fairness
         order goes instead. One check when the fair choice is in quota (the usual case); a walk
-        over the tier's users only when it is not.
+        over the tier's users only when it is not. None: every user here is in the band and,
+        in a cluster, in-quota work of the tier waits on another replica (which takes the slot).
         """
         entitlement = self._entitlement
         assert entitlement is not None
@@ -275,5 +284,33 @@ class Picker:
             if not entitlement.demoted(other, ticket.team, model.name):
                 entitlement.count_demotion(served_from_band=False)
                 return other, self._settings().policies.router.route(ticket, candidates)
+        if self._in_quota_elsewhere(tier_queue):
+            return None
         entitlement.count_demotion(served_from_band=True)
         return user, route
+
+    @staticmethod
+    def _in_quota_elsewhere(tier_queue: TierQueue) -> bool:
+        """Whether another replica has in-quota work of this tier waiting (cluster only).
+
+        A replica's heads leave out its entries in the idle-only band (see :meth:`in_band`),
+        so any head is in-quota work.
+        """
+        return bool(tier_queue.counters.peer_heads.pairs)
+
+    def in_band(self, model: str, tier_queue: TierQueue) -> Callable[[str], bool] | None:
+        """Which entries of ``tier_queue`` are in the idle-only band (None: no soft limits).
+
+        Entries are a tier's unit between replicas: users without a team, or teams, and a team
+        is in the band when every one of its users backlogged here is.
+        """
+        entitlement = self._entitlement
+        if entitlement is None or not entitlement.has_soft:
+            return None
+
+        def in_band(entry: str) -> bool:
+            team = entry[len(TEAM_TAG) :] if entry.startswith(TEAM_TAG) else None
+            members = tier_queue.members(entry)
+            return bool(members) and all(entitlement.demoted(u, team, model) for u in members)
+
+        return in_band

@@ -173,6 +173,10 @@ class TierQueue:
         key = self._teams.level_key(user) if self._teams is not None else user
         return self.counters.may_serve(key)
 
+    def members(self, entry: str) -> list[str]:
+        """Return the backlogged users behind a team-level ``entry`` (the entry, for a user)."""
+        return self._teams.members(entry) if self._teams is not None else [entry]
+
     def head_of(self, user: str) -> Ticket:
         """Return the ticket ``user`` would dispatch next, without removing it."""
         flow = self._flows[user]

@@ -9,21 +9,26 @@ fairness policy takes part: the counters are the tier queue's, whatever the poli
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.model_state import ModelState
+from fairq_server.scheduling.queue import TierQueue
 
-__all__ = ["apply_cluster_event", "take_journals"]
+__all__ = ["BandOf", "apply_cluster_event", "take_journals"]
 
 
-def take_journals(models: Iterable[ModelState]) -> list[ev.JournalEntry]:
+#: For a model's tier, which of this replica's entries wait in the idle-only band (None: no one).
+BandOf = Callable[[str, TierQueue], Callable[[str], bool] | None]
+
+
+def take_journals(models: Iterable[ModelState], band: BandOf) -> list[ev.JournalEntry]:
     """Swap every shared tier's journal for a fresh one; return the old ones."""
     out = []
     for model in models:
         for index, tier in enumerate(model.queue.tiers):
-            taken = tier.counters.take_journal()
+            taken = tier.counters.take_journal(band(model.name, tier))
             if taken is not None:
                 journal, active, heads = taken
                 out.append(ev.JournalEntry(model.name, index, journal, active, heads))
@@ -35,6 +40,7 @@ def apply_cluster_event(
     models: Mapping[str, ModelState],
     backends: BackendSet,
     now: float,
+    band: BandOf,
 ) -> None:
     """Apply one of the cluster's events (a tier or backend that is gone: ignored)."""
     match event:
@@ -43,7 +49,7 @@ def apply_cluster_event(
                 state.peer_view(awaiting, in_flight, share, now)
         case ev.TakeJournals(done):
             if not done.done():
-                done.set_result(take_journals(models.values()))
+                done.set_result(take_journals(models.values(), band))
         case ev.FairnessSync(model_name, tier, counters, heads):
             model = models.get(model_name)
             if model is not None and tier < len(model.queue.tiers):

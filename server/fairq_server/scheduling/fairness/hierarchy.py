@@ -125,6 +125,10 @@ class TeamFairness:
         """
         self._queue_side = counters
 
+    def members(self, entry: str) -> list[str]:
+        """Return the backlogged users behind team-level ``entry`` (itself, for a user)."""
+        return [user for user, key in self._active.items() if key == entry]
+
     def level_key(self, user: str) -> str:
         """Return ``user``'s team-level entry: its team's key, or itself (no team)."""
         return self._active.get(user, user)
