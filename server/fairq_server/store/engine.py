@@ -8,7 +8,11 @@ migrates and the others find the schema current.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -160,3 +164,29 @@ async def current_revision(engine: AsyncEngine) -> str | None:
 
     async with engine.connect() as conn:
         return await conn.run_sync(read)
+
+
+#: Seconds between two warnings of one poller whose database stays unreadable.
+POLL_LOG_SECONDS = 10.0
+
+
+async def poll_forever(
+    refresh: Callable[[], Awaitable[object]], seconds: float, unreadable: Callable[[str], None]
+) -> None:
+    """Call ``refresh`` every ``seconds`` until cancelled; a failure is reported, then retried.
+
+    ``unreadable`` gets the short error at most once every :data:`POLL_LOG_SECONDS`: a
+    database that stays away writes one line per interval, not one per poll.
+    """
+    last = -math.inf
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await refresh()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            now = time.monotonic()
+            if now - last >= POLL_LOG_SECONDS:
+                last = now
+                unreadable(short_error(exc))

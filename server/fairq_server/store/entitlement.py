@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,7 +25,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
-from fairq_server.store.engine import short_error
+from fairq_server.store.engine import poll_forever
 from fairq_server.store.schema import ENTITLEMENT_VERSION, entitlement_limits, store_versions, teams
 from fairq_server.supervisor import stop_task
 from fairq_server.teams import TeamConfig
@@ -35,7 +34,6 @@ __all__ = ["LimitEntry", "Stored", "StoredEntitlement", "limit_kind", "subject_o
 
 log = logging.getLogger(__name__)
 
-_LOG_INTERVAL_SECONDS = 10.0
 
 #: A quota or a budget, as the configuration file's tables give them.
 LimitEntry = QuotaConfig | BudgetConfig
@@ -80,7 +78,6 @@ class StoredEntitlement:
         self.current = Stored()
         self.on_change: Callable[[Stored], None] = lambda stored: None
         self._task: asyncio.Task[None] | None = None
-        self._last_log = -float("inf")
 
     async def start(self) -> None:
         """Read the entries, then follow changes."""
@@ -112,20 +109,13 @@ class StoredEntitlement:
         return True
 
     async def _follow(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll_seconds)
-            try:
-                await self.refresh()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                now = time.monotonic()
-                if now - self._last_log >= _LOG_INTERVAL_SECONDS:
-                    self._last_log = now
-                    log.warning(
-                        "entitlement store unreadable, keeping the teams, quotas and budgets "
-                        "read last: %s", short_error(exc),
-                    )  # fmt: skip
+        def unreadable(error: str) -> None:
+            log.warning(
+                "entitlement store unreadable, keeping the teams, quotas and budgets "
+                "read last: %s", error,
+            )  # fmt: skip
+
+        await poll_forever(self.refresh, self._poll_seconds, unreadable)
 
     # -- changes (checked by the caller) --------------------------------------------------
 

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fairq_server.auth import Principal, hash_key, new_key
 from fairq_server.errors import InvalidRequestError
-from fairq_server.store.engine import short_error
+from fairq_server.store.engine import poll_forever
 from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
 from fairq_server.supervisor import stop_task
 
@@ -37,7 +37,6 @@ __all__ = ["MAX_NAME_CHARS", "KeyStore", "StoredKey"]
 log = logging.getLogger(__name__)
 
 MAX_NAME_CHARS = 128
-_LOG_INTERVAL_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,6 @@ class KeyStore:
         self._version: int | None = None
         self._by_digest: dict[bytes, tuple[Principal, float | None]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._last_log = -float("inf")
 
     # -- KeySource ------------------------------------------------------------------------
 
@@ -168,20 +166,13 @@ class KeyStore:
         return True
 
     async def _follow(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll_seconds)
-            try:
-                await self.refresh()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                now = time.monotonic()
-                if now - self._last_log >= _LOG_INTERVAL_SECONDS:
-                    self._last_log = now
-                    log.warning(
-                        "key store unreadable, using the %d keys read last (a revocation "
-                        "applies once it answers): %s", len(self._by_digest), short_error(exc),
-                    )  # fmt: skip
+        def unreadable(error: str) -> None:
+            log.warning(
+                "key store unreadable, using the %d keys read last (a revocation "
+                "applies once it answers): %s", len(self._by_digest), error,
+            )  # fmt: skip
+
+        await poll_forever(self.refresh, self._poll_seconds, unreadable)
 
     # -- changes --------------------------------------------------------------------------
 
