@@ -80,7 +80,7 @@ SHARE_BOUND = 0.10  # the promised bound on the over-quota user's share behind o
 COST_BOUND_MS = 0.2  # the promised bound on what the checks add to TTFT p50
 #: (a)'s bound on |1 - tokens/s with limits / without|: a few %. The quick run's rounds hold
 #: a dozen completions each, so it only checks the direction (a throttled user would get a
-#: fraction of its speed); three of them, since one slow round of two moved the mean by 0.3
+#: fraction of its speed); three of 2 s, since one slow 1 s round of two moved the mean by 0.3
 #: (rounds 1500 / 2375 tokens/s in one run, 2500 / 2625 beside them).
 SPEED_BOUND = {False: 0.05, True: 0.3}
 
@@ -224,7 +224,7 @@ class Results:
 
 
 async def _measure(quick: bool) -> Results:
-    rounds, round_s = (3, 1.0) if quick else (6, 5.0)
+    rounds, round_s = (3, 2.0) if quick else (6, 5.0)
     contended_s = 2.5 if quick else 40.0
     ttft_n = 100 if quick else 1500
     began = time.monotonic()
