@@ -201,14 +201,16 @@ class JournaledCounters(LocalCounters):
         """
         journal, self.journal = self.journal, Journal()
         active = list(self._active)
-        ranked = heapq.nsmallest(
-            2,
-            (
-                (v, u)
-                for u in active
-                if (v := self._values.get(u)) is not None and (waits is None or not waits(u))
-            ),
-        )
+        entries = [(v, u) for u in active if (v := self._values.get(u)) is not None]
+        if waits is None:
+            ranked = heapq.nsmallest(2, entries)
+        else:  # smallest first, asking ``waits`` only until two heads are found
+            heapq.heapify(entries)
+            ranked = []
+            while entries and len(ranked) < 2:
+                entry = heapq.heappop(entries)
+                if not waits(entry[1]):
+                    ranked.append(entry)
         return journal, active + list(self._tracked), tuple((u, v) for v, u in ranked[:2])
 
     def adopt(self, counters: Mapping[str, float], heads: PeerHeads) -> None:
