@@ -22,7 +22,7 @@ from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend
 from ..http.console.browser import DOCS, chrome, until
-from ..http.console.conftest import generate
+from ..http.console.conftest import generate, session_csrf
 from .helpers import read_rows, store_config
 
 ROOT = {"Authorization": "Bearer root-key"}
@@ -148,13 +148,7 @@ async def test_key_forms_need_the_session_its_csrf_token_and_this_origin(
         # No session: refused, whatever the headers (a bearer admin key does not post forms).
         async with http.post(f"{url}/console/keys", data=form, headers=ROOT) as resp:
             assert resp.status == 401
-        login = await http.post(
-            f"{url}/console/login", data={"key": "root-key"}, headers={"Origin": url},
-            allow_redirects=False,
-        )  # fmt: skip
-        assert login.status == 303
-        async with http.get(f"{url}/console/keys") as page:
-            csrf = (await page.text()).split('name="csrf" value="')[1].split('"')[0]
+        csrf = await session_csrf(http, url, "keys")
         for origin, token in (("http://evil.example", csrf), (url, "wrong")):
             async with http.post(
                 f"{url}/console/keys", data={**form, "csrf": token}, headers={"Origin": origin}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import aiohttp
 import grpc
 import pytest
 
@@ -43,3 +44,14 @@ def generate(
 
 def stub(channel: grpc.aio.Channel) -> scheduler_pb2_grpc.SchedulerStub:
     return scheduler_pb2_grpc.SchedulerStub(channel)
+
+
+async def session_csrf(http: aiohttp.ClientSession, url: str, page: str) -> str:
+    """Log ``http`` in to the console at ``url`` as root; return the CSRF token of ``page``."""
+    login = await http.post(
+        f"{url}/console/login", data={"key": "root-key"}, headers={"Origin": url},
+        allow_redirects=False,
+    )  # fmt: skip
+    assert login.status == 303
+    async with http.get(f"{url}/console/{page}") as response:
+        return (await response.text()).split('name="csrf" value="')[1].split('"')[0]

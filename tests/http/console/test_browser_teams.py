@@ -22,6 +22,7 @@ from fairq_sim import SimServer
 from ...conftest import KEYS, FairqFactory, sim_backend
 from ...store.helpers import store_config
 from .browser import DOCS, chrome, until
+from .conftest import session_csrf
 from .test_browser import _log_in
 
 
@@ -123,13 +124,7 @@ async def test_team_forms_need_the_session_its_csrf_token_and_this_origin(
         root = {"Authorization": "Bearer root-key"}
         async with http.post(f"{url}/console/teams/team", data=form, headers=root) as resp:
             assert resp.status == 401
-        login = await http.post(
-            f"{url}/console/login", data={"key": "root-key"}, headers={"Origin": url},
-            allow_redirects=False,
-        )  # fmt: skip
-        assert login.status == 303
-        async with http.get(f"{url}/console/teams") as page:
-            csrf = (await page.text()).split('name="csrf" value="')[1].split('"')[0]
+        csrf = await session_csrf(http, url, "teams")
         for origin, token in (("http://evil.example", csrf), (url, "wrong")):
             async with http.post(
                 f"{url}/console/teams/team", data={**form, "csrf": token},
