@@ -13,7 +13,7 @@ Steps, each skipped when its result is already in the cache folder (``~/.cache/f
    ``transformers`` (the vLLM venv's python, which has torch), converted by the vendored
    ``convert_hf_to_gguf.py``. The tiny byte-level BPE is unknown to the converter's table of
    pre-tokenizers; it splits like GPT-2, so the conversion is told ``gpt-2``.
-3. ``serve`` / ``bench``: ``llama-server`` on core 0 alone (``taskset -c 0``), 2 slots,
+3. ``serve`` / ``bench``: ``llama-server`` on core 0 alone (``taskset -c 0``), 4 slots,
    ``--metrics``; ``bench`` then runs ``fairq bench preemption`` against it from core 1.
 """
 
@@ -38,7 +38,11 @@ from tests.e2e.vllm_process import find_vllm_python
 __all__ = ["build_gguf", "build_server", "llama_server", "main"]
 
 CACHE: Final = Path.home() / ".cache" / "fairq-llamacpp"
-SLOTS: Final = 2
+# Four slots, as the real vLLM runs' ``--max-num-seqs 4``: with three power users one of them
+# holds two, which fair-share preemption takes one from. With two slots each holding user is
+# within its share (3 power users, 2 slots), so the light user waits its turn of the next
+# free slot instead (docs/design/preemption.md, "When the rule does not preempt").
+SLOTS: Final = 4
 # Per slot: the longest prompt plus 300 tokens of output fits in 512 (the model's trained
 # length; a continuation's prompt holds the output so far, the total does not grow).
 CONTEXT: Final = 512 * SLOTS

@@ -28,6 +28,7 @@ from fairq_server.backends.http_reading import (
     FAILURE_BY_HTTP,
     ReadLimits,
     http_error,
+    posted,
     read_at_most,
     sse_reads,
     stream_failures,
@@ -46,6 +47,12 @@ if TYPE_CHECKING:
     from fairq_server.config import BackendConfig
 
 __all__ = ["Backend"]
+
+
+#: Seconds an idle connection to a backend is kept for reuse. vLLM's server (uvicorn) and
+#: llama.cpp's close a connection idle for 5 s; reusing one at that moment fails the request's
+#: write ("Can not write request body"), costing it a retry. Closing first avoids the race.
+KEEPALIVE_SECONDS = 4.0
 
 
 class Backend(abc.ABC):
@@ -141,11 +148,14 @@ class Backend(abc.ABC):
 
         No limit on connections: the gate decides how many requests a backend gets, and every
         stream holds its connection until it ends. The backend's API key, if any, goes with
-        every request.
+        every request. An idle connection is kept for less time than the engines keep theirs
+        (see :data:`KEEPALIVE_SECONDS`).
         """
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ssl=_tls_context()),
+                connector=aiohttp.TCPConnector(
+                    limit=0, ssl=_tls_context(), keepalive_timeout=KEEPALIVE_SECONDS
+                ),
                 timeout=self._timeout,
                 headers=self._headers,
             )
@@ -253,8 +263,8 @@ class Backend(abc.ABC):
         """
         headers = {"accept": "text/event-stream"}
         with stream_failures(self.id):
-            async with self._http().post(
-                f"{self.base_url}{path}", json=payload, headers=headers
+            async with posted(
+                self._http(), f"{self.base_url}{path}", json=payload, headers=headers
             ) as resp:
                 if resp.status != 200:
                     raise await self.http_error(resp)

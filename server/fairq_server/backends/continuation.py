@@ -33,6 +33,7 @@ __all__ = [
     "continue_openai",
     "continue_tgi",
     "exempt_reason",
+    "predicted_tokens",
     "relay_payload",
     "resumed_usage",
 ]
@@ -111,6 +112,9 @@ class Progress:
         # continuation starts before them (and generates them again).
         self._clean_ids = 0
         self._clean_tokens = 0
+        # Tokens carried into the current attempt: an engine's own count of the attempt's
+        # output (llama.cpp's ``timings.predicted_n``) is counted from here.
+        self._base = 0
 
     def record(self, delta: TextDelta) -> None:
         """Add one delta of the current attempt (a relayed chunk batch or gRPC text)."""
@@ -128,6 +132,7 @@ class Progress:
             self._clean()
 
     def _record_chunk(self, obj: Mapping[str, Any]) -> None:
+        predicted = predicted_tokens(obj)
         if self.chunk_id is None and isinstance(obj.get("id"), str):
             self.chunk_id = obj["id"]
             created = obj.get("created")
@@ -144,6 +149,10 @@ class Progress:
                 self.beside_text = True
             ids = choice.get("token_ids")
             count = len(ids) if isinstance(ids, list) else (1 if text else 0)
+            if predicted is not None and not isinstance(ids, list):
+                # The engine's own count also covers tokens it sent no chunk for (the bytes
+                # of an incomplete character, held back until the character completes).
+                count = max(0, self._base + predicted - self.tokens)
             self.tokens += count
             prompt = choice.get("prompt_token_ids") or obj.get("prompt_token_ids")
             self._ids(
@@ -189,8 +198,23 @@ class Progress:
         if self._exact and self.token_ids is not None:
             del self.token_ids[self._clean_ids :]
             ids = tuple(self.token_ids)
-        self.tokens = self._clean_tokens
+        self.tokens = self._base = self._clean_tokens
         return Resume(self.text, self._clean_tokens, ids, self.chunk_id, self.created)
+
+
+def predicted_tokens(obj: Mapping[str, Any]) -> int | None:
+    """Return the tokens an attempt has generated as of this chunk, by the engine's own count.
+
+    llama.cpp's server adds ``timings`` (with ``predicted_n``) to every chunk when asked with
+    ``timings_per_token``. It sends no chunk for a token that ends inside a character, so
+    counting chunks undercounts; its count does not. None when the chunk has no such count,
+    or carries more than one choice (each choice is its own generation).
+    """
+    timings = obj.get("timings")
+    if not isinstance(timings, dict) or len(obj.get("choices") or ()) > 1:
+        return None
+    predicted = timings.get("predicted_n")
+    return predicted if type(predicted) is int and predicted >= 0 else None
 
 
 def continue_openai(
@@ -239,16 +263,20 @@ def resumed_usage(resume: Resume | None, prompt: int, completion: int) -> tuple[
 
 
 def relay_payload(
-    obj: Mapping[str, Any], payload: str, resume: Resume | None, strip_ids: bool
+    obj: Mapping[str, Any],
+    payload: str,
+    resume: Resume | None,
+    strip_ids: bool,
+    strip_timings: bool = False,
 ) -> str | None:
     """Return the chunk to relay to the HTTP caller (None: drop it); ``obj`` is not changed.
 
     A continuation's chunks carry the first attempt's ``id`` and ``created`` and the summed
-    usage; its opening role-only chunk is dropped (the caller had one). Token ids fairq asked
-    for itself are removed.
+    usage; its opening role-only chunk is dropped (the caller had one). Token ids and timings
+    fairq asked for itself are removed.
     """
     out = dict(obj)
-    changed = False
+    changed = strip_timings and out.pop("timings", None) is not None
     choices = obj.get("choices") or ()
     if strip_ids:
         for key in _ID_KEYS:

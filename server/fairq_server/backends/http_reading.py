@@ -26,6 +26,7 @@ __all__ = [
     "ReadLimits",
     "failure_for_http",
     "http_error",
+    "posted",
     "read_at_most",
     "sse_reads",
     "stream_failures",
@@ -201,6 +202,29 @@ def usage_tokens(event: Mapping[str, Any], prompt: int, completion: int) -> tupl
     if not usage:
         return prompt, completion
     return token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens"))
+
+
+@contextlib.asynccontextmanager
+async def posted(
+    session: aiohttp.ClientSession, url: str, **kwargs: Any
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """POST to ``url``; inside, the response (its headers read). Leaving it releases it.
+
+    A pooled connection the backend closed while it sat idle fails the request's write
+    ("Can not write request body") or drops before any answer: the backend never saw the
+    request, so it is sent once more at once, on another connection, instead of counting as
+    the backend's failure (which would retry it elsewhere and pause the backend until its
+    next scrape). A connection that cannot be made at all is not retried here.
+    """
+    for attempt in range(2):
+        try:
+            resp = await session.post(url, **kwargs)
+            break
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if attempt or isinstance(exc, aiohttp.ClientConnectorError):
+                raise
+    async with resp:  # leaving it unread closes the connection: the backend aborts
+        yield resp
 
 
 @contextlib.contextmanager

@@ -86,6 +86,9 @@ METRIC_PRESETS: Mapping[str, MetricMap] = {
     "none": MetricMap(scrape=False),
 }
 _PRESET_PRIORITY_ORDER = {"sglang": "higher-first"}
+#: Presets of engines that count a stream's tokens in every chunk when asked (llama.cpp's
+#: ``timings_per_token``): a continuation then asks for exactly the tokens that remain.
+_PRESET_COUNTS_TOKENS = frozenset({"llamacpp"})
 
 
 def metric_map(cfg: BackendConfig) -> MetricMap:
@@ -146,20 +149,23 @@ class OpenAIBackend(VllmBackend):
         *args: Any,
         metrics: MetricMap | None = None,
         priority_order: str = "lower-first",
+        engine_counts: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.metrics = metrics if metrics is not None else MetricMap(scrape=False)
         self.priority_order = priority_order
+        self.engine_counts = engine_counts
 
     @classmethod
     def kind_options(cls, cfg: BackendConfig) -> dict[str, Any]:
-        """Return the metric mapping and priority order of ``cfg``."""
+        """Return the metric mapping, priority order and token counting of ``cfg``."""
         preset = cfg.metrics_preset
         return {
             "metrics": metric_map(cfg),
             "priority_order": cfg.priority_order
             or _PRESET_PRIORITY_ORDER.get(preset, "lower-first"),
+            "engine_counts": preset in _PRESET_COUNTS_TOKENS,
         }
 
     async def scrape(self, timeout: float) -> MetricsSample:
@@ -188,6 +194,10 @@ class OpenAIBackend(VllmBackend):
     def payload(self, request: BackendRequest, priority: int) -> tuple[str, dict[str, Any]]:
         """Return the path and JSON body for ``request``."""
         path, body = openai_body(request, self.context_lengths.get(request.model))
+        if self.preempt and self.engine_counts:
+            # One chunk is not one token on llama.cpp (see predicted_tokens); its own count
+            # keeps a continuation's max_tokens exact. Stripped before relaying.
+            body["timings_per_token"] = True
         if request.resume is not None:
             continue_openai(body, request.resume, token_ids=False)
         if self.priority_scheduling:

@@ -23,6 +23,7 @@ from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import relay_payload
 from fairq_server.backends.http_reading import (
     http_error,
+    posted,
     read_at_most,
     sse_reads,
     stream_failures,
@@ -99,12 +100,18 @@ async def openai_stream(
     path, body = backend.openai_payload(request, priority)
     # Token ids fairq asked for itself (to continue a preempted request) are not relayed.
     strip_ids = bool(body.get("return_token_ids")) and not request.extra.get("return_token_ids")
-    rewrite = strip_ids or request.resume is not None
+    strip_timings = bool(body.get("timings_per_token")) and not request.extra.get(
+        "timings_per_token"
+    )
+    rewrite = strip_ids or strip_timings or request.resume is not None
     finish = ""
     prompt_tokens = completion_tokens = 0
     with stream_failures(backend.id):
-        async with backend.session().post(
-            f"{backend.base_url}{path}", json=body, headers={"accept": "text/event-stream"}
+        async with posted(
+            backend.session(),
+            f"{backend.base_url}{path}",
+            json=body,
+            headers={"accept": "text/event-stream"},
         ) as resp:
             if resp.status != 200:
                 raw, complete = await read_at_most(resp, backend.read_limits.error_bytes)
@@ -137,7 +144,9 @@ async def openai_stream(
                         obj["model"] = request.model
                         payload = orjson.dumps(obj).decode()
                     if rewrite:
-                        relayed = relay_payload(obj, payload, request.resume, strip_ids)
+                        relayed = relay_payload(
+                            obj, payload, request.resume, strip_ids, strip_timings
+                        )
                         objects.append(obj)
                         if relayed is not None:
                             data.append(relayed)

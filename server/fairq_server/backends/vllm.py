@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from fairq_server.backends.base import Backend
-from fairq_server.backends.continuation import continue_openai
+from fairq_server.backends.continuation import continue_openai, predicted_tokens
 from fairq_server.backends.http_reading import usage_tokens
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
@@ -104,6 +104,7 @@ class VllmBackend(Backend):
         finish = ""
         prompt_tokens = completion_tokens = 0
         prompt_ids: tuple[int, ...] | None = None
+        counted = 0  # the attempt's tokens by the engine's own count, as of the last delta
         async with self._sse_reads(path, body) as reads:
             async for raw in reads:
                 batch, done = self.decode_batch(raw)
@@ -114,7 +115,9 @@ class VllmBackend(Backend):
                 # of an incomplete character. They go in a delta of their own, so a continuation
                 # can end its prompt where the text sent so far ends.
                 held: list[int] = []
+                predicted: int | None = None
                 for obj in batch:
+                    predicted = predicted_tokens(obj) if "timings" in obj else predicted
                     try:
                         for choice in obj.get("choices") or ():
                             delta = choice.get("delta")
@@ -148,6 +151,9 @@ class VllmBackend(Backend):
                         raise self.shape_error(obj) from exc
                 if texts or extras or ids:
                     count = len(ids) if ids else max(len(texts), len(extras))
+                    if predicted is not None and ids is None:
+                        # Counts the tokens of a character the engine sent no chunk for.
+                        count, counted = max(0, predicted - counted), max(counted, predicted)
                     yield TextDelta(
                         "".join(texts), count, tuple(extras), tuple(ids or ()), prompt_ids
                     )

@@ -298,3 +298,20 @@ async def test_an_endless_line_is_an_internal_error_naming_backend_and_limit(kin
     assert body.sent <= MAX_EVENT_CHARS + 16 * 2**20
     if kind == "vllm":
         assert events == [TextDelta("a")]  # what came before is still relayed
+
+
+async def test_idle_backend_connections_close_before_the_engines_close_them() -> None:
+    # vLLM's server and llama.cpp's close a connection idle for 5 s; a pooled connection
+    # reused at that moment fails the request's write and costs it a retry (seen on
+    # llama-server under preemption: "Can not write request body"). aiohttp exposes the
+    # pool's idle time only as this attribute.
+    from fairq_server.backends.base import KEEPALIVE_SECONDS
+    from fairq_server.backends.vllm import VllmBackend
+
+    backend = VllmBackend("v", "http://127.0.0.1:1", ["m"])
+    try:
+        connector = backend.session().connector
+        assert connector is not None
+        assert connector._keepalive_timeout == KEEPALIVE_SECONDS < 5.0
+    finally:
+        await backend.aclose()
