@@ -45,7 +45,7 @@ CACHE: Final = Path.home() / ".cache" / "fairq-llamacpp"
 SLOTS: Final = 4
 # Per slot: the longest prompt plus 300 tokens of output fits in 512 (the model's trained
 # length; a continuation's prompt holds the output so far, the total does not grow).
-CONTEXT: Final = 512 * SLOTS
+CONTEXT_PER_SLOT: Final = 512
 # llama.cpp decodes the tiny model at about 0.5 ms a token: 4 requests per power user (the
 # scenario's default) drain in 1.6 s, before most light requests arrive; 16 make a flood of
 # about the real vLLM run's length.
@@ -123,12 +123,14 @@ def build_gguf(cache: Path = CACHE) -> Path:
 
 
 @contextlib.contextmanager
-def llama_server(port: int, cache: Path = CACHE, core: int = 0) -> Iterator[str]:
+def llama_server(
+    port: int, cache: Path = CACHE, core: int = 0, slots: int = SLOTS
+) -> Iterator[str]:
     """Run ``llama-server`` with the tiny model on ``core`` alone; yield its base URL."""
     command = [
         "taskset", "-c", str(core), str(build_server(cache)), "-m", str(build_gguf(cache)),
-        "--host", "127.0.0.1", "--port", str(port), "--parallel", str(SLOTS),
-        "-c", str(CONTEXT), "--metrics", "-t", "1", "--alias", "tiny",
+        "--host", "127.0.0.1", "--port", str(port), "--parallel", str(slots),
+        "-c", str(CONTEXT_PER_SLOT * slots), "--metrics", "-t", "1", "--alias", "tiny",
     ]  # fmt: skip
     log = (cache / "llama-server.log").open("wb")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("step", choices=("build", "model", "serve", "bench"))
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--slots", type=int, default=SLOTS, help="llama-server --parallel")
     parser.add_argument("--out", type=Path, default=Path("bench-results/llamacpp"))
     args = parser.parse_args(argv)
     if args.step == "build":
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.step == "model":
         print(build_gguf(args.cache))
     else:
-        with llama_server(args.port, args.cache) as url:
+        with llama_server(args.port, args.cache, slots=args.slots) as url:
             if args.step == "serve":
                 print(url, flush=True)
                 with contextlib.suppress(KeyboardInterrupt):
@@ -178,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
             version = _version(args.cache)
             command = [
                 sys.executable, "-m", "fairq_bench.cli", "preemption", "--backend", url,
-                "--kind", "llamacpp", "--model", "tiny", "--max-num-seqs", str(SLOTS),
+                "--kind", "llamacpp", "--model", "tiny", "--max-num-seqs", str(args.slots),
                 "--per-user", str(PER_USER),
                 "--cpus", "1", "--out", str(args.out),
                 "--describe", f"real llama.cpp ({version}, cpu), tiny model, "
-                f"{SLOTS} slots, engine on core 0",
+                f"{args.slots} slots, engine on core 0",
                 "--reproduce", "uv run --frozen python -m tests.e2e.llamacpp_process bench",
             ]  # fmt: skip
             return subprocess.run(command, check=False).returncode
