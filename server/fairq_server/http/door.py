@@ -230,7 +230,8 @@ class OpenAIHandlers(DoorBase):
         want_comments = request.headers.get("x-fairq-queue-events", "").lower() in _TRUE
         keepalive: asyncio.Task[None] | None = None
         # A batch's chunks (and the closing [DONE]) go out in one write: each write is a
-        # system call and a task step, and the last one rides with the end of the body.
+        # system call and a task step, and the last one rides with the end of the body
+        # (inside the events' block, so a caller gone by then still cancels the ticket).
         tail = b""
         try:
             async with contextlib.aclosing(events):  # type: ignore[type-var]
@@ -267,12 +268,12 @@ class OpenAIHandlers(DoorBase):
                     if not out:
                         continue
                     resp = resp or await prepare(request, request_id)
-                    if out[-1] is DONE:  # the last batch: written with the end of the body
-                        tail = b"".join(out)
-                        continue
                     # Writing to clients is bulk work (see loop_share).
                     await loop_share.turn()
-                    await resp.write(b"".join(out))
+                    if out[-1] is DONE:  # the last batch: written with the end of the body
+                        await resp.write_eof(b"".join(out))
+                    else:
+                        await resp.write(b"".join(out))
         except SchedulerError as exc:
             if resp is None:
                 answer = error_answer(exc, retry_after, not_found)
