@@ -5,14 +5,14 @@ loop pass, delays every other request, health check and scrape. A timer that sho
 every ``interval`` seconds fires late by exactly that delay, so its lateness, observed into a
 histogram (``fairq_event_loop_lag_seconds``), measures how long the loop went without getting
 back to its timers. A stall of S seconds shows as a tick late by between S - ``interval`` and
-S; at 10 ms the bound is tight, and a hundred wake-ups a second cost the loop a few ms of CPU
-a second.
+S; at 10 ms the bound is tight. The tick is a plain timer callback, not a task sleeping in a
+loop: a hundred wake-ups a second are then a callback each (no task step, no future), a
+fifth of an idle fairq's CPU before (docs/design/hot-path.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 __all__ = ["LoopMonitor"]
@@ -24,22 +24,21 @@ class LoopMonitor:
     def __init__(self, observe: Callable[[float], None], interval: float = 0.01) -> None:
         self._observe = observe
         self._interval = interval
-        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         """Start measuring on the running loop."""
-        self._task = asyncio.create_task(self._run(), name="loop-monitor")
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(loop.time() + self._interval, self._tick, loop)
 
     async def stop(self) -> None:
         """Stop measuring."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            due = loop.time() + self._interval
-            await asyncio.sleep(self._interval)
-            self._observe(max(0.0, loop.time() - due))
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        assert self._timer is not None
+        self._observe(max(0.0, now - self._timer.when()))
+        self._timer = loop.call_at(now + self._interval, self._tick, loop)

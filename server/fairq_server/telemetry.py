@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Sequence
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,7 +26,35 @@ from fairq_server.team_labels import TeamLabels
 if TYPE_CHECKING:
     from fairq_server.backends.request import MetricsSample
 
-__all__ = ["Telemetry", "build_info"]
+__all__ = ["Children", "Telemetry", "build_info"]
+
+_M = TypeVar("_M", Counter, Gauge, Histogram)
+
+
+class Children(Generic[_M]):
+    """A labelled metric's children, each looked up once and then kept.
+
+    ``metric.labels(...)`` takes a lock, builds a tuple of strings and looks it up on every
+    call: a few microseconds, several times per request. The children a request touches are
+    kept here by their label values (as many as the metric has series, already bounded).
+    :meth:`Telemetry.forget_backend` and :meth:`Telemetry.forget_model` empty every cache,
+    since they remove series.
+    """
+
+    def __init__(self, metric: _M) -> None:
+        self.metric: _M = metric
+        self._by_values: dict[tuple[str, ...], _M] = {}
+
+    def __call__(self, *values: str) -> _M:
+        """Return the child of ``values`` (made on first use)."""
+        child = self._by_values.get(values)
+        if child is None:
+            child = self._by_values[values] = self.metric.labels(*values)
+        return child
+
+    def forget(self) -> None:
+        """Drop every kept child (their series may have been removed)."""
+        self._by_values.clear()
 
 
 def build_info() -> dict[str, str]:
@@ -155,6 +183,14 @@ class Telemetry:
             ["team", "kind"], registry=r,
         )  # fmt: skip
         self.team_labels = TeamLabels()
+        # The children the per-request path touches, kept (see Children).
+        self.queue_wait_of = Children(self.queue_wait)
+        self.ttft_of = Children(self.ttft)
+        self.requests_of = Children(self.requests)
+        self.dispatches_of = Children(self.dispatches)
+        self.boosts_of = Children(self.boosts)
+        self.tokens_of = Children(self.tokens)
+        self.team_tokens_of = Children(self.team_tokens)
         self.backend_waiting = Gauge(
             "fairq_backend_waiting", "Last scraped backend waiting queue.", ["backend"], registry=r
         )
@@ -170,6 +206,7 @@ class Telemetry:
             "fairq_backend_in_flight", "Requests fairq has in flight on a backend.", ["backend"],
             registry=r,
         )  # fmt: skip
+        self.in_flight_of = Children(self.backend_in_flight)
         self.backend_healthy = Gauge(
             "fairq_backend_healthy", "0 while failed scrapes have marked the backend unhealthy.",
             ["backend"], registry=r,
@@ -218,7 +255,16 @@ class Telemetry:
             self.preempt_prefill,
         ):  # fmt: skip
             metric.remove_by_labels({"backend": backend_id})
+        self._forget_children()
 
     def forget_model(self, model: str) -> None:
         """Remove every series labelled with ``model`` (its last backend left)."""
         self.queue_depth.remove_by_labels({"model": model})
+        self._forget_children()
+
+    def _forget_children(self) -> None:
+        for children in (
+            self.queue_wait_of, self.ttft_of, self.requests_of, self.dispatches_of,
+            self.boosts_of, self.tokens_of, self.team_tokens_of, self.in_flight_of,
+        ):  # fmt: skip
+            children.forget()

@@ -26,3 +26,16 @@ async def _stall_reported(lags: asyncio.Queue[float]) -> None:
     while lag < 0.1:  # a tick already due before the blocking callback was queued
         lag = await lags.get()
     assert 0.25 <= lag < 1.0, lag
+
+
+async def test_stopped_it_reports_nothing_more() -> None:
+    lags: asyncio.Queue[float] = asyncio.Queue()
+    monitor = LoopMonitor(lags.put_nowait, interval=0.001)
+    monitor.start()
+    async with asyncio.timeout(5):
+        await lags.get()
+    await monitor.stop()
+    while not lags.empty():
+        lags.get_nowait()
+    await asyncio.sleep(0.05)  # fifty intervals: a tick still scheduled would have reported
+    assert lags.empty()

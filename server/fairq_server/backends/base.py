@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import aiohttp
 import orjson
+import yarl
 
 from fairq_server.backends.continuation import resumed_usage
 from fairq_server.backends.credentials import check_served_models, read_api_key
@@ -33,7 +34,7 @@ from fairq_server.backends.http_reading import (
     sse_reads,
     stream_failures,
 )
-from fairq_server.backends.openai_wire import openai_body
+from fairq_server.backends.openai_wire import STREAM_HEADERS, json_body, openai_body
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
@@ -102,6 +103,7 @@ class Backend(abc.ABC):
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._urls: dict[str, yarl.URL] = {}
         # Until /v1/models has listed every registered model, scrapes check it first (and
         # fail with the reason, which keeps the backend unhealthy).
         self.models_verified = not verify_models
@@ -161,6 +163,17 @@ class Backend(abc.ABC):
             )
         return self._session
 
+    def url(self, path: str) -> yarl.URL:
+        """Return the URL of ``path`` (one of the adapter's few) on the backend, parsed once.
+
+        Every generation request is set up on the loop: a parsed URL saves aiohttp parsing
+        the string again each time (docs/design/hot-path.md).
+        """
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = yarl.URL(f"{self.base_url}{path}")
+        return url
+
     def session(self) -> aiohttp.ClientSession:
         """Return the backend's HTTP connection pool (with its credentials)."""
         return self._http()
@@ -201,7 +214,7 @@ class Backend(abc.ABC):
         limit = self.read_limits.metrics_bytes
         try:
             async with self._http().get(
-                f"{self.base_url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
+                self.url("/metrics"), timeout=aiohttp.ClientTimeout(total=timeout)
             ) as resp:
                 if resp.status != 200:
                     raise await self.http_error(resp)
@@ -261,10 +274,10 @@ class Backend(abc.ABC):
         Connection failures and oversized events inside are translated into
         :class:`BackendError`; leaving the context closes the stream (the backend aborts).
         """
-        headers = {"accept": "text/event-stream"}
+        headers = STREAM_HEADERS
         with stream_failures(self.id):
             async with posted(
-                self._http(), f"{self.base_url}{path}", json=payload, headers=headers
+                self._http(), self.url(path), data=json_body(payload), headers=headers
             ) as resp:
                 if resp.status != 200:
                     raise await self.http_error(resp)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from fairq_server import loop_share
 from fairq_server.backends.sse import SseLimitError, SseSplitter
@@ -206,7 +207,7 @@ def usage_tokens(event: Mapping[str, Any], prompt: int, completion: int) -> tupl
 
 @contextlib.asynccontextmanager
 async def posted(
-    session: aiohttp.ClientSession, url: str, **kwargs: Any
+    session: aiohttp.ClientSession, url: str | URL, **kwargs: Any
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST to ``url``; inside, the response (its headers read). Leaving it releases it.
 

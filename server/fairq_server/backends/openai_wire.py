@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import orjson
 
 from fairq_server.backends.request import BackendRequest
 
-__all__ = ["openai_body"]
+__all__ = ["STREAM_HEADERS", "json_body", "openai_body"]
 
 
 def openai_body(request: BackendRequest, context: int | None = None) -> tuple[str, dict[str, Any]]:
@@ -57,3 +60,22 @@ def openai_body(request: BackendRequest, context: int | None = None) -> tuple[st
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     return path, body
+
+
+#: The headers of a generation request (its body is JSON, its answer a stream of events).
+STREAM_HEADERS = {"accept": "text/event-stream", "content-type": "application/json"}
+
+
+def json_body(payload: dict[str, Any]) -> bytes:
+    """Encode a request body as the standard library does, with orjson where that is the same.
+
+    orjson takes a tenth of the time, but refuses integers beyond 64 bits and writes NaN and
+    infinities as ``null`` (a caller's pass-through parameters may hold either; the standard
+    library writes ``NaN``, which the backend then refuses as before). Those bodies, and any
+    with a ``null`` at all, are encoded by the standard library.
+    """
+    try:
+        body = orjson.dumps(payload)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        body = b"null"
+    return json.dumps(payload).encode() if b"null" in body else body

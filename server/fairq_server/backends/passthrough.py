@@ -29,6 +29,7 @@ from fairq_server.backends.http_reading import (
     stream_failures,
     usage_tokens,
 )
+from fairq_server.backends.openai_wire import STREAM_HEADERS, json_body
 from fairq_server.backends.request import BackendRequest, StreamEvent, TextDelta
 from fairq_server.errors import BackendError
 
@@ -108,10 +109,7 @@ async def openai_stream(
     prompt_tokens = completion_tokens = 0
     with stream_failures(backend.id):
         async with posted(
-            backend.session(),
-            f"{backend.base_url}{path}",
-            json=body,
-            headers={"accept": "text/event-stream"},
+            backend.session(), backend.url(path), data=json_body(body), headers=STREAM_HEADERS
         ) as resp:
             if resp.status != 200:
                 raw, complete = await read_at_most(resp, backend.read_limits.error_bytes)

@@ -229,13 +229,26 @@ class OpenAIHandlers(DoorBase):
         resp: web.StreamResponse | None = None
         want_comments = request.headers.get("x-fairq-queue-events", "").lower() in _TRUE
         keepalive: asyncio.Task[None] | None = None
+        # A batch's chunks (and the closing [DONE]) go out in one write: each write is a
+        # system call and a task step, and the last one rides with the end of the body
+        # (inside the events' block, so a caller gone by then still cancels the ticket).
+        tail = b""
         try:
             async with contextlib.aclosing(events):  # type: ignore[type-var]
                 async for batch in events:
+                    out: list[bytes] = []
                     for event in batch:
-                        if isinstance(event, Queued):
+                        if isinstance(event, Text):
+                            # The backend's chunks, already framed as server-sent events. The
+                            # response starts with the first of them, so a failure before it
+                            # still gets its own HTTP status.
+                            out.append(event.text.encode())
+                        elif isinstance(event, Finished):
+                            out.append(DONE)
+                        elif isinstance(event, Queued):
                             if want_comments:
                                 resp = resp or await prepare(request, request_id)
+                                await _flush(resp, out)
                                 await resp.write(comment(f"fairq queued position={event.position}"))
                                 interval = self._core.config.http.queue_comment_seconds
                                 keepalive = asyncio.create_task(_keepalive(resp, interval))
@@ -245,34 +258,33 @@ class OpenAIHandlers(DoorBase):
                                 await asyncio.gather(keepalive, return_exceptions=True)
                                 keepalive = None
                             if resp is not None:
+                                await _flush(resp, out)
                                 await resp.write(
                                     comment(
                                         f"fairq started backend={event.backend_id} "
                                         f"queue_seconds={event.queue_seconds:.3f}"
                                     )
                                 )
-                        elif isinstance(event, Text):
-                            # The backend's chunks, already framed as server-sent events. The
-                            # response starts with the first of them, so a failure before it
-                            # still gets its own HTTP status.
-                            resp = resp or await prepare(request, request_id)
-                            # Writing to clients is bulk work (see loop_share).
-                            await loop_share.turn()
-                            await resp.write(event.text.encode())
-                        elif isinstance(event, Finished):
-                            resp = resp or await prepare(request, request_id)
-                            await resp.write(DONE)
+                    if not out:
+                        continue
+                    resp = resp or await prepare(request, request_id)
+                    # Writing to clients is bulk work (see loop_share).
+                    await loop_share.turn()
+                    if out[-1] is DONE:  # the last batch: written with the end of the body
+                        await resp.write_eof(b"".join(out))
+                    else:
+                        await resp.write(b"".join(out))
         except SchedulerError as exc:
             if resp is None:
                 answer = error_answer(exc, retry_after, not_found)
                 answer.headers["x-request-id"] = request_id
                 return answer
-            await resp.write(error_event(error_json(exc)))
+            tail = error_event(error_json(exc))
         finally:
             if keepalive is not None:
                 keepalive.cancel()
         assert resp is not None
-        await resp.write_eof()
+        await resp.write_eof(tail)
         return resp
 
 
@@ -290,6 +302,13 @@ def _model_not_found(name: str, served: list[str]) -> HttpError:
 def _output_bound(parsed: ParsedRequest) -> int | None:
     value = parsed.request.extra.get("max_completion_tokens")
     return value if isinstance(value, int) else None
+
+
+async def _flush(resp: web.StreamResponse, out: list[bytes]) -> None:
+    """Write the chunks gathered so far (before a comment that follows them)."""
+    if out:
+        await resp.write(b"".join(out))
+        out.clear()
 
 
 async def _keepalive(resp: web.StreamResponse, interval: float) -> None:

@@ -174,5 +174,5 @@ async def ticket_events(
         raise
     finally:
         core.dispatcher.cancel(ticket)
-        core.telemetry.requests.labels(tier_name, outcome).inc()
+        core.telemetry.requests_of(tier_name, outcome).inc()
         on_end(outcome)

@@ -176,14 +176,14 @@ class AttemptBook:
         ticket.priority = self._priority(ticket, backend)
         t = self._telemetry
         if ticket.boosted:
-            t.boosts.labels(backend.id).inc()
-        t.dispatches.labels(backend.id, tier).inc()
-        t.backend_in_flight.labels(backend.id).set(backend.in_flight)
+            t.boosts_of(backend.id).inc()
+        t.dispatches_of(backend.id, tier).inc()
+        t.in_flight_of(backend.id).set(backend.in_flight)
         # The backend request goes out before the caller is told, so requests dispatched in
         # one pass reach the backend in dispatch order.
         ticket.handle = self._launcher(ticket)
         if not resumed:  # a preempted request's caller was told once, and sees one stream
-            t.queue_wait.labels(tier).observe(now - ticket.arrival)
+            t.queue_wait_of(tier).observe(now - ticket.arrival)
             ticket.outbox.put(Started(backend.id, now - ticket.arrival, tier))
 
     def _reserve(self, ticket: Ticket) -> bool:
@@ -257,7 +257,7 @@ class AttemptBook:
         if ticket.first_token_at is None:
             ticket.first_token_at = at
             tier = self._settings().tiers[ticket.tier].name
-            self._telemetry.ttft.labels(tier).observe(at - ticket.arrival)
+            self._telemetry.ttft_of(tier).observe(at - ticket.arrival)
 
     def _ended(self, ticket: Ticket, end: StreamEnd, tokens: int) -> None:
         # Settle the fairness account, quotas and budgets with the backend's own token counts.
@@ -274,11 +274,11 @@ class AttemptBook:
             ),
         )
         t = self._telemetry
-        t.tokens.labels(ticket.group, "prompt").inc(max(prompt, 0))
-        t.tokens.labels(ticket.group, "completion").inc(max(completion, 0))
+        t.tokens_of(ticket.group, "prompt").inc(max(prompt, 0))
+        t.tokens_of(ticket.group, "completion").inc(max(completion, 0))
         team = t.team_labels.label(ticket.team)
-        t.team_tokens.labels(team, "prompt").inc(max(prompt, 0))
-        t.team_tokens.labels(team, "completion").inc(max(completion, 0))
+        t.team_tokens_of(team, "prompt").inc(max(prompt, 0))
+        t.team_tokens_of(team, "completion").inc(max(completion, 0))
         now = time.monotonic()
         ticket.outbox.put(
             Finished(
@@ -363,7 +363,7 @@ class AttemptBook:
             boosted=ticket.boosted,
         )
         ticket.boosted = False
-        self._telemetry.backend_in_flight.labels(backend.id).set(backend.in_flight)
+        self._telemetry.in_flight_of(backend.id).set(backend.in_flight)
         # Ended otherwise than by its stream's end: what it used so far (nothing before its
         # first token; a retry or a resumed preemption reserves again when it starts).
         if ticket.generating:

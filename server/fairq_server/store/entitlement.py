@@ -3,9 +3,10 @@
 The rows are written by :class:`~fairq_server.entitlement.managed.ManagedEntitlement` (which
 checks them first) and read here as the configuration file's own entries
 (:class:`~fairq_server.teams.TeamConfig`, :class:`QuotaConfig`, :class:`BudgetConfig`). Each
-replica keeps what it read in memory and, like the key store, asks every
+replica keeps what it read in memory and, like the key store, learns every
 ``key_poll_seconds`` whether the ``entitlement`` counter of ``store_versions`` moved (one
-primary-key read); every change raises it in its own transaction. When it moved, the rows are
+query reads both counters: :mod:`~fairq_server.store.versions`); every change raises it in
+its own transaction. When it moved, the rows are
 read again and ``on_change`` is called, so a weight or a limit set on one replica holds on
 every replica within one poll. While the store cannot be read, the entries read last stay in
 force (logged at most every 10 s).
@@ -13,7 +14,6 @@ force (logged at most every 10 s).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
@@ -25,9 +25,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
-from fairq_server.store.engine import poll_forever
 from fairq_server.store.schema import ENTITLEMENT_VERSION, entitlement_limits, store_versions, teams
-from fairq_server.supervisor import stop_task
 from fairq_server.teams import TeamConfig
 
 __all__ = ["LimitEntry", "Stored", "StoredEntitlement", "limit_kind", "subject_of"]
@@ -71,23 +69,16 @@ class StoredEntitlement:
 
     """
 
-    def __init__(self, engine: AsyncEngine, poll_seconds: float) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._poll_seconds = poll_seconds
         self._version: int | None = None
         self.current = Stored()
         self.on_change: Callable[[Stored], None] = lambda stored: None
-        self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Read the entries, then follow changes."""
-        await self.refresh()
-        self._task = asyncio.create_task(self._follow(), name="entitlement-store")
-
-    async def close(self) -> None:
-        """Stop following changes."""
-        await stop_task(self._task)
-        self._task = None
+    @property
+    def version(self) -> int | None:
+        """The entries' version counter at the last read (a ``Follower`` of the store's poll)."""
+        return self._version
 
     async def refresh(self) -> bool:
         """Read the entries again if their version moved (then tell ``on_change``)."""
@@ -108,14 +99,12 @@ class StoredEntitlement:
         self.on_change(stored)
         return True
 
-    async def _follow(self) -> None:
-        def unreadable(error: str) -> None:
-            log.warning(
-                "entitlement store unreadable, keeping the teams, quotas and budgets "
-                "read last: %s", error,
-            )  # fmt: skip
-
-        await poll_forever(self.refresh, self._poll_seconds, unreadable)
+    def unreadable(self, error: str) -> None:
+        """Log that the store could not be read (the entries read last stay in force)."""
+        log.warning(
+            "entitlement store unreadable, keeping the teams, quotas and budgets "
+            "read last: %s", error,
+        )  # fmt: skip
 
     # -- changes (checked by the caller) --------------------------------------------------
 

@@ -3,7 +3,8 @@
 A key is stored only as its SHA-256 digest (as in the configuration file); the key itself is
 shown once, when it is made. Each replica keeps the usable keys in memory, so authenticating
 costs no database round trip, and asks the store every ``key_poll_seconds`` whether the keys'
-version counter moved: one primary-key read of one row. When it did, the replica reloads the
+version counter moved (one query reads it with the stored entitlement's:
+:mod:`~fairq_server.store.versions`). When it did, the replica reloads the
 keys; every change raises the counter in its own transaction, so a revoked key is refused on
 every replica within one poll and one reload (well under a second at the default 0.25 s).
 
@@ -13,7 +14,6 @@ meanwhile applies once the store answers again) and logs that, at most every 10 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -28,9 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fairq_server.auth import Principal, hash_key, new_key
 from fairq_server.errors import InvalidRequestError
-from fairq_server.store.engine import poll_forever
 from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
-from fairq_server.supervisor import stop_task
 
 __all__ = ["MAX_NAME_CHARS", "KeyStore", "StoredKey"]
 
@@ -104,13 +102,11 @@ class KeyStore:
 
     """
 
-    def __init__(self, engine: AsyncEngine, tier_names: Sequence[str], poll_seconds: float) -> None:
+    def __init__(self, engine: AsyncEngine, tier_names: Sequence[str]) -> None:
         self._engine = engine
         self._tier_names = tuple(tier_names)
-        self._poll_seconds = poll_seconds
         self._version: int | None = None
         self._by_digest: dict[bytes, tuple[Principal, float | None]] = {}
-        self._task: asyncio.Task[None] | None = None
 
     # -- KeySource ------------------------------------------------------------------------
 
@@ -132,15 +128,10 @@ class KeyStore:
 
     # -- life -----------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Read the keys, then follow changes."""
-        await self.refresh()
-        self._task = asyncio.create_task(self._follow(), name="key-store")
-
-    async def close(self) -> None:
-        """Stop following changes."""
-        await stop_task(self._task)
-        self._task = None
+    @property
+    def version(self) -> int | None:
+        """The keys' version counter at the last reload (a ``Follower`` of the store's poll)."""
+        return self._version
 
     def set_tiers(self, tier_names: Sequence[str]) -> None:
         """Use ``tier_names`` for keys that name no tiers (configuration reload)."""
@@ -165,14 +156,12 @@ class KeyStore:
         self._by_digest, self._version = table, version
         return True
 
-    async def _follow(self) -> None:
-        def unreadable(error: str) -> None:
-            log.warning(
-                "key store unreadable, using the %d keys read last (a revocation "
-                "applies once it answers): %s", len(self._by_digest), error,
-            )  # fmt: skip
-
-        await poll_forever(self.refresh, self._poll_seconds, unreadable)
+    def unreadable(self, error: str) -> None:
+        """Log that the store could not be read (the keys read last stay in force)."""
+        log.warning(
+            "key store unreadable, using the %d keys read last (a revocation "
+            "applies once it answers): %s", len(self._by_digest), error,
+        )  # fmt: skip
 
     # -- changes --------------------------------------------------------------------------
 

@@ -22,8 +22,10 @@ from fairq_server.store.ledger import Ledger
 from fairq_server.store.limits import LimitState
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.reports import ReportRow, usage_report
+from fairq_server.store.schema import ENTITLEMENT_VERSION, KEYS_VERSION
 from fairq_server.store.series import Series, usage_series
 from fairq_server.store.settings import PriceConfig, StoreConfig, engine_url
+from fairq_server.store.versions import Follower, VersionWatch
 
 __all__ = ["Store"]
 
@@ -64,6 +66,7 @@ class Store:
         self._audit: AuditLog | None = None
         self._limits: LimitState | None = None
         self._entitlement: StoredEntitlement | None = None
+        self._watch: VersionWatch | None = None
 
     @property
     def ledger(self) -> Ledger:
@@ -103,16 +106,19 @@ class Store:
 
         """
         engine = await open_engine(self.config, self._state_file)
-        keys = KeyStore(engine, self._tier_names, self.config.key_poll_seconds)
-        entitlement = StoredEntitlement(engine, self.config.key_poll_seconds)
+        keys = KeyStore(engine, self._tier_names)
+        entitlement = StoredEntitlement(engine)
         try:
             await upgrade(engine)
-            await keys.start()
-            await entitlement.start()
+            await keys.refresh()
+            await entitlement.refresh()
         except BaseException:
-            await keys.close()
             await engine.dispose()
             raise
+        # One poll of the version counters for both (store/versions.py).
+        followers: dict[str, Follower] = {KEYS_VERSION: keys, ENTITLEMENT_VERSION: entitlement}
+        self._watch = VersionWatch(engine, self.config.key_poll_seconds, followers)
+        self._watch.start()
         self._engine, self._keys, self._entitlement = engine, keys, entitlement
         retention = self.config.audit_retention_days * 86400
         self._audit = AuditLog(engine, self._replica, retention, self.config.audit_max_rows)
@@ -157,9 +163,7 @@ class Store:
             await self._ledger.close()
         if self._limits is not None:
             await self._limits.close()
-        if self._keys is not None:
-            await self._keys.close()
-        if self._entitlement is not None:
-            await self._entitlement.close()
+        if self._watch is not None:
+            await self._watch.close()
         if self._engine is not None:
             await self._engine.dispose()

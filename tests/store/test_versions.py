@@ -1,0 +1,102 @@
+"""One poll of the store's version counters for the key store and the stored entitlement.
+
+Two replicas' stores on one real SQLite file: a change made through one reaches the other at
+its next poll, which reads both counters in one query and reloads only what moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from fairq_server.store.engine import open_engine, upgrade
+from fairq_server.store.entitlement import StoredEntitlement
+from fairq_server.store.keys import KeyStore
+from fairq_server.store.schema import ENTITLEMENT_VERSION, KEYS_VERSION
+from fairq_server.store.settings import StoreConfig
+from fairq_server.store.versions import Follower, VersionWatch
+from fairq_server.teams import TeamConfig
+
+TIERS = ("standard",)
+
+
+@pytest.fixture
+async def engines(tmp_path: Path) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]:
+    """Two engines on one SQLite file (two replicas), the schema current."""
+    config = StoreConfig(url=f"sqlite:///{tmp_path / 'fairq.db'}")
+    first, second = await open_engine(config), await open_engine(config)
+    await upgrade(first)
+    yield first, second
+    await first.dispose()
+    await second.dispose()
+
+
+def count_statements(engine: AsyncEngine) -> list[str]:
+    """Record every statement ``engine`` sends from now on."""
+    sent: list[str] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", before)
+    return sent
+
+
+async def followers(engine: AsyncEngine) -> tuple[KeyStore, StoredEntitlement, VersionWatch]:
+    keys, entitlement = KeyStore(engine, TIERS), StoredEntitlement(engine)
+    await keys.refresh()
+    await entitlement.refresh()
+    watched: dict[str, Follower] = {KEYS_VERSION: keys, ENTITLEMENT_VERSION: entitlement}
+    return keys, entitlement, VersionWatch(engine, 0.25, watched)
+
+
+async def test_a_poll_with_nothing_changed_is_one_query(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    _, _, watch = await followers(engines[0])
+    sent = count_statements(engines[0])
+    await watch.poll()
+    assert len([s for s in sent if s.lstrip().upper().startswith("SELECT")]) == 1, sent
+
+
+async def test_a_change_elsewhere_reloads_only_what_moved(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    keys, entitlement, watch = await followers(engines[0])
+    other_keys = KeyStore(engines[1], TIERS)
+    other_entitlement = StoredEntitlement(engines[1])
+    changes: list[object] = []
+    entitlement.on_change = changes.append
+
+    await other_keys.create("ada")
+    keys_before, entitlement_before = keys.version, entitlement.version
+    assert not keys.has_keys()
+    await watch.poll()
+    assert keys.has_keys() and keys.version != keys_before
+    assert entitlement.version == entitlement_before and changes == []
+
+    await other_entitlement.set_team(TeamConfig("research", 2.0))
+    await watch.poll()
+    assert [t.name for t in entitlement.current.teams] == ["research"]
+    assert len(changes) == 1
+
+
+async def test_a_failing_reload_does_not_keep_the_other_from_its_own(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    keys, entitlement, watch = await followers(engines[0])
+
+    async def broken() -> bool:
+        raise OSError("disk gone")
+
+    keys.refresh = broken  # type: ignore[method-assign]
+    await KeyStore(engines[1], TIERS).create("ada")
+    await StoredEntitlement(engines[1]).set_team(TeamConfig("research", 2.0))
+    with pytest.raises(OSError, match="disk gone"):
+        await watch.poll()
+    assert [t.name for t in entitlement.current.teams] == ["research"]
