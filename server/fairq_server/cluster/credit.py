@@ -92,6 +92,10 @@ class Credit:
     async def _claim(self, backend: BackendState) -> None:
         node, backend_id = self._node, backend.id
         try:
+            # After the first token and release writes queued before: a request that just
+            # left the queue is not counted in it by the claim's counts.
+            async with node.gate_writes:
+                pass
             while node.connected and not backend.draining and self.idle(backend_id) < self._slots:
                 member = f"{node.replica_id}|c{next(self._seq)}"
                 # Counted as the other replicas' with this replica's idle slots and the one

@@ -76,8 +76,9 @@ class ClusterNode:
         # Members forwarded on the local share and not yet put into Redis by a heartbeat.
         self._local: set[str] = set()
         # Renewals set every member held (also one Redis lost in a restart), so they must not
-        # overtake a release or first token sent before them: one at a time, in order (FIFO).
-        self._gate_writes = asyncio.Lock()
+        # overtake a release or first token sent before them: one at a time, in order (FIFO);
+        # a credit claim waits for those sent before it (:mod:`.credit`).
+        self.gate_writes = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
@@ -90,8 +91,6 @@ class ClusterNode:
             self.client, config.replica_id, self.counters, self._beat,
             lambda: self.connected, self._lost,
         )  # fmt: skip
-
-    # -- wiring -----------------------------------------------------------------------------
 
     def attach(
         self, post: Callable[[ev.Event], None], backend_ids: Callable[[], list[str]]
@@ -218,7 +217,7 @@ class ClusterNode:
 
     async def _leave(self, backend_id: str, member: str, *, ended: bool) -> None:
         gate = self.gate
-        async with self._gate_writes:
+        async with self.gate_writes:
             if ended:
                 counts = await gate.release(backend_id, member)
             else:
@@ -306,7 +305,7 @@ class ClusterNode:
                 pipe.zremrangebyscore(key, "-inf", now)
                 pipe.zcard(key)
                 _, _, alive = await pipe.execute()
-            async with self._gate_writes:  # the members as held now, not as before a release
+            async with self.gate_writes:  # the members as held now, not as before a release
                 await self.gate.renew(self._held)
             self._local.clear()  # every member held is in Redis now
         except REDIS_ERRORS as exc:
