@@ -66,7 +66,7 @@ class Credit:
     def spend(self, backend: BackendState) -> str | None:
         """Take an idle slot of ``backend`` for a request: its member (None: none idle).
 
-        The slot spent is claimed again behind it, in the background.
+        The launcher claims the next one (:meth:`refill`) after the request's first token.
         """
         if not self._slots or not self._node.connected:
             return None
@@ -105,6 +105,9 @@ class Credit:
                 node.metrics.credit.labels(backend_id, "claimed" if granted else "refused").inc()
                 if not granted:
                     return  # no room (or Redis lost): the next dispatch tries again
+                if not node.connected:  # lost while claiming: given back like the rest
+                    node.release(backend_id, member)
+                    return
                 self._idle.setdefault(backend_id, []).append(member)
         finally:
             self._claiming.discard(backend_id)
@@ -116,10 +119,15 @@ class Credit:
         return self._room(view)
 
     def _counted(self, backend_id: str, peers: tuple[int, int]) -> None:
-        """Fresh counts of ``backend_id``: give its idle slots back if it is full for any tier."""
+        """Fresh counts of ``backend_id``: give its idle slots back if it is full for any tier.
+
+        Also when it drains (it is on its way out: nothing will be sent there).
+        """
         backend = self._backends.get(backend_id)
         idle = self.idle(backend_id)
-        if backend is not None and idle and not self._admits(backend, idle, peers):
+        if backend is None or not idle:
+            return
+        if backend.draining or not self._admits(backend, idle, peers):
             self._give_back(backend_id)
 
     def give_back(self) -> None:
