@@ -63,24 +63,10 @@ class FairSync:
         self._connected = connected
         self._lost = lost
         self._wake = asyncio.Event()
-        self._soon: asyncio.TimerHandle | None = None
         self._heads: dict[tuple[str, int], tuple[tuple[str, float], ...]] = {}
 
     def wake(self) -> None:
         """Sync soon (a dispatch or a newly backlogged user here, or heads moved elsewhere)."""
-        self._wake.set()
-
-    def soon(self) -> None:
-        """Sync after a dispatch here: ``COALESCE_SECONDS`` later, not while it starts.
-
-        A sync at once would compete with the request it follows for this process's core
-        (and Redis's) until its first token; a burst of dispatches shares one sync anyway.
-        """
-        if self._soon is None:
-            self._soon = asyncio.get_running_loop().call_later(COALESCE_SECONDS, self._due)
-
-    def _due(self) -> None:
-        self._soon = None
         self._wake.set()
 
     async def run(self) -> None:

@@ -153,7 +153,7 @@ class ClusterLauncher(StreamLauncher):
             if handed is not None:  # cannot happen (started where it was freed); kept safe
                 self._node.release(*handed)
             handed = None
-        self._node.fair.soon()  # a dispatch here: share the counters soon
+        self._node.fair.wake()  # a dispatch here: share the counters soon
         claim = ticket.claim
         ride = self.quota.ride(claim.grant if claim is not None else None)
         if handed is None and ride is None:
