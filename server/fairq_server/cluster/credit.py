@@ -6,17 +6,19 @@ backend in the shared gate that no request uses yet: claimed in the background w
 script and the same gate plugin as a reservation, leased and renewed with the replica's
 other members, and counted by every replica as tokenless and in flight, exactly as a request
 would be. A request dispatched here takes one (no round trip) and its member becomes the
-request's (first token and end as for any reservation); the next one is claimed behind it.
+request's (first token and end as for any reservation).
 With no idle slot the request reserves as before.
 
 Why the threshold still holds: every member in Redis, idle or not, was admitted by the gate
-with every member found before it counted (this replica's idle ones too), so the members
-never pass what the gate allows, and a request only ever sits on the backend under a member.
-Spending adds nothing to the counts. A credit is only claimed while the gate, with it
-counted, would still admit one more request of every tier (a slot of headroom), and idle
-credit goes back as soon as the counts show the backend full for any tier: a replica with
-nothing to send never holds a slot another replica's request needs. A killed replica's
-credit expires with its lease; a lost Redis drops it (the replica is on its local share).
+with every member found before it counted (this replica's idle ones too, also by an ordinary
+reservation), so requests without a first token plus idle credit never pass what the gate
+allows, and spending turns an idle slot into a request without changing that sum. A credit
+is only claimed while the gate, with it counted, would still admit one more request of every
+tier (a slot of headroom), and idle credit goes back as soon as the counts show the backend
+full for any tier: a replica with nothing to send never holds a slot another replica's
+request needs. A killed replica's credit expires with its lease; a lost Redis drops it (the
+replica is on its local share). The next slot is claimed after the spending request's first
+token (:meth:`ClusterLauncher._first <fairq_server.cluster.launcher.ClusterLauncher>`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,14 @@ class Credit:
         """Idle slots held on ``backend_id``."""
         return len(self._idle.get(backend_id, ()))
 
+    def with_idle(self, backend_id: str, peers: tuple[int, int]) -> tuple[int, int]:
+        """Return ``peers`` (other replicas' counts) with this replica's idle slots added.
+
+        A reservation counts them so: a slot spent later adds a request with no check.
+        """
+        idle = self.idle(backend_id)
+        return peers[0] + idle, peers[1] + idle
+
     def spend(self, backend: BackendState) -> str | None:
         """Take an idle slot of ``backend`` for a request: its member (None: none idle).
 
@@ -100,7 +110,7 @@ class Credit:
                 member = f"{node.replica_id}|c{next(self._seq)}"
                 # Counted as the other replicas' with this replica's idle slots and the one
                 # claimed: the gate must still admit one more request with all of them.
-                admit = functools.partial(self._admits, backend, self.idle(backend_id) + 1)
+                admit = functools.partial(self._admits, backend, 1)
                 granted = await node.reserve(backend_id, member, admit, counted=False)
                 node.metrics.credit.labels(backend_id, "claimed" if granted else "refused").inc()
                 if not granted:
@@ -112,10 +122,11 @@ class Credit:
         finally:
             self._claiming.discard(backend_id)
 
-    def _admits(self, backend: BackendState, idle: int, peers: tuple[int, int]) -> bool:
-        """Whether every tier's gate admits a request with ``idle`` slots here and ``peers``."""
+    def _admits(self, backend: BackendState, extra: int, peers: tuple[int, int]) -> bool:
+        """Whether every tier's gate admits a request with ``peers``, idle and ``extra`` slots."""
         view = copy.copy(backend)  # the backend's state is the dispatcher's
-        view.peer_awaiting, view.peer_in_flight = peers[0] + idle, peers[1] + idle
+        awaiting, in_flight = self.with_idle(backend.id, peers)
+        view.peer_awaiting, view.peer_in_flight = awaiting + extra, in_flight + extra
         return self._room(view)
 
     def _counted(self, backend_id: str, peers: tuple[int, int]) -> None:
@@ -127,7 +138,7 @@ class Credit:
         idle = self.idle(backend_id)
         if backend is None or not idle:
             return
-        if backend.draining or not self._admits(backend, idle, peers):
+        if backend.draining or not self._admits(backend, 0, peers):
             self._give_back(backend_id)
 
     def give_back(self) -> None:

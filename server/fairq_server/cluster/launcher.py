@@ -249,8 +249,10 @@ class ClusterLauncher(StreamLauncher):
         try:
             if node.reserving:
                 started = time.perf_counter()
+                with_idle = self.credit.with_idle  # a slot spent later adds a request unchecked
                 granted = await node.reserve(
-                    backend_id, member, lambda peers: self._admits(ticket, attempt, backend, peers),
+                    backend_id, member,
+                    lambda p: self._admits(ticket, attempt, backend, with_idle(backend_id, p)),
                     ride.calls if ride else (), ride.replies if ride else None, handed=handed,
                 )  # fmt: skip
                 node.metrics.reserve_seconds.observe(time.perf_counter() - started)
