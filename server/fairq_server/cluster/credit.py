@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -54,12 +55,16 @@ class Credit:
         self._node = node
         self._slots = slots
         self._room = room
-        self._idle: dict[str, list[str]] = {}
+        self._idle: dict[str, list[tuple[str, float]]] = {}  # member, loop time claimed
         self._claiming: set[str] = set()
         self._backends: dict[str, BackendState] = {}
         self._seq = itertools.count()
+        # Loop time of the last renewal of every member held (a claim's lease starts then too).
+        self._renewed = time.monotonic()
+        self._fresh_for = 2 * node.config.lease_seconds / 3
         node.on_counts = self._counted
         node.on_lost = self.give_back
+        node.on_renew = self._renewing
 
     def idle(self, backend_id: str) -> int:
         """Idle slots held on ``backend_id``."""
@@ -83,7 +88,11 @@ class Credit:
         members = self._idle.get(backend.id)
         if not members:
             return None
-        member = members.pop()
+        now = time.monotonic()
+        if now - max(self._renewed, members[-1][1]) > self._fresh_for:
+            self.give_back()  # renewals late (the replica paused?): its lease may have run out
+            return None
+        member, _ = members.pop()
         self._node.metrics.credit.labels(backend.id, "spent").inc()
         return member
 
@@ -108,6 +117,7 @@ class Credit:
                 pass
             while node.connected and not backend.draining and self.idle(backend_id) < self._slots:
                 member = f"{node.replica_id}|c{next(self._seq)}"
+                claimed = time.monotonic()
                 # Counted as the other replicas' with this replica's idle slots and the one
                 # claimed: the gate must still admit one more request with all of them.
                 admit = functools.partial(self._admits, backend, 1)
@@ -118,7 +128,7 @@ class Credit:
                 if not node.connected:  # lost while claiming: given back like the rest
                     node.release(backend_id, member)
                     return
-                self._idle.setdefault(backend_id, []).append(member)
+                self._idle.setdefault(backend_id, []).append((member, claimed))
         finally:
             self._claiming.discard(backend_id)
 
@@ -146,9 +156,21 @@ class Credit:
         for backend_id in list(self._idle):
             self._give_back(backend_id)
 
+    def _renewing(self) -> None:
+        """Keep idle slots through a renewal (which sets every member held) only if live.
+
+        Renewals more than two thirds of a lease apart (the replica was paused, or its loop
+        stalled): an idle slot may have expired and been taken by another replica meanwhile;
+        set again and spent, it would put a request past the threshold. It goes back instead.
+        """
+        now = time.monotonic()
+        if now - self._renewed > self._fresh_for:
+            self.give_back()
+        self._renewed = now
+
     def _give_back(self, backend_id: str) -> None:
         members = self._idle.pop(backend_id, [])
-        for member in members:
+        for member, _ in members:
             self._node.release(backend_id, member)
         if members:
             self._node.metrics.credit.labels(backend_id, "returned").inc(len(members))

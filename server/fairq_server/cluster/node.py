@@ -83,9 +83,10 @@ class ClusterNode:
         self._background: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._views: dict[str, tuple[int, int, float]] = {}
-        # The credit's hooks (:mod:`.credit`): the other replicas' fresh counts; Redis lost.
-        self.on_counts: Callable[[str, tuple[int, int]], None] = lambda backend, peers: None
+        # The credit's hooks (:mod:`.credit`): the other replicas' counts, Redis lost, renewal.
+        self.on_counts: Callable[[str, tuple[int, int]], None] = lambda b, p: None
         self.on_lost: Callable[[], None] = lambda: None
+        self.on_renew: Callable[[], None] = lambda: None
         self._heads_channel = self.counters.channel()
         self.fair = FairSync(
             self.client, config.replica_id, self.counters, self._beat,
@@ -231,8 +232,7 @@ class ClusterNode:
     # -- the global view ------------------------------------------------------------------
 
     def _own(self, backend_id: str) -> tuple[int, int]:
-        members = self._held.get(backend_id, {})
-        return sum(members.values()), len(members)
+        return sum(m := self._held.get(backend_id, {}).values()), len(m)
 
     def _view(self, backend_id: str, counts: GlobalCounts) -> None:
         """Post the other replicas' part of ``counts`` if it changed (and tell the credit).
@@ -305,6 +305,7 @@ class ClusterNode:
                 pipe.zremrangebyscore(key, "-inf", now)
                 pipe.zcard(key)
                 _, _, alive = await pipe.execute()
+            self.on_renew()
             async with self.gate_writes:  # the members as held now, not as before a release
                 await self.gate.renew(self._held)
             self._local.clear()  # every member held is in Redis now
