@@ -21,7 +21,10 @@ from urllib.parse import urlsplit
 
 from fairq_server.errors import ConfigError
 
-__all__ = ["ClusterConfig"]
+__all__ = ["MAX_CREDIT_SLOTS", "ClusterConfig"]
+
+#: Most ``credit_slots`` per backend: idle slots hold capacity the other replicas cannot use.
+MAX_CREDIT_SLOTS = 64
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class ClusterConfig:
             0, the default, is the order one scheduler would keep; more lets a replica go on
             serving its own users for that much while the replica holding the user furthest
             behind is slow to take its turn.
+        credit_slots: slots of each backend this replica claims in the shared gate ahead of
+            its requests, so a dispatch sends without a Redis round trip (0: every request
+            reserves on its way). Claimed only while the gate has room for one more request
+            beyond them, given back when the backend is full; they count against the
+            threshold like requests.
 
     """
 
@@ -61,6 +69,7 @@ class ClusterConfig:
     refresh_seconds: float = 0.1
     local_share: float = 0.0
     fairness_slack: float = 0.0
+    credit_slots: int = 1
 
     def __post_init__(self) -> None:
         scheme = urlsplit(self.redis_url).scheme
@@ -76,6 +85,11 @@ class ClusterConfig:
             raise ConfigError(f"cluster.local_share is a fraction 0-1, not {self.local_share!r}")
         if self.fairness_slack < 0:
             raise ConfigError("cluster.fairness_slack must be 0 or more")
+        if not 0 <= self.credit_slots <= MAX_CREDIT_SLOTS:
+            raise ConfigError(
+                f"cluster.credit_slots is 0-{MAX_CREDIT_SLOTS} slots per backend, "
+                f"not {self.credit_slots!r}"
+            )
         if self.password_env and self.password_env not in os.environ:
             raise ConfigError(f"cluster.password_env: ${self.password_env} is not set")
         if not self.replica_id:

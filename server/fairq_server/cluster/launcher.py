@@ -16,7 +16,10 @@ cautious, never less. A reservation that fails because Redis is unreachable is n
 it was admitted against the shared view, and goes back to be admitted again on the local
 share (with every replica's in-flight reservations forwarded at once, the backend's queue
 would grow by up to the threshold per replica). The cost is one Redis round trip before the
-backend request leaves.
+backend request leaves, unless the replica holds an idle slot of its credit (:mod:`.credit`):
+then the request takes that slot's member and leaves at once, if the gate admits it on the
+local view (as the dispatcher just checked; a request sent past a full queue on a boost
+reserves as before), and not with a quota reservation to ride along (which needs the trip).
 
 A preemption hands the victim's slot to the request it starts (:meth:`ClusterLauncher.hand_over`):
 the victim's member is not released, and the new attempt takes it over in Redis (one script;
@@ -36,8 +39,9 @@ from typing import TYPE_CHECKING
 
 from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
+from fairq_server.cluster.credit import Credit
 from fairq_server.cluster.quota import cluster_book
-from fairq_server.entitlement.cluster_book import ClusterBook
+from fairq_server.entitlement.cluster_book import ClusterBook, Ride
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.attempts import AttemptSink, StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState
@@ -63,10 +67,11 @@ class _FirstTokenSink(AttemptSink):
         self._on_first: Callable[[], None] | None = on_first
 
     def text(self, delta: TextDelta) -> bool:
+        relayed = super().text(delta)  # the caller's token before the Redis write
         if self._on_first is not None:
             on_first, self._on_first = self._on_first, None
             on_first()
-        return super().text(delta)
+        return relayed
 
     def ended(self, end: StreamEnd) -> None:
         self._on_first = None
@@ -123,6 +128,8 @@ class ClusterLauncher(StreamLauncher):
         self._holding: dict[Ticket, tuple[str, str]] = {}
         self._kept: set[str] = set()
         self._handed: dict[Ticket, tuple[str, str]] = {}
+        #: Idle slots claimed ahead in the shared gate, spent by dispatches with no round trip.
+        self.credit = Credit(node, node.config.credit_slots, self._room)
 
     def hand_over(self, victim: Ticket, to: Ticket) -> None:
         """Give the slot ``victim`` holds (about to be aborted) to ``to``'s next attempt.
@@ -147,8 +154,17 @@ class ClusterLauncher(StreamLauncher):
                 self._node.release(*handed)
             handed = None
         self._node.fair.wake()  # a dispatch here: share the counters soon
+        claim = ticket.claim
+        ride = self.quota.ride(claim.grant if claim is not None else None)
+        if handed is None and ride is None:
+            credit = self._spend(ticket, ticket.attempt, backend)
+            if credit is not None:  # counted in the shared gate already: no round trip
+                self._node.metrics.reservations.labels(backend.id, "credit").inc()
+                reader = self._read(ticket, backend, credit)
+                reader.add_done_callback(lambda _: self._done(ticket, backend.id, credit))
+                return reader
         return asyncio.create_task(
-            self._run(ticket, ticket.attempt, backend, member, handed=handed is not None)
+            self._run(ticket, ticket.attempt, backend, member, ride, handed=handed is not None)
         )
 
     def _admits(
@@ -175,19 +191,68 @@ class ClusterLauncher(StreamLauncher):
             return False
         return outcome is GateOutcome.ADMIT
 
+    def _room(self, view: BackendState) -> bool:
+        """Whether the configured gate admits a request of every tier on ``view``."""
+        settings = self._settings()
+        gate, now, stale_after = (
+            settings.policies.gate,
+            self._clock(),
+            settings.config.stale_after_seconds,
+        )
+        try:
+            return all(
+                gate.check(view, tier, now, stale_after) is GateOutcome.ADMIT
+                for tier in settings.tiers
+            )
+        except Exception:  # a faulty plugin: no credit
+            log.exception("gate check of a credit on %s failed", view.id)
+            return False
+
+    def _spend(self, ticket: Ticket, attempt: int, backend: BackendState) -> str | None:
+        """Return an idle credit slot's member for ``ticket`` (None: reserve in Redis)."""
+        peers = (backend.peer_awaiting, backend.peer_in_flight)
+        if not self.credit.idle(backend.id) or not self._admits(ticket, attempt, backend, peers):
+            return None
+        return self.credit.spend(backend)
+
+    def _first(self, backend: BackendState, member: str) -> None:
+        """Take a request's first token: its member leaves ``await``; top the credit up.
+
+        Not sooner: claiming while the request is on its way competes with it for this
+        process and for Redis, and a slot of the queue is free again only now.
+        """
+        self._node.first_token(backend.id, member)
+        self.credit.refill(backend)
+
+    def _read(self, ticket: Ticket, backend: BackendState, member: str) -> asyncio.Task[None]:
+        """Start reading the backend stream of ``ticket``, which holds ``member``."""
+        self._holding[ticket] = (backend.id, member)
+        sink = _FirstTokenSink(self._post, ticket, lambda: self._first(backend, member))
+        stream = backend.backend.stream(ticket.request, ticket.priority)
+        return start_reading(stream, sink, self.window)
+
+    def _done(self, ticket: Ticket, backend_id: str, member: str) -> None:
+        """Release ``member``, its attempt ended (unless kept for a hand-over)."""
+        if self._holding.get(ticket) == (backend_id, member):
+            del self._holding[ticket]
+        if member not in self._kept:
+            self._node.release(backend_id, member)
+        self._kept.discard(member)
+
     async def _run(
-        self, ticket: Ticket, attempt: int, backend: BackendState, member: str, *, handed: bool
-    ) -> None:
+        self, ticket: Ticket, attempt: int, backend: BackendState, member: str,
+        ride: Ride | None, *, handed: bool,
+    ) -> None:  # fmt: skip
         node = self._node
         backend_id = backend.id
         held = False
-        claim = ticket.claim
-        ride = self.quota.ride(claim.grant if claim is not None else None)
         try:
             if node.reserving:
                 started = time.perf_counter()
+                with_idle = self.credit.with_idle  # a slot spent later adds a request unchecked
                 granted = await node.reserve(
-                    backend_id, member, lambda peers: self._admits(ticket, attempt, backend, peers),
+                    backend_id, member,
+                    lambda p: self._admits(ticket, attempt, backend, with_idle(backend_id, p)),
                     ride.calls if ride else (), ride.replies if ride else None, handed=handed,
                 )  # fmt: skip
                 node.metrics.reserve_seconds.observe(time.perf_counter() - started)
@@ -213,15 +278,10 @@ class ClusterLauncher(StreamLauncher):
             held = True
             if ticket.attempt != attempt:
                 return  # aborted while reserving
-            self._holding[ticket] = (backend_id, member)
-            assert ticket.backend is not None
-            sink = _FirstTokenSink(self._post, ticket, lambda: node.first_token(backend_id, member))
-            stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
             # Awaiting the reader: cancelling this task (an abort) cancels the reader too.
-            await start_reading(stream, sink, self.window)
+            await self._read(ticket, backend, member)
         finally:
-            if self._holding.get(ticket) == (backend_id, member):
-                del self._holding[ticket]
-            if held and member not in self._kept:
-                node.release(backend_id, member)
-            self._kept.discard(member)
+            if held:
+                self._done(ticket, backend_id, member)
+            else:
+                self._kept.discard(member)

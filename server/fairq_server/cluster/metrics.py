@@ -39,6 +39,12 @@ class ClusterMetrics:
             "Shared-gate reservations by outcome (granted, handed, refused, unreachable, local).",
             ["backend", "outcome"], registry=r,
         )  # fmt: skip
+        self.credit = Counter(
+            "fairq_cluster_credit_total",
+            "Idle shared-gate slots of this replica's credit: claimed, refused (no room), "
+            "spent by a request (sent with no round trip), returned (backend full, Redis lost).",
+            ["backend", "event"], registry=r,
+        )  # fmt: skip
         self.reserve_seconds = Histogram(
             "fairq_cluster_reserve_seconds",
             "Round trip of one shared-gate reservation (time added before forwarding).",

@@ -3,14 +3,13 @@
 Background tasks (never the dispatcher loop) talk to Redis:
 
 * the heartbeat, every third of a lease: this replica's presence, and the leases of the
-  reservations it holds;
+  reservations it holds (and of its credit, :mod:`.credit`);
 * the refresher: the other replicas' reservations per backend, posted to the dispatcher as
-  :class:`~fairq_server.scheduling.events.PeerView`. A release announces the counts it
-  leaves (pub/sub), which every replica takes as they are; the counts are read from Redis
-  only every ``refresh_seconds`` (leases that expire announce nothing);
-* the fairness sync (:mod:`.fair_sync`): flushes the fairness journals and reads the shared
-  counters back, after each dispatch, when another replica's head moves, and every third of
-  a lease (which keeps this replica's heads alive).
+  :class:`~fairq_server.scheduling.events.PeerView`. A release announces the counts it leaves
+  (pub/sub), taken as they are; they are read from Redis every ``refresh_seconds`` (leases
+  that expire announce nothing);
+* the fairness sync (:mod:`.fair_sync`): journals out, shared counters back, after each
+  dispatch, when another replica's head moves, and every third of a lease.
 
 When Redis stops answering, the replica runs on its local share: each backend's threshold
 and in-flight cap scaled by ``local_share`` (default one over the replicas last seen), so
@@ -77,19 +76,22 @@ class ClusterNode:
         # Members forwarded on the local share and not yet put into Redis by a heartbeat.
         self._local: set[str] = set()
         # Renewals set every member held (also one Redis lost in a restart), so they must not
-        # overtake a release or first token sent before them: one at a time, in order (FIFO).
-        self._gate_writes = asyncio.Lock()
+        # overtake a release or first token sent before them: one at a time, in order (FIFO);
+        # a credit claim waits for those sent before it (:mod:`.credit`).
+        self.gate_writes = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._views: dict[str, tuple[int, int, float]] = {}
+        # The credit's hooks (:mod:`.credit`): the other replicas' counts, Redis lost, renewal.
+        self.on_counts: Callable[[str, tuple[int, int]], None] = lambda b, p: None
+        self.on_lost: Callable[[], None] = lambda: None
+        self.on_renew: Callable[[], None] = lambda: None
         self._heads_channel = self.counters.channel()
         self.fair = FairSync(
             self.client, config.replica_id, self.counters, self._beat,
             lambda: self.connected, self._lost,
         )  # fmt: skip
-
-    # -- wiring -----------------------------------------------------------------------------
 
     def attach(
         self, post: Callable[[ev.Event], None], backend_ids: Callable[[], list[str]]
@@ -118,10 +120,9 @@ class ClusterNode:
         ]
 
     async def close(self) -> None:
-        """Leave: stop the tasks, give back every slot held and the presence."""
+        """Leave: stop the tasks, give back every slot held (credit too) and the presence."""
         await cancel_all(self._tasks)
-        # Bounded: a Redis that stops answering now must not hold the shutdown (the leases
-        # free whatever is left).
+        # Bounded: a Redis that stops answering must not hold the shutdown (leases free the rest).
         with contextlib.suppress(TimeoutError, *REDIS_ERRORS):
             async with asyncio.timeout(self.config.lease_seconds):
                 await asyncio.gather(*self._background, return_exceptions=True)
@@ -137,10 +138,9 @@ class ClusterNode:
     def reserving(self) -> bool:
         """Whether reservations go to Redis: on the shared gate, or rejoining it.
 
-        Rejoining (Redis answered a heartbeat since it was lost, the gate is still the local
-        share): every request sent from now on must be counted in Redis at once, since
-        another replica may be back on the shared gate before this one, reading the counts
-        there as the whole of the cluster's requests.
+        Rejoining (Redis answered a heartbeat since it was lost, the gate still the local
+        share): every request sent from now on is counted in Redis at once, since another
+        replica may be back on the shared gate first, reading the counts there as all.
         """
         return self.connected or self._answered_at is not None
 
@@ -154,14 +154,15 @@ class ClusterNode:
     async def reserve(
         self, backend_id: str, member: str, admit: Callable[[tuple[int, int]], bool],
         extra: Sequence[ScriptCall] = (), replies: list[Any] | None = None,
-        handed: bool = False,
+        handed: bool = False, counted: bool = True,
     ) -> bool | None:  # fmt: skip
         """Reserve a slot if ``admit``, told the other replicas' (awaiting, in flight), says so.
 
         Returns True granted, False refused (the member is withdrawn), None Redis unreachable.
         ``extra`` script calls (the request's quota reservation) ride in the claim's round
         trip; their replies go into ``replies`` (nothing when Redis was unreachable).
-        ``handed``: ``member`` is a preempted request's slot, kept while its lease lives.
+        ``handed``: ``member`` is a preempted request's slot, kept while its lease lives;
+        ``counted``: in ``fairq_cluster_reservations_total`` (a credit's claim is not).
         """
         self._held.get(backend_id, {}).pop(member, None)  # held again below if kept
         try:
@@ -171,7 +172,7 @@ class ClusterNode:
             if replies is not None:
                 replies.extend(got)
         except REDIS_ERRORS as exc:
-            self.metrics.reservations.labels(backend_id, "unreachable").inc()
+            self.metrics.reservations.labels(backend_id, "unreachable").inc(int(counted))
             self._lost(exc)
             return None
         own_awaiting, own_flight = self._own(backend_id)
@@ -183,15 +184,15 @@ class ClusterNode:
         else:
             self.spawn(self._leave(backend_id, member, ended=True))
         outcome = "handed" if handed else "granted" if granted else "refused"
-        self.metrics.reservations.labels(backend_id, outcome).inc()
+        self.metrics.reservations.labels(backend_id, outcome).inc(int(counted))
         self._view(backend_id, counts)
         return granted
 
     def hold_local(self, backend_id: str, member: str) -> None:
         """Track a request forwarded on the local share (Redis unreachable).
 
-        The heartbeat puts it into the shared gate when Redis answers again, so the counts
-        include it; until then its first token and end are not sent (Redis never had it).
+        The heartbeat puts it into the shared gate when Redis answers again; until then its
+        first token and end are not sent (Redis never had it).
         """
         self._held.setdefault(backend_id, {})[member] = True
         self._local.add(member)
@@ -217,26 +218,24 @@ class ClusterNode:
 
     async def _leave(self, backend_id: str, member: str, *, ended: bool) -> None:
         gate = self.gate
-        async with self._gate_writes:
+        async with self.gate_writes:
             if ended:
                 counts = await gate.release(backend_id, member)
             else:
                 counts = await gate.first_token(backend_id, member)
-        # The counts left are this replica's news at once (the others hear them published).
-        self._view(backend_id, counts)
+        self._view(backend_id, counts)  # this replica's news at once (the others': published)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run a Redis write in the background (a failure is a lost Redis); close() waits."""
+        """Run a Redis write in the background (failing: Redis lost); close() waits for it."""
         spawn(self._background, coro, REDIS_ERRORS, self._lost)
 
     # -- the global view ------------------------------------------------------------------
 
     def _own(self, backend_id: str) -> tuple[int, int]:
-        members = self._held.get(backend_id, {})
-        return sum(members.values()), len(members)
+        return sum(m := self._held.get(backend_id, {}).values()), len(m)
 
     def _view(self, backend_id: str, counts: GlobalCounts) -> None:
-        """Post the other replicas' part of ``counts`` if it changed.
+        """Post the other replicas' part of ``counts`` if it changed (and tell the credit).
 
         Rejoining, the counts come with the local share: they close the local gate as the
         shared one would (no retrying a refused reservation at once), but do not end the local
@@ -253,6 +252,8 @@ class ClusterNode:
         if self._views.get(backend_id) != view:
             self._views[backend_id] = view
             self._post(ev.PeerView(backend_id, *view))
+        if self.connected:
+            self.on_counts(backend_id, view[:2])
 
     def _lost(self, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
@@ -273,12 +274,12 @@ class ClusterNode:
         self.metrics.redis_up.set(1 if up else 0)
         if up:
             self.redis.set("up")
-        if not up:
-            # The slots held stay known: they are still released (first token, end) and
-            # set again by the heartbeat as soon as Redis answers, so a brief timeout does not
-            # leave them counted in Redis until their leases run out, and a Redis restarted
-            # empty counts them again.
+        else:
+            # The slots held stay known: still released (first token, end) and set again by
+            # the heartbeat once Redis answers, so a brief timeout does not leave them counted
+            # until their leases run out, and a Redis restarted empty counts them again.
             self._local_views()
+            self.on_lost()  # idle credit is the shared gate's only
         self._wake.set()
 
     def _local_views(self) -> None:
@@ -292,10 +293,9 @@ class ClusterNode:
     async def heartbeat(self) -> None:
         """Beat once (the background task does every third of a lease).
 
-        Presence, leases of the slots held, the number of replicas alive; after Redis was
-        lost, the first beat that reaches it starts the rejoining (:attr:`reserving`), and a
-        later one, once every replica seen before has beaten too, goes back to the shared
-        gate.
+        Presence, leases of the slots held, the replicas alive; after Redis was lost, the
+        first beat that reaches it starts the rejoining (:attr:`reserving`), and a later one,
+        once every replica seen before has beaten too, goes back to the shared gate.
         """
         key, ms = self._replicas_key, round(self.config.lease_seconds * 1000)
         try:
@@ -305,25 +305,25 @@ class ClusterNode:
                 pipe.zremrangebyscore(key, "-inf", now)
                 pipe.zcard(key)
                 _, _, alive = await pipe.execute()
-            async with self._gate_writes:  # the members as held now, not as before a release
+            self.on_renew()
+            async with self.gate_writes:  # the members as held now, not as before a release
                 await self.gate.renew(self._held)
             self._local.clear()  # every member held is in Redis now
         except REDIS_ERRORS as exc:
             self._lost(exc)
             return
         alive = max(1, int(alive))
-        # A Redis restarted empty counts only the replicas that have beaten since: while off
-        # the shared gate the count stays that of before the loss (a smaller one would widen
-        # the local share, up to the whole backend).
+        # A Redis restarted empty counts only the replicas that have beaten since: off the
+        # shared gate the count stays that of before the loss (a smaller one would widen the
+        # local share, up to the whole backend).
         self.replicas = alive if self.connected else max(self.replicas, alive)
         self.metrics.replicas.set(self.replicas)
         if not self.connected:
             # Back on the shared gate only once every replica seen before has beaten since
-            # (its requests are counted in Redis again, and it reserves through Redis from
-            # then on), and not before the second beat that reaches Redis; at the latest a
-            # lease after the first (a replica that died meanwhile never beats again). Until
-            # then the counts in Redis would let this replica fill the backend's whole
-            # threshold on top of the others' uncounted requests.
+            # (its requests counted in Redis again, reserving through Redis from then on), not
+            # before the second beat that reaches Redis, at the latest a lease after the first
+            # (a dead replica never beats). Until then the counts in Redis would let this one
+            # fill the whole threshold on top of the others' uncounted requests.
             now_loop = asyncio.get_running_loop().time()
             if self._answered_at is None:
                 self._answered_at = now_loop
@@ -385,7 +385,8 @@ class ClusterNode:
             for v in (message.get("channel"), message.get("data"))
         )
         if channel == self._heads_channel:
-            self.fair.wake()  # the fairness sync reads the heads
+            if data != self.replica_id:  # its own announcement: nothing new to read
+                self.fair.wake()  # the fairness sync reads the heads
             return False
         news = parse_announcement(channel, data, self.config.key_prefix)
         if news is None:
@@ -394,6 +395,5 @@ class ClusterNode:
         return False
 
     async def _refresh(self) -> None:
-        ids = self._backend_ids()
-        for backend_id, counts in (await self.gate.counts(ids)).items():
+        for backend_id, counts in (await self.gate.counts(self._backend_ids())).items():
             self._view(backend_id, counts)
