@@ -212,10 +212,12 @@ async def posted(
     """POST to ``url``; inside, the response (its headers read). Leaving it releases it.
 
     A pooled connection the backend closed while it sat idle fails the request's write
-    ("Can not write request body") or drops before any answer: the backend never saw the
-    request, so it is sent once more at once, on another connection, instead of counting as
-    the backend's failure (which would retry it elsewhere and pause the backend until its
-    next scrape). A connection that cannot be made at all is not retried here.
+    ("Can not write request body") or drops before any answer. The request is sent once
+    more at once, on another connection, instead of counting as the backend's failure (which
+    would retry it elsewhere and pause the backend until its next scrape): in the first case
+    the backend never saw it, and in the second a backend that read it aborts it with the
+    dropped connection, as it does for any caller that leaves. A connection that cannot be
+    made at all is not retried here.
     """
     for attempt in range(2):
         try:

@@ -36,7 +36,8 @@ class ClusterMetrics:
         )
         self.reservations = Counter(
             "fairq_cluster_reservations_total",
-            "Shared-gate reservations by outcome (granted, handed, refused, unreachable, local).",
+            "Shared-gate reservations by outcome (granted, handed, refused, unreachable, local, "
+            "credit: sent on this replica's idle credit, no round trip).",
             ["backend", "outcome"], registry=r,
         )  # fmt: skip
         self.credit = Counter(
