@@ -119,11 +119,15 @@ class ChunkMerger:
 
 
 def _joined(value: Any) -> Any:
-    """Return ``value`` with every :class:`_Parts` inside joined into its string."""
+    """Return ``value`` with every :class:`_Parts` inside joined into its string.
+
+    Logprobs are the backend's own objects and hold no parts: they are passed as they are, so
+    the walk costs the message, not an entry per token with its top alternatives.
+    """
     if isinstance(value, _Parts):
         return "".join(value.parts)
     if isinstance(value, dict):
-        return {k: _joined(v) for k, v in value.items()}
+        return {k: v if k == "logprobs" else _joined(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_joined(v) for v in value]
     return value
