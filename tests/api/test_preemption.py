@@ -140,3 +140,50 @@ async def test_a_request_with_a_seed_is_never_preempted(
     done, _ = await power_then_light(server, seed=7)
     assert done[0].startswith("power:"), done
     assert server.core.telemetry.preemptions.labels("sim-a", "fair-share")._value.get() == 0
+
+
+async def test_the_slot_goes_back_to_the_victim_when_the_light_request_ends(
+    fairq_factory: FairqFactory,
+) -> None:
+    # Power requests hold both slots; another user's short request waits in the same tier; a
+    # light request of a preempting tier takes a power request's slot. When it ends, that slot
+    # goes back to the preempted request (the power requests finish first, the other user's
+    # request waits for one of them), not to the next fair pick (the other user, whose
+    # counter is lowest, would run at once and finish first). A continuation left to its
+    # user's turn ran in the flood's tail on real vLLM (docs/design/preemption.md).
+    async with SimServer(SimConfig(mode="vllm", model="sim", speed=2.0, max_num_seqs=SLOTS)) as sim:
+        tiers = (
+            replace(DEFAULT_TIERS[0], preempt_after_seconds=0.0, max_backend_waiting=0),
+            *(replace(t, max_backend_waiting=0) for t in DEFAULT_TIERS[1:]),
+        )
+        backend = sim_backend(sim, preempt=True, max_in_flight=SLOTS)
+        config = make_config([backend], preempt=PreemptConfig(min_tokens=4, max_per_second=100))
+        server = await fairq_factory(replace(config, tiers=tiers))
+        standard = DEFAULT_TIERS[1].name
+        state = server.core.backend("sim-a")
+        assert state is not None
+        done: list[str] = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+
+            def send(user: str, prompt: str, tokens: int, tier: str) -> asyncio.Task[object]:
+                req = gen(prompt, tokens)
+                req.tier = tier
+                return asyncio.create_task(read_all(stub, req, user, done))
+
+            power = [send("power", f"power {i}", POWER_TOKENS, standard) for i in range(SLOTS)]
+            running = server.core.dispatcher.attempts.on_backend
+            await until(
+                lambda: state.in_flight == SLOTS and all(t.generating for t in running["sim-a"]),
+                30,
+            )
+            other = send("other", "other", 8, standard)
+            models = server.core.dispatcher._models
+            await until(lambda: (m := models.get("sim")) is not None and len(m.queue) == 1, 5)
+            light = send("light", "light", 4, DEFAULT_TIERS[0].name)
+            await asyncio.gather(light, other, *power)
+        assert server.core.telemetry.preemptions.labels("sim-a", "tier")._value.get() == 1
+        assert done[0] == "light:light", done
+        assert done.index("other:other") > done.index("power:power 0") or done.index(
+            "other:other"
+        ) > done.index("power:power 1"), done

@@ -145,6 +145,8 @@ class AttemptBook:
         self.running = 0
         #: The tickets running on each backend (by id), for preemption to choose among.
         self.on_backend: dict[str, set[Ticket]] = {}
+        #: Preempted tickets whose slot came free on this backend (see ``Preemptor.repay``).
+        self.loans: list[tuple[Ticket, BackendState, Ticket]] = []
 
     def set_window(self, window: float) -> None:
         """Apply a new read-pacing window to attempts started from now on."""
@@ -363,6 +365,9 @@ class AttemptBook:
             boosted=ticket.boosted,
         )
         ticket.boosted = False
+        if ticket.lender is not None:
+            self.loans.append((ticket.lender, backend, ticket))
+            ticket.lender = None
         self._telemetry.in_flight_of(backend.id).set(backend.in_flight)
         # Ended otherwise than by its stream's end: what it used so far (nothing before its
         # first token; a retry or a resumed preemption reserves again when it starts).

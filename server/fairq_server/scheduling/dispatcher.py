@@ -272,11 +272,11 @@ class Dispatcher:
             now = self._clock()
             expire_queued(self._models, self.attempts, self.config.queue_ttl_seconds, now)
             if now >= self._next_sweep:
-                # A grace period in seconds needs no finer check; every pass would cost
-                # O(models) per event, and dead backends' scrapes are events too.
+                # Seconds need no finer check; every pass would cost O(models) per event.
                 self._next_sweep = now + _SWEEP_EVERY
                 grace = self.config.no_backend_grace_seconds
                 sweep_unserved(self._models, self._backends.of, self.attempts, grace, now)
+            self._preemptor.repay(now)  # before any pick: a preempted request's slot is its own
             more = self._picker.dispatch(now, DISPATCH_BATCH)
             more |= self._preemptor.run(now) > 0
             for model in self._models.values():

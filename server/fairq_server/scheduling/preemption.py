@@ -29,7 +29,7 @@ from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.settings import Settings
-from fairq_server.scheduling.ticket import Ticket
+from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.scheduling.victims import RateCap, Running, Waiting, choose_victim
 from fairq_server.telemetry import Telemetry
 
@@ -118,7 +118,35 @@ class Preemptor:
         self._attempts.hand_over(ticket, head)
         redone = self._preempt(ticket, backend, now, "tier" if victim.tier > tier else "fair-share")
         self._start_waiting(model, tier, head, backend, now, redone)
+        head.lender = ticket
         return True
+
+    def repay(self, now: float) -> None:
+        """Start a preempted request in its slot again when the request that took it ends.
+
+        The slot was lent: once the borrower's user has nothing more queued in its tier, the
+        victim's continuation takes the slot back, ahead of the next pick, instead of waiting
+        for its user's fairness turn (only the light request's run was taken from it; its
+        prefix is still in the engine's cache, and continuations stay out of the flood's
+        tail: ``docs/design/preemption.md``). A borrower whose user still has requests
+        queued took the slot by fair standing, so the slot goes by the next pick as usual.
+        """
+        loans, self._attempts.loans = self._attempts.loans, []
+        for victim, backend, borrower in loans:
+            model = self._models.get(victim.request.model)
+            if (
+                victim.state is not TicketState.QUEUED
+                or model is None
+                or model.queue.tiers[borrower.tier].user_len(borrower.user)
+                or backend not in self._backends.of(model.name)
+                or backend.healthy is False
+                or backend.draining
+                or backend.id in victim.excluded
+                or backend.in_flight + backend.peer_in_flight >= backend.max_in_flight
+            ):
+                continue  # it waits for its turn like any other request
+            model.queue.remove(victim)
+            self._attempts.start(victim, backend, now)
 
     @property
     def _cfg(self) -> PreemptConfig:

@@ -85,6 +85,13 @@ class TierQueue:
             else:
                 self.fairness.activate(ticket.user, ticket.weight, resume=resume)
                 self.counters.backlogged(ticket.user, True)
+        if ticket.seq in self._removed:
+            # Queued, removed and now queued again (a preempted request started in its
+            # slot, then preempted again): its removed entry goes now, or the removal mark
+            # would hide one entry while the other stayed behind as a ghost.
+            self._removed.discard(ticket.seq)
+            flow.heap = [e for e in flow.heap if e[1] != ticket.seq]
+            heapq.heapify(flow.heap)
         heapq.heappush(flow.heap, (self._ordering.key(ticket), ticket.seq, ticket))
         flow.live += 1
         self._len += 1

@@ -94,6 +94,8 @@ class Ticket:
     refused: bool = False  # counted once in the gate refusals
     progress: Progress | None = None  # the output so far, kept where it may be preempted
     claim: Claim | None = None  # the current attempt's reservation against quotas and budgets
+    # The request this one preempted: its slot goes back to it when this one ends.
+    lender: Ticket | None = None
 
     @property
     def cost(self) -> int:

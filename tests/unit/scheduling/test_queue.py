@@ -95,6 +95,23 @@ async def test_removed_tickets_are_skipped_and_counts_stay_exact() -> None:
     assert drain(q) == [a2]
 
 
+async def test_a_ticket_removed_and_queued_again_twice_comes_out_once() -> None:
+    # A preempted request goes back to the queue, is taken out to resume in its slot, and may
+    # be preempted again. Its first removed entry used to stay in the heap under a removal
+    # mark that hid only one of the two: the ticket then came out while it was running.
+    q = make_queue(1)
+    a1, a2 = ticket("a"), ticket("a")
+    q.push(a1)
+    q.push(a2)
+    for _ in range(2):
+        q.remove(a1)
+        q.push(a1, resume=True)
+    q.remove(a1)
+    assert len(q) == 1 and q.user_len("a") == 1
+    assert drain(q) == [a2]
+    assert len(q) == 0
+
+
 async def test_removing_a_users_last_ticket_deactivates_the_user() -> None:
     q = make_queue(1)
     a1, b1, b2 = ticket("a"), ticket("b"), ticket("b")
