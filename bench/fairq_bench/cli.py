@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         "--per-user", type=int, default=0,
         help="preemption: power requests per power user (default 4 on a backend, 8 on the sim)",
     )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=0,
+        help="preemption: interleaved rounds (default 2 on a backend, 3 on the sim, 1 quick)",
+    )  # fmt: skip
     parser.add_argument("--describe", default="", help="backend description for the report")
     parser.add_argument("--reproduce", default="", help="command shown in the report")
     parser.add_argument(

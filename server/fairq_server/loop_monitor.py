@@ -24,12 +24,17 @@ class LoopMonitor:
     def __init__(self, observe: Callable[[float], None], interval: float = 0.01) -> None:
         self._observe = observe
         self._interval = interval
-        self._timer: asyncio.TimerHandle | None = None
+        # uvloop's call_at returns a plain Handle, with no ``when()``, for a time already past
+        # (the observer or the OS held the tick longer than an interval): the due time is
+        # kept here instead.
+        self._timer: asyncio.Handle | None = None
+        self._due = 0.0
 
     def start(self) -> None:
         """Start measuring on the running loop."""
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(loop.time() + self._interval, self._tick, loop)
+        self._due = loop.time() + self._interval
+        self._timer = loop.call_at(self._due, self._tick, loop)
 
     async def stop(self) -> None:
         """Stop measuring."""
@@ -39,6 +44,6 @@ class LoopMonitor:
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
-        assert self._timer is not None
-        self._observe(max(0.0, now - self._timer.when()))
-        self._timer = loop.call_at(now + self._interval, self._tick, loop)
+        self._observe(max(0.0, now - self._due))
+        self._due = now + self._interval
+        self._timer = loop.call_at(self._due, self._tick, loop)

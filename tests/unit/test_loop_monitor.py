@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import uvloop
+
 from fairq_server.loop_monitor import LoopMonitor
 
 
@@ -39,3 +41,32 @@ async def test_stopped_it_reports_nothing_more() -> None:
         lags.get_nowait()
     await asyncio.sleep(0.05)  # fifty intervals: a tick still scheduled would have reported
     assert lags.empty()
+
+
+def test_on_uvloop_a_tick_held_past_its_next_due_time_keeps_ticking() -> None:
+    # uvloop schedules a time already past as a plain Handle (no ``when()``): a tick held
+    # longer than an interval used to raise there and stop the monitor for good.
+    errors: list[dict[str, object]] = []
+    lags: list[float] = []
+
+    async def run() -> None:
+        ten = asyncio.Event()
+
+        def observe(lag: float) -> None:
+            if len(lags) == 2:
+                time.sleep(0.02)  # the next due time is past before it is scheduled
+            lags.append(lag)
+            if len(lags) == 10:
+                ten.set()
+
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: errors.append(ctx))
+        monitor = LoopMonitor(observe, interval=0.005)
+        monitor.start()
+        async with asyncio.timeout(5):
+            await ten.wait()
+        await monitor.stop()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run())
+    assert not errors, errors
+    assert len(lags) >= 10

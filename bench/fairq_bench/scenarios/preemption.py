@@ -159,7 +159,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
     """
     real = args.backend != "sim"
     slots = args.max_num_seqs if real else 8
-    rounds = 1 if args.quick else (2 if real else 3)
+    rounds = getattr(args, "rounds", 0) or (1 if args.quick else (2 if real else 3))
     # A fast engine (llama.cpp on the tiny model) drains 12 requests before the light user's
     # last arrives: ``--per-user`` lengthens the flood.
     per_user = getattr(args, "per_user", 0) or (4 if real or args.quick else 8)
@@ -192,7 +192,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
         rows, light = _rows(runs)
         good &= light["fairq + preemption"] < 0.5 * light["fairq"]
         where = args.describe or f"{args.backend}" if real else f"Simulator, {kind} mode"
-        sections.append(f"### {where} ({slots} slots)\n\n{rows}\n")
+        sections.append(f"### {where} ({slots} slots)\n\n{rows}\n\n{_per_round(runs)}\n")
     power = len(specs) - 5
     page = (
         f"# Preemption by continuation — {'backend' if real else 'simulator'}\n\n"
@@ -244,6 +244,24 @@ def _rows(
         "re-read as prompt", "failed",
     )  # fmt: skip
     return markdown_table(header, table), {k: v["ttft_max"] for k, v in med.items()}
+
+
+def _per_round(runs: dict[str, list[tuple[list[RequestResult], Cost]]]) -> str:
+    """Each round's power makespan against the direct run of the same round.
+
+    The machine's speed drifts between rounds by as much as the effects measured: the ratios
+    show the spread the medians hide.
+    """
+
+    def makespan(results: list[RequestResult]) -> float:
+        return summarize("", results, lambda u: u != LIGHT).makespan
+
+    direct = [makespan(r) for r, _ in runs["direct"]]
+    lines = []
+    for mode in MODES[1:]:
+        ratios = [makespan(r) / d for (r, _), d in zip(runs[mode], direct, strict=True)]
+        lines.append(f"{mode}: " + ", ".join(f"{x:.3f}x" for x in ratios))
+    return "Power makespan against the same round's direct run: " + "; ".join(lines) + "."
 
 
 def _share(engine: float, fairq_side: float) -> str:
