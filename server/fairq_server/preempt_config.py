@@ -16,8 +16,9 @@ class PreemptConfig:
     """Anti-thrash bounds of preemption.
 
     Attributes:
-        min_tokens: a request is never preempted within its first this many generated tokens
-            (it has just paid its prefill; its slot would be wasted).
+        min_tokens: a request is never preempted within the first this many tokens of an
+            attempt (it has just paid its prefill, again if it was resumed; its slot would be
+            wasted).
         max_per_request: a request is preempted at most this many times.
         max_per_second: at most this many preemptions per second per backend.
 

@@ -67,12 +67,15 @@ class Cost:
             ``fairq_side``).
         fairq_side: decoded twice as fairq counts it (output its continuations left out).
         reread: the victims' output read again as prompt by their continuations.
+        step: the engine's mean time between two tokens of a request over the run (vLLM's
+            inter-token latency; NaN elsewhere): how fast the machine let it run.
 
     """
 
     regenerated: float = 0.0
     fairq_side: float = 0.0
     reread: float = 0.0
+    step: float = math.nan
 
 
 def fairq_config(
@@ -114,12 +117,17 @@ def _metric(text: str, name: str) -> float:
 _GENERATED = {"vllm": "vllm:generation_tokens_total", "llamacpp": "llamacpp:tokens_predicted_total"}
 
 
-async def _engine_generated(client: httpx.AsyncClient, url: str, kind: str) -> float:
-    """The engine's count of tokens generated so far (NaN: a TGI backend, which has none)."""
+_STEP = "vllm:inter_token_latency_seconds"
+
+
+async def _engine_counts(client: httpx.AsyncClient, url: str, kind: str) -> tuple[float, ...]:
+    """The engine's tokens generated so far (NaN: TGI has no count), and vLLM's inter-token
+    latency sum and count (NaN elsewhere)."""
     if kind not in _GENERATED:
-        return math.nan
+        return math.nan, math.nan, math.nan
     text = (await client.get(f"{url}/metrics")).text
-    return _metric(text, _GENERATED[kind])
+    step = (_metric(text, f"{_STEP}_sum"), _metric(text, f"{_STEP}_count"))
+    return (_metric(text, _GENERATED[kind]), *(step if kind == "vllm" else (math.nan,) * 2))
 
 
 async def run_once(
@@ -128,7 +136,7 @@ async def run_once(
 ) -> tuple[list[RequestResult], Cost]:  # fmt: skip
     """Replay ``specs`` in ``mode``; return the results and what preemption cost."""
     async with http_client() as client:
-        before = await _engine_generated(client, url, kind)
+        before = await _engine_counts(client, url, kind)
         text = ""
         if mode == "direct":
             results = await replay(specs, direct_sender(client, url, model, kind))
@@ -138,13 +146,16 @@ async def run_once(
             async with fairq_process(config) as target, grpc.aio.insecure_channel(target) as ch:
                 results = await replay(specs, fairq_sender(ch, model))
                 text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-        generated = await _engine_generated(client, url, kind) - before
+        generated, step_sum, steps = (
+            a - b for a, b in zip(await _engine_counts(client, url, kind), before, strict=True)
+        )
     asked = sum(s.max_tokens for s in specs)
     delivered = sum(r.spec.max_tokens for r in results if not r.error)
     return results, Cost(
         regenerated=(generated - delivered) / asked,
         fairq_side=_metric(text, "fairq_preempt_regenerated_tokens_total") / asked,
         reread=_metric(text, "fairq_preempt_resumed_tokens_total") / asked,
+        step=step_sum / steps if steps else math.nan,
     )
 
 
@@ -249,19 +260,35 @@ def _rows(
 def _per_round(runs: dict[str, list[tuple[list[RequestResult], Cost]]]) -> str:
     """Each round's power makespan against the direct run of the same round.
 
-    The machine's speed drifts between rounds by as much as the effects measured: the ratios
-    show the spread the medians hide.
+    The machine's speed drifts between runs by as much as the effects measured (the engine's
+    time per token differs by up to 25 % between two runs a few seconds apart): the ratios
+    show the spread the medians hide, and where the engine reports its inter-token latency,
+    the makespan in engine steps (makespan / mean step) takes the drift out.
     """
 
     def makespan(results: list[RequestResult]) -> float:
         return summarize("", results, lambda u: u != LIGHT).makespan
 
-    direct = [makespan(r) for r, _ in runs["direct"]]
-    lines = []
+    direct = [(makespan(r), c.step) for r, c in runs["direct"]]
+    lines, in_steps = [], []
     for mode in MODES[1:]:
-        ratios = [makespan(r) / d for (r, _), d in zip(runs[mode], direct, strict=True)]
+        pairs = list(zip(runs[mode], direct, strict=True))
+        ratios = [makespan(r) / d for (r, _), (d, _) in pairs]
         lines.append(f"{mode}: " + ", ".join(f"{x:.3f}x" for x in ratios))
-    return "Power makespan against the same round's direct run: " + "; ".join(lines) + "."
+        steps = [makespan(r) / c.step / (d / ds) for (r, c), (d, ds) in pairs]
+        if not any(math.isnan(x) for x in steps):
+            in_steps.append(
+                f"{mode}: median {statistics.median(steps):.3f}x ("
+                + ", ".join(f"{x:.3f}x" for x in steps)
+                + ")"
+            )
+    text = "Power makespan against the same round's direct run: " + "; ".join(lines) + "."
+    if in_steps:
+        text += (
+            "\n\nThe same in engine steps (each run's makespan divided by the engine's mean "
+            "inter-token latency over that run): " + "; ".join(in_steps) + "."
+        )
+    return text
 
 
 def _share(engine: float, fairq_side: float) -> str:

@@ -183,6 +183,11 @@ class Progress:
             self.token_ids.extend(ids)
 
     @property
+    def carried(self) -> int:
+        """Tokens carried into the current attempt by an earlier preemption (0: none)."""
+        return self._base
+
+    @property
     def text(self) -> str:
         """The generated text so far."""
         return "".join(self.parts)

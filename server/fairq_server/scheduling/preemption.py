@@ -187,6 +187,7 @@ class Preemptor:
                 preemptions=progress.preemptions,
                 seq=ticket.seq,
                 exempt=bool(exempt),
+                carried=progress.carried,
             )
 
     def _preempt(self, ticket: Ticket, backend: BackendState, now: float, reason: str) -> int:

@@ -53,6 +53,8 @@ class Running:
         preemptions: how often it was preempted already.
         seq: its arrival order.
         exempt: it may not be preempted at all (``n > 1``, logprobs, a seed, ...).
+        carried: of ``generated``, the tokens carried into its current attempt by an earlier
+            preemption (0 on a first attempt).
 
     """
 
@@ -65,13 +67,15 @@ class Running:
     preemptions: int
     seq: int
     exempt: bool = False
+    carried: int = 0
 
 
 def eligible(victim: Running, waiting: Waiting, cfg: PreemptConfig) -> bool:
     """Whether ``victim`` may be preempted for ``waiting`` at all."""
     if victim.exempt or victim.preemptions >= cfg.max_per_request:
         return False
-    if victim.generated < cfg.min_tokens:
+    if victim.generated - victim.carried < cfg.min_tokens:
+        # Counted in the current attempt: a resumed request has just paid its prefill again.
         return False
     if victim.remaining is not None and victim.remaining <= cfg.min_tokens:
         return False  # about to finish: waiting for it is cheaper than redoing it

@@ -54,6 +54,9 @@ def test_anti_thrash_bounds() -> None:
     w = Waiting(tier=0, standing=0.0)
     assert not eligible(run("v", generated=3), w, CFG)  # within its first K tokens
     assert eligible(run("v", generated=4), w, CFG)
+    # Counted in the current attempt: resumed with 40 tokens, it has decoded 3 since.
+    assert not eligible(run("v", generated=43, carried=40), w, CFG)
+    assert eligible(run("v", generated=44, carried=40), w, CFG)
     assert not eligible(run("v", preemptions=2), w, CFG)  # at most M per request
     assert not eligible(run("v", remaining=4), w, CFG)  # about to finish
     assert eligible(run("v", remaining=None), w, CFG)
