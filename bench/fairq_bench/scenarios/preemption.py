@@ -174,7 +174,13 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
     # A fast engine (llama.cpp on the tiny model) drains 12 requests before the light user's
     # last arrives: ``--per-user`` lengthens the flood.
     per_user = getattr(args, "per_user", 0) or (4 if real or args.quick else 8)
-    specs = flood_of_many(per_user=per_user)
+    # The quick simulator run (CI's direction check) has longer power requests (the model's
+    # context is 512 tokens): with 300 and its few requests, the first wave ended 0.1-0.2 s
+    # after the first light request came, and the light user's worst wait without preemption
+    # (0.1-0.26 s) was too close to the worst with it (0.02-0.12 s) for a check. With 450:
+    # 0.57 s against 0.022-0.025 s in four runs.
+    power_tokens = 450 if args.quick and not real else 300
+    specs = flood_of_many(per_user=per_user, power_tokens=power_tokens)
     sections, good = [], True
     for kind in (args.kind,) if real else ("vllm", "tgi"):
         runs: dict[str, list[tuple[list[RequestResult], Cost]]] = {m: [] for m in MODES}
@@ -207,7 +213,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
     power = len(specs) - 5
     page = (
         f"# Preemption by continuation — {'backend' if real else 'simulator'}\n\n"
-        f"{POWER_USERS} power users send {power} requests of 300 tokens at t=0; a light "
+        f"{POWER_USERS} power users send {power} requests of {power_tokens} tokens at t=0; a light "
         "user sends 5 requests of 16 tokens from t=0.5 s. Medians over "
         f"{rounds} interleaved round(s) (direct, fairq, fairq + preemption, then again).\n\n"
         + "\n".join(sections)
