@@ -172,6 +172,12 @@ class Telemetry:
             "so far; a prefix cache makes most of it cheap).",
             ["backend"], registry=r,
         )  # fmt: skip
+        self.preempt_repaid = Counter(
+            "fairq_preempt_repaid_total",
+            "Preempted requests started again in the slot they lent, as the request that "
+            "took it ended.",
+            ["backend"], registry=r,
+        )  # fmt: skip
         self.tokens = Counter(
             "fairq_tokens_total", "Tokens served, by user group and kind (prompt, completion).",
             ["group", "kind"], registry=r,

@@ -183,6 +183,7 @@ async def test_the_slot_goes_back_to_the_victim_when_the_light_request_ends(
             light = send("light", "light", 4, DEFAULT_TIERS[0].name)
             await asyncio.gather(light, other, *power)
         assert server.core.telemetry.preemptions.labels("sim-a", "tier")._value.get() == 1
+        assert server.core.telemetry.preempt_repaid.labels("sim-a")._value.get() == 1
         assert done[0] == "light:light", done
         assert done.index("other:other") > done.index("power:power 0") or done.index(
             "other:other"

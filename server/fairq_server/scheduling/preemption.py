@@ -147,6 +147,7 @@ class Preemptor:
                 continue  # it waits for its turn like any other request
             model.queue.remove(victim)
             self._attempts.start(victim, backend, now)
+            self._telemetry.preempt_repaid.labels(backend.id).inc()
 
     @property
     def _cfg(self) -> PreemptConfig:
