@@ -75,7 +75,9 @@ async def test_skewed_ingress_round_robin_is_global(
         await until(lambda: sim.engine.num_running == 0, what="backend idle")
         a, b = [await fairq_factory(config(sim, redis_server.url, r, "round-robin")) for r in "ab"]
         shared = heavy_share(await first_tokens(a, b))
-    # One scheduler would give the heavy user 1/4 of the turns; two alone give it about 1/2.
+    # One scheduler would give the heavy user 1/4 of the turns; two alone give it about 1/2
+    # (0.54-0.58 alone; 0.375 once in a loaded full run). The first check only shows the
+    # skew is there to remove; the second is the claim.
     print(f"\n[skewed ingress] heavy share alone {alone:.3f}, shared {shared:.3f}")
-    assert alone >= 0.4, (alone, shared)
+    assert alone >= shared + 0.1, (alone, shared)
     assert shared <= 0.375, (alone, shared)
