@@ -131,6 +131,8 @@ class Preemptor:
         tail: ``docs/design/preemption.md``). A borrower whose user still has requests
         queued took the slot by fair standing, so the slot goes by the next pick as usual.
         """
+        if not self._attempts.loans:  # every dispatch pass: nothing to allocate or walk
+            return
         loans, self._attempts.loans = self._attempts.loans, []
         for victim, backend, borrower in loans:
             model = self._models.get(victim.request.model)
@@ -139,10 +141,9 @@ class Preemptor:
                 or model is None
                 or model.queue.tiers[borrower.tier].user_len(borrower.user)
                 or backend not in self._backends.of(model.name)
-                or backend.healthy is False
-                or backend.draining
+                or not _serving(backend)
                 or backend.id in victim.excluded
-                or backend.in_flight + backend.peer_in_flight >= backend.max_in_flight
+                or _slots_taken(backend)
             ):
                 continue  # it waits for its turn like any other request
             model.queue.remove(victim)
@@ -159,9 +160,8 @@ class Preemptor:
             if (
                 backend.backend.preempt
                 and backend.max_in_flight
-                and backend.healthy is not False
-                and not backend.draining
-                and backend.in_flight + backend.peer_in_flight >= backend.max_in_flight
+                and _serving(backend)
+                and _slots_taken(backend)
             ):
                 yield backend
 
@@ -264,6 +264,16 @@ def _waiting(model: ModelState, tier: int, backend: BackendState) -> Ticket | No
         if best is None or standing < best[0]:
             best = (standing, head)
     return None if best is None else best[1]
+
+
+def _serving(backend: BackendState) -> bool:
+    """Whether ``backend`` may be sent work (not suspect or down, not draining)."""
+    return backend.healthy is not False and not backend.draining
+
+
+def _slots_taken(backend: BackendState) -> bool:
+    """Whether every running slot of ``backend`` is taken (by any replica's requests)."""
+    return backend.in_flight + backend.peer_in_flight >= backend.max_in_flight
 
 
 def _better(a: Running, b: Running) -> bool:
