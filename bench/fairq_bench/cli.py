@@ -109,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         help="preemption: power requests per power user (default 4 on a backend, 8 on the sim)",
     )  # fmt: skip
     parser.add_argument(
+        "--decompose", action="store_true",
+        help="preemption: also run fairq capped at the slots without preemption (what the cap "
+        "costs apart from what preemption costs)",
+    )  # fmt: skip
+    parser.add_argument(
         "--rounds", type=int, default=0,
         help="preemption: interleaved rounds (default 2 on a backend, 3 on the sim, 1 quick)",
     )  # fmt: skip

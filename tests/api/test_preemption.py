@@ -188,3 +188,58 @@ async def test_the_slot_goes_back_to_the_victim_when_the_light_request_ends(
         assert done.index("other:other") > done.index("power:power 0") or done.index(
             "other:other"
         ) > done.index("power:power 1"), done
+
+
+async def test_a_user_already_running_waits_for_a_slot_about_to_free(
+    fairq_factory: FairqFactory,
+) -> None:
+    # Four slots: "power" holds three (two long requests and one within min_tokens of its
+    # end from its first token), "other" holds one and sends a second. By standing "other"
+    # may preempt a long power request, but a slot frees within min_tokens steps anyway: it
+    # waits for that slot (no preemption, no prefill redone). A user with nothing running
+    # still preempts at once while that short request runs.
+    slots, short = 4, 60
+    async with SimServer(SimConfig(mode="vllm", model="sim", speed=1.0, max_num_seqs=slots)) as sim:
+        tiers = tuple(
+            replace(t, preempt_after_seconds=0.0, max_backend_waiting=0) for t in DEFAULT_TIERS
+        )
+        backend = sim_backend(sim, preempt=True, max_in_flight=slots)
+        cfg = PreemptConfig(min_tokens=short, max_per_second=100)
+        server = await fairq_factory(replace(make_config([backend], preempt=cfg), tiers=tiers))
+        state = server.core.backend("sim-a")
+        assert state is not None
+        running = server.core.dispatcher.attempts.on_backend
+        done: list[str] = []
+
+        def tokens(prompt: str) -> int:
+            for ticket in running.get("sim-a", ()):
+                if ticket.request.prompt == prompt and ticket.progress is not None:
+                    return ticket.progress.tokens
+            return -1
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+
+            def send(user: str, prompt: str, n: int) -> asyncio.Task[object]:
+                return asyncio.create_task(read_all(stub, gen(prompt, n), user, done))
+
+            tasks = [send("power", "long 0", 450), send("power", "long 1", 450)]
+            tasks.append(send("other", "other 0", 450))
+            # The long requests become victims once past min_tokens in their attempt.
+            await until(lambda: min(tokens(p) for p in ("long 0", "long 1")) >= short, 30)
+            tasks.append(send("power", "short", short))
+            await until(lambda: tokens("short") >= 1, 10)
+            tasks.append(send("other", "other 1", 4))
+            models = server.core.dispatcher._models
+            await until(lambda: (m := models.get("sim")) is not None and len(m.queue) == 1, 5)
+            preemptions = server.core.telemetry.preemptions.labels("sim-a", "fair-share")
+            assert preemptions._value.get() == 0
+            # Someone with nothing running preempts at once, the short request still running.
+            tasks.append(send("light", "light", 4))
+            await tasks[-1]
+            assert preemptions._value.get() == 1
+            assert tokens("short") >= 1, "the short request was still running"
+            await asyncio.gather(*tasks)
+        # "other" waited for the short request's slot: it finished after it, never preempted.
+        assert done.index("other:other 1") > done.index("power:short"), done
+        assert preemptions._value.get() == 1

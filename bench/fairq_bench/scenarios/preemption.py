@@ -35,11 +35,14 @@ from fairq_bench.report import markdown_table, summarize
 from fairq_bench.targets import direct_sender, fairq_sender, free_port, http_client
 from fairq_bench.workload import RequestResult, RequestSpec, replay
 
-__all__ = ["Cost", "flood_of_many", "preemption", "run_once"]
+__all__ = ["SLOTS_ONLY", "Cost", "flood_of_many", "preemption", "run_once"]
 
 POWER_USERS = 3
 LIGHT = "light-user"
 MODES = ("direct", "fairq", "fairq + preemption")
+#: With ``--decompose``: fairq capped at the engine's slots like the preemption run, but
+#: without preemption, which splits what preemption costs from what the cap costs.
+SLOTS_ONLY = "fairq, slots only"
 
 
 def flood_of_many(
@@ -79,17 +82,17 @@ class Cost:
 
 
 def fairq_config(
-    url: str, model: str, kind: str, slots: int, metrics_port: int, on: bool,
+    url: str, model: str, kind: str, slots: int, metrics_port: int, mode: str,
     priority: bool = False,
 ) -> str:  # fmt: skip
-    """fairq as before (``on`` False), or with preemption (tiers and backend).
+    """fairq as before (mode ``fairq``), with preemption, or capped at the slots without it.
 
     ``priority``: the backend orders its queue by priority (vLLM ``--scheduling-policy
-    priority``); fairq sends fair-share priorities to it in both runs.
+    priority``); fairq sends fair-share priorities to it in every run.
     """
     extra = f'metrics_listen = "127.0.0.1:{metrics_port}"\n'
     backend = "priority_scheduling = true\nfair_share_priority = true\n" if priority else ""
-    if not on:
+    if mode == "fairq":
         return toml_config(url, model, kind, extra) + backend
     # The slot count bounds the batch, so the TPOT hold is switched off (a large limit): held
     # while the engine has no queue of its own, it would leave running slots empty.
@@ -99,11 +102,8 @@ def fairq_config(
         '[[tiers]]\nname = "standard"\ntpot_limit_seconds = 1000.0\n'
         '[[tiers]]\nname = "batch"\nmax_backend_waiting = 0\ntpot_limit_seconds = 1000.0\n'
     )
-    return (
-        toml_config(url, model, kind, extra)
-        + backend
-        + (f"preempt = true\nmax_in_flight = {slots}\n")
-    )
+    preempt = "" if mode == SLOTS_ONLY else "preempt = true\n"
+    return toml_config(url, model, kind, extra) + backend + f"{preempt}max_in_flight = {slots}\n"
 
 
 def _metric(text: str, name: str) -> float:
@@ -142,7 +142,7 @@ async def run_once(
             results = await replay(specs, direct_sender(client, url, model, kind))
         else:
             port = free_port()
-            config = fairq_config(url, model, kind, slots, port, mode != "fairq", priority)
+            config = fairq_config(url, model, kind, slots, port, mode, priority)
             async with fairq_process(config) as target, grpc.aio.insecure_channel(target) as ch:
                 results = await replay(specs, fairq_sender(ch, model))
                 text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
@@ -181,9 +181,10 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
     # 0.57 s against 0.022-0.025 s in four runs.
     power_tokens = 450 if args.quick and not real else 300
     specs = flood_of_many(per_user=per_user, power_tokens=power_tokens)
+    modes = (*MODES, SLOTS_ONLY) if getattr(args, "decompose", False) else MODES
     sections, good = [], True
     for kind in (args.kind,) if real else ("vllm", "tgi"):
-        runs: dict[str, list[tuple[list[RequestResult], Cost]]] = {m: [] for m in MODES}
+        runs: dict[str, list[tuple[list[RequestResult], Cost]]] = {m: [] for m in modes}
         async with contextlib.AsyncExitStack() as stack:
             target = url
             if not real:
@@ -200,7 +201,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
                     )
                 )
             for _ in range(rounds):
-                for mode in MODES:
+                for mode in modes:
                     runs[mode].append(
                         await run_once(
                             target, args.model, kind, slots, specs, mode, args.priority_scheduling
@@ -215,7 +216,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
         f"# Preemption by continuation — {'backend' if real else 'simulator'}\n\n"
         f"{POWER_USERS} power users send {power} requests of {power_tokens} tokens at t=0; a light "
         "user sends 5 requests of 16 tokens from t=0.5 s. Medians over "
-        f"{rounds} interleaved round(s) (direct, fairq, fairq + preemption, then again).\n\n"
+        f"{rounds} interleaved round(s) ({', '.join(modes)}, then again).\n\n"
         + "\n".join(sections)
         + f"\nReproduce: `{args.reproduce or 'fairq bench preemption'}`\n"
     )
@@ -242,7 +243,7 @@ def _rows(
         }
     d = med["direct"]
     table: list[Sequence[object]] = []
-    for mode in MODES:
+    for mode in runs:
         m = med[mode]
         table.append(
             (
@@ -277,7 +278,7 @@ def _per_round(runs: dict[str, list[tuple[list[RequestResult], Cost]]]) -> str:
 
     direct = [(makespan(r), c.step) for r, c in runs["direct"]]
     lines, in_steps = [], []
-    for mode in MODES[1:]:
+    for mode in list(runs)[1:]:
         pairs = list(zip(runs[mode], direct, strict=True))
         ratios = [makespan(r) / d for (r, _), (d, _) in pairs]
         lines.append(f"{mode}: " + ", ".join(f"{x:.3f}x" for x in ratios))

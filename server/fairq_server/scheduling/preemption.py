@@ -30,7 +30,14 @@ from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket, TicketState
-from fairq_server.scheduling.victims import RateCap, Running, Waiting, choose_victim
+from fairq_server.scheduling.victims import (
+    RateCap,
+    Running,
+    Waiting,
+    choose_victim,
+    rank,
+    slot_frees_soon,
+)
 from fairq_server.telemetry import Telemetry
 
 __all__ = ["Preemptor"]
@@ -107,7 +114,12 @@ class Preemptor:
                 step=1 / head.weight,
             )
             tickets = self._attempts.on_backend.get(backend.id, set())
-            victim = choose_victim(waiting, self._candidates(backend, tickets), self._cfg)
+            running = list(self._candidates(backend, tickets))
+            if waiting.standing > 0 and slot_frees_soon(running, self._cfg):
+                # Its user already runs something there: it waits for that slot instead. A
+                # user with nothing running never waits for it (the light user's case).
+                continue
+            victim = choose_victim(waiting, running, self._cfg)
             if victim is not None and (best is None or _better(victim, best[0])):
                 assert isinstance(victim.key, Ticket)
                 best = (victim, victim.key, backend, head)
@@ -277,4 +289,4 @@ def _slots_taken(backend: BackendState) -> bool:
 
 
 def _better(a: Running, b: Running) -> bool:
-    return (-a.tier, -a.standing, a.generated) < (-b.tier, -b.standing, b.generated)
+    return rank(a) < rank(b)

@@ -10,6 +10,9 @@ Pure rules over plain values, so they are tested alone (``docs/design/preemption
   that has generated least (cheapest to redo), then the latest arrival.
 - Anti-thrash: never within a request's first ``min_tokens`` tokens, at most
   ``max_per_request`` preemptions per request, at most ``max_per_second`` per backend.
+- Not for a user who already runs a request on the backend while another running request
+  there has ``min_tokens`` or fewer left: that slot frees about as soon as a preemption's
+  hand-over would, and at no cost (a user with nothing running preempts at once).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 from fairq_server.preempt_config import PreemptConfig
 
-__all__ = ["RateCap", "Running", "Waiting", "choose_victim", "eligible"]
+__all__ = ["RateCap", "Running", "Waiting", "choose_victim", "eligible", "rank", "slot_frees_soon"]
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,30 @@ def choose_victim(
     for victim in running:
         if not eligible(victim, waiting, cfg):
             continue
-        if best is None or _rank(victim) < _rank(best):
+        if best is None or rank(victim) < rank(best):
             best = victim
     return best
 
 
-def _rank(r: Running) -> tuple[int, float, int, int]:
-    return (-r.tier, -r.standing, r.generated, -r.seq)
+def rank(r: Running) -> tuple[int, float, int, int, int]:
+    """Return the sort key of a victim, best first (see the module's rules)."""
+    # Preempted least before generated least: a request preempted once lost its slot for a
+    # while, so it has generated less than the requests that started with it, and by
+    # generated alone the next waiting request would take it again. Each preemption delays
+    # the victim's slot by the preempting request's run and two hand-overs; spread over the
+    # running requests, no one slot carries all of them, and the engine's last wave ends
+    # sooner (docs/design/preemption.md, "The victim").
+    return (-r.tier, -r.standing, r.preemptions, r.generated, -r.seq)
+
+
+def slot_frees_soon(running: Iterable[Running], cfg: PreemptConfig) -> bool:
+    """Whether a request in ``running`` has ``min_tokens`` or fewer left (a slot frees soon).
+
+    Waiting for it costs the waiting request at most ``min_tokens`` engine steps; preempting
+    costs a hand-over and a prefill, and pushes the victim's rest into the flood's tail. The
+    bound is ``max_tokens``: a request may end sooner, never later.
+    """
+    return any(r.remaining is not None and r.remaining <= cfg.min_tokens for r in running)
 
 
 class RateCap:

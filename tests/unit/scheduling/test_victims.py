@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from fairq_server.preempt_config import PreemptConfig
-from fairq_server.scheduling.victims import RateCap, Running, Waiting, choose_victim, eligible
+from fairq_server.scheduling.victims import (
+    RateCap,
+    Running,
+    Waiting,
+    choose_victim,
+    eligible,
+    slot_frees_soon,
+)
 
 CFG = PreemptConfig(min_tokens=4, max_per_request=2, max_per_second=2)
 
@@ -31,6 +38,27 @@ def test_then_the_user_furthest_above_its_share_then_least_generated() -> None:
     ]
     chosen = choose_victim(Waiting(tier=0, standing=0.0), victims, CFG)
     assert chosen is not None and chosen.key == "b-short"
+
+
+def test_then_the_request_preempted_least_though_it_has_generated_more() -> None:
+    # Preempted once, a request falls behind those that started with it: by tokens
+    # generated alone it would be the next victim again, and its slot would carry every
+    # preempting request's run.
+    victims = [
+        run("resumed", standing=5.0, generated=30, preemptions=1),
+        run("untouched", standing=5.0, generated=45),
+        run("other-user", standing=3.0, generated=5),
+    ]
+    chosen = choose_victim(Waiting(tier=0, standing=0.0), victims, CFG)
+    assert chosen is not None and chosen.key == "untouched"
+
+
+def test_a_slot_frees_soon_when_a_request_has_min_tokens_or_fewer_left() -> None:
+    assert slot_frees_soon([run("a", remaining=100), run("b", remaining=4)], CFG)
+    assert not slot_frees_soon([run("a", remaining=100), run("b", remaining=5)], CFG)
+    # No bound known (no max_tokens): it may run on for ever.
+    assert not slot_frees_soon([run("a", remaining=None)], CFG)
+    assert not slot_frees_soon([], CFG)
 
 
 def test_same_tier_only_if_the_swap_keeps_the_order() -> None:
