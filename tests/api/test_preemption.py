@@ -198,8 +198,12 @@ async def test_a_user_already_running_waits_for_a_slot_about_to_free(
     # may preempt a long power request, but a slot frees within min_tokens steps anyway: it
     # waits for that slot (no preemption, no prefill redone). A user with nothing running
     # still preempts at once while that short request runs.
+    # A slow engine (speed 0.25, ~6 ms a token): the short request runs ~0.4 s, long enough
+    # for fairq to react on a loaded machine before its slot frees.
     slots, short = 4, 60
-    async with SimServer(SimConfig(mode="vllm", model="sim", speed=1.0, max_num_seqs=slots)) as sim:
+    async with SimServer(
+        SimConfig(mode="vllm", model="sim", speed=0.25, max_num_seqs=slots)
+    ) as sim:
         tiers = tuple(
             replace(t, preempt_after_seconds=0.0, max_backend_waiting=0) for t in DEFAULT_TIERS
         )
@@ -236,8 +240,7 @@ async def test_a_user_already_running_waits_for_a_slot_about_to_free(
             assert preemptions._value.get() == 0
             # Someone with nothing running preempts at once, the short request still running.
             tasks.append(send("light", "light", 4))
-            await tasks[-1]
-            assert preemptions._value.get() == 1
+            await until(lambda: preemptions._value.get() == 1, 10)
             assert tokens("short") >= 1, "the short request was still running"
             await asyncio.gather(*tasks)
         # "other" waited for the short request's slot: it finished after it, never preempted.
