@@ -7,7 +7,8 @@ Pure rules over plain values, so they are tested alone (``docs/design/preemption
   more than the waiting user would hold after the swap (so the swap never reverses: no
   ping-pong between two users).
 - Among those: lowest tier first, then the user furthest above its share, then the request
-  that has generated least (cheapest to redo), then the latest arrival.
+  preempted least often, then the one that has generated least (cheapest to redo), then
+  the latest arrival.
 - Anti-thrash: never within a request's first ``min_tokens`` tokens, at most
   ``max_per_request`` preemptions per request, at most ``max_per_second`` per backend.
 - Not for a user who already runs a request on the backend while another running request
@@ -80,8 +81,8 @@ def eligible(victim: Running, waiting: Waiting, cfg: PreemptConfig) -> bool:
     if victim.generated - victim.carried < cfg.min_tokens:
         # Counted in the current attempt: a resumed request has just paid its prefill again.
         return False
-    if victim.remaining is not None and victim.remaining <= cfg.min_tokens:
-        return False  # about to finish: waiting for it is cheaper than redoing it
+    if _about_to_finish(victim, cfg):
+        return False  # waiting for it is cheaper than redoing it
     if victim.tier != waiting.tier:
         return victim.tier > waiting.tier
     return victim.standing - victim.step >= waiting.standing + waiting.step
@@ -118,7 +119,12 @@ def slot_frees_soon(running: Iterable[Running], cfg: PreemptConfig) -> bool:
     costs a hand-over and a prefill, and pushes the victim's rest into the flood's tail. The
     bound is ``max_tokens``: a request may end sooner, never later.
     """
-    return any(r.remaining is not None and r.remaining <= cfg.min_tokens for r in running)
+    return any(_about_to_finish(r, cfg) for r in running)
+
+
+def _about_to_finish(r: Running, cfg: PreemptConfig) -> bool:
+    """Whether ``r`` has ``min_tokens`` or fewer tokens left by its ``max_tokens``."""
+    return r.remaining is not None and r.remaining <= cfg.min_tokens
 
 
 class RateCap:
