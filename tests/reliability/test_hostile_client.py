@@ -102,6 +102,7 @@ class H2Peer:
         self.status: dict[int, str] = {}  # stream id -> grpc-status
         self.remote_settings: dict[int, int] = {}
         self.resets: dict[int, int] = {}  # stream id -> RST_STREAM error code
+        self.ping_acks = 0
         self._pump = asyncio.create_task(self._read())
 
     @classmethod
@@ -132,6 +133,8 @@ class H2Peer:
                     for key, changed in event.changed_settings.items():
                         self.remote_settings[key] = changed.new_value
                 headers = getattr(event, "headers", None)
+                if isinstance(event, h2.events.PingAckReceived):
+                    self.ping_acks += 1
                 if isinstance(event, h2.events.StreamReset):
                     self.resets[event.stream_id] = event.error_code
                 if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
@@ -139,6 +142,13 @@ class H2Peer:
                         if k == b"grpc-status":
                             self.status[event.stream_id] = v.decode()
             self.flush()
+
+    async def round_trip(self) -> None:
+        """Send a PING and wait for its ACK: the server has read everything sent before it."""
+        acks = self.ping_acks
+        self.conn.ping(b"fairq-rt")
+        self.flush()
+        await until(lambda: self.ping_acks > acks, timeout=5, what="PING ACK")
 
     async def close(self) -> None:
         self._pump.cancel()
@@ -170,6 +180,7 @@ async def test_streams_that_never_deliver_a_request_are_answered_and_freed(
         await until(
             lambda: all(s in peer.resets for s in headers_only), timeout=5, what="all answered"
         )
+        await peer.round_trip()
         again = [peer.open() for _ in range(8)]  # the 8 freed slots are usable again
         await until(
             lambda: all(s in peer.status for s in again), timeout=5, what=f"reuse {peer.resets}"
