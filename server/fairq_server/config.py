@@ -218,7 +218,8 @@ class SchedulerConfig:
         prefix_candidates: at most this many users are compared per pick (bounds the work).
         routing_slack: deprecated alias of ``routing_options.slack`` (prefix affinity only).
         stream_coalesce_seconds: text of a fast stream is relayed at most once per this
-            window, merged (the first token is never held; 0 relays every event at once).
+            window, merged (the first token is never held; 0 relays every event at once);
+            stretched up to 5x while the event loop is above half load (``pace``).
         fairness_options: options of the fairness policy (vtc: ``lift``, ``output_weight``).
         ordering_options: options of the ordering policy.
         gate: the saturation check deciding whether a backend may take more work.

@@ -110,7 +110,9 @@ class FairqCore:
         self._polled: dict[str, _Polled] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._adapters: set[Backend] = set()
-        self._loop_monitor = LoopMonitor(self.telemetry.loop_lag.observe)
+        self._loop_monitor = LoopMonitor(
+            self.telemetry.loop_lag.observe, report=self.telemetry.loop_sample
+        )
 
     @property
     def config(self) -> Config:

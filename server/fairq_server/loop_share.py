@@ -23,7 +23,7 @@ import time
 import weakref
 from collections import deque
 
-__all__ = ["SLICE_SECONDS", "LoopShare", "turn"]
+__all__ = ["SLICE_SECONDS", "LoopShare", "backlogged", "turn"]
 
 #: Wall time one epoch may spend on bulk work before the rest waits for a later pass. Short
 #: enough that a health check waiting behind a burst is answered within a few slices, long
@@ -130,3 +130,9 @@ async def turn() -> None:
     if share is None:
         share = _SHARES[loop] = LoopShare()
     await share.turn()
+
+
+def backlogged(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether bulk work on ``loop`` is waiting for a later pass (the loop is behind)."""
+    share = _SHARES.get(loop)
+    return share is not None and share.waiting > 0

@@ -97,6 +97,20 @@ class Telemetry:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=r,
         )
+        self.loop_load = Gauge(
+            "fairq_event_loop_load",
+            "Load of fairq's event loop over the last 100 ms (0-1): its thread's CPU time over "
+            "the wall time, or the share of the time bulk work waited for a later pass, "
+            "whichever is larger.",
+            registry=r,
+        )
+        self.coalesce_stretch = Gauge(
+            "fairq_stream_coalesce_stretch",
+            "How many times stream_coalesce_seconds fast streams are coalesced for now "
+            "(1 up to half the loop's load, up to 5 near its capacity).",
+            registry=r,
+        )
+        self.coalesce_stretch.set(1.0)
         self.gc_pause = Histogram(
             "fairq_gc_pause_seconds",
             "Garbage-collector passes by generation (2: the full pass fairq schedules itself); "
@@ -246,6 +260,11 @@ class Telemetry:
             self.backend_waiting.labels(backend_id).set(sample.waiting)
             self.backend_running.labels(backend_id).set(sample.running)
             self.backend_tpot.labels(backend_id).set(tpot or 0.0)
+
+    def loop_sample(self, load: float, stretch: float) -> None:
+        """Publish a load sample of the event loop and the coalescing stretch it set."""
+        self.loop_load.set(load)
+        self.coalesce_stretch.set(stretch)
 
     def forget_backend(self, backend_id: str) -> None:
         """Remove every series labelled with ``backend_id`` (it was deregistered).

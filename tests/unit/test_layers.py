@@ -38,7 +38,8 @@ _LAYERS = (
     ("store",),
     ("auth.py", "entitlement_config.py"),
     ("identity", "cluster_config.py", "logs.py"),
-    ("errors.py", "names.py", "supervisor.py", "loop_monitor.py", "loop_share.py",
+    ("loop_monitor.py",),
+    ("errors.py", "names.py", "supervisor.py", "pace.py", "loop_share.py",
      "collector.py", "listening.py", "door_config.py", "console_config.py",
      "preempt_config.py", "team_labels.py", "teams.py"),
 )  # fmt: skip

@@ -7,6 +7,7 @@ import time
 
 import uvloop
 
+from fairq_server import loop_share, pace
 from fairq_server.loop_monitor import LoopMonitor
 
 
@@ -70,3 +71,62 @@ def test_on_uvloop_a_tick_held_past_its_next_due_time_keeps_ticking() -> None:
         runner.run(run())
     assert not errors, errors
     assert len(lags) >= 10
+
+
+async def test_a_busy_loop_stretches_the_window_and_an_idle_one_restores_it() -> None:
+    samples: asyncio.Queue[tuple[float, float]] = asyncio.Queue()
+    monitor = LoopMonitor(lambda _: None, interval=0.01, report=lambda *s: samples.put_nowait(s))
+    loop = asyncio.get_running_loop()
+    monitor.start()
+    busy = True
+
+    def spin() -> None:  # holds the loop 5 ms per pass, the ticks still run in between
+        end = time.perf_counter() + 0.005
+        while time.perf_counter() < end:
+            pass
+        if busy:
+            loop.call_soon(spin)
+
+    try:
+        async with asyncio.timeout(10):
+            loop.call_soon(spin)
+            load, stretch = await samples.get()
+            while stretch < pace.MAX_STRETCH * 0.9:
+                load, stretch = await samples.get()
+            assert load > pace.FULL
+            assert pace.for_loop().stretch == stretch  # what the outboxes and readers read
+            busy = False
+            while stretch > 1.0:
+                load, stretch = await samples.get()
+            assert load < pace.HALF
+    finally:
+        await monitor.stop()
+    assert pace.for_loop().stretch == 1.0
+
+
+async def test_bulk_work_waiting_for_a_later_pass_counts_as_load() -> None:
+    """Where CPU time understates the load (the core is shared), the backlog shows it."""
+    samples: list[float] = []
+    monitor = LoopMonitor(lambda _: None, report=lambda load, _: samples.append(load))
+    loop = asyncio.get_running_loop()
+    seen_behind = False
+
+    def off_cpu() -> None:  # holds the loop without its CPU, as when another process runs
+        time.sleep(0.002)
+
+    async def bulk() -> None:
+        nonlocal seen_behind
+        await loop_share.turn()
+        seen_behind = seen_behind or loop_share.backlogged(loop)
+        off_cpu()
+
+    monitor.start()
+    try:
+        async with asyncio.timeout(10):
+            while len(samples) < 3:
+                await asyncio.gather(*(bulk() for _ in range(40)))
+    finally:
+        await monitor.stop()
+    assert seen_behind
+    assert not loop_share.backlogged(loop)  # all taken
+    assert max(samples) > 0.5, samples

@@ -7,7 +7,8 @@ freed when the backend finishes, not when a slow client has read the last word.
 Reading paces itself for fast streams: once a read had to wait for the network (fairq has
 caught up with the backend), the next read waits out ``window`` first, so the socket gathers
 that window's tokens and the HTTP parser hands them over at once, instead of waking fairq per
-token.
+token. The window stretches while the event loop is near its capacity
+(:mod:`~fairq_server.pace`).
 
 The reading task starts when :func:`start_reading` is called, not when anything awaits it:
 requests started together reach the backend in the order they were started.
@@ -21,7 +22,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
-from fairq_server import loop_share
+from fairq_server import loop_share, pace
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.errors import BackendError, BackendFailure
 
@@ -63,6 +64,7 @@ async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: f
         # Opening a backend request is bulk work: a wave of finished streams frees as many
         # slots at once.
         await loop_share.turn()
+        stretch = pace.for_loop()
         try:
             asked = time.monotonic()
             async for event in stream:
@@ -73,7 +75,7 @@ async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: f
                     return
                 now = time.monotonic()
                 if window and now - asked > _CAUGHT_UP:
-                    await asyncio.sleep(window)
+                    await asyncio.sleep(window * stretch.stretch)
                     now = time.monotonic()
                 asked = now
         except Exception as exc:  # reported, never raised: nothing awaits this task

@@ -10,7 +10,8 @@ memory or the backend.
 Text is merged: a take returns everything buffered as one piece, and a fast stream is handed
 out at most once per ``window`` (the first piece goes out at once; later text waits at most
 one window, far below what a reader notices), because each message towards the caller costs
-about the same whatever its length.
+about the same whatever its length. The window stretches while the event loop is near its
+capacity (:mod:`~fairq_server.pace`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fairq_server import pace
 from fairq_server.backends.request import StreamEnd
 from fairq_server.errors import SchedulerError
 
@@ -72,7 +74,8 @@ class Outbox:
 
     Args:
         limit: most characters of text held for a caller that does not read.
-        window: text is handed out at most once per this many seconds (0: as it comes).
+        window: text is handed out at most once per this many seconds (0: as it comes),
+            stretched by the running loop's :class:`~fairq_server.pace.Pace`.
 
     """
 
@@ -86,6 +89,10 @@ class Outbox:
         self._ready = asyncio.Event()
         self._last_taken = -window
         self._timer: asyncio.TimerHandle | None = None  # wakes the taker at a window's end
+        try:
+            self._pace = pace.for_loop()
+        except RuntimeError:  # made outside a running loop: the window as given
+            self._pace = pace.Pace()
 
     def put(self, event: Queued | Started | Finished) -> None:
         """Append a lifecycle event."""
@@ -103,7 +110,7 @@ class Outbox:
             # Wake the taker when its window ends, not now: waking it only for it to sleep
             # out the rest of the window would cost a task step per message (the first
             # text, and text after a quiet window, still goes at once).
-            wait = self._last_taken + self._window - time.monotonic()
+            wait = self._last_taken + self._window * self._pace.stretch - time.monotonic()
             if wait > 0 and not self._items:
                 self._timer = asyncio.get_running_loop().call_later(wait, self._window_ended)
             else:
@@ -136,7 +143,7 @@ class Outbox:
             self._ready.clear()
             await self._ready.wait()
         if not self._items:
-            wait = self._last_taken + self._window - time.monotonic()
+            wait = self._last_taken + self._window * self._pace.stretch - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)  # pacing: let the rest of this window arrive
         if self._timer is not None:  # everything is taken now: no wake-up due

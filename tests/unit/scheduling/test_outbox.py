@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from fairq_server import pace
 from fairq_server.backends.request import StreamEnd
 from fairq_server.scheduling.outbox import Finished, Outbox, Started, Text
 
@@ -24,6 +25,22 @@ async def test_first_text_goes_at_once_and_later_text_waits_for_the_window() -> 
     box.put_text("d")  # arrives while the taker waits for the window's end
     assert await taker == [Text("bcd")]
     assert time.monotonic() - started >= WINDOW * 0.99
+
+
+async def test_a_stretched_window_holds_later_text_longer_but_never_the_first() -> None:
+    loop_pace = pace.for_loop()
+    loop_pace.stretch = 4.0  # as the loop monitor sets it near the loop's capacity
+    try:
+        box = Outbox(window=WINDOW)
+        box.put_text("a")
+        started = time.monotonic()
+        assert await box.take() == [Text("a")]
+        assert time.monotonic() - started < WINDOW
+        box.put_text("b")
+        assert await box.take() == [Text("b")]
+        assert time.monotonic() - started >= 4 * WINDOW * 0.99
+    finally:
+        loop_pace.reset()
 
 
 async def test_a_waiting_taker_is_woken_once_at_the_windows_end() -> None:
