@@ -8,8 +8,9 @@ the same core (only the one being measured is loaded), and the rounds alternate 
 on the child's ``PYTHONPATH``; everything else (the load, the backend) is this checkout's.
 
 Printed per door and version: the median over rounds of tokens per fairq core-second and of
-tokens/s relayed, and the added time to first token at low load (p50 and p99 over the
-probes, minus those of straight to the backend).
+tokens/s relayed, the added time to first token at low load (p50 and p99 over the probes,
+minus those of straight to the backend), and the coalescing stretch at the end of each
+measured window (``fairq_stream_coalesce_stretch``; NaN for a version without it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -75,19 +77,36 @@ def _pythonpath(path: Path | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
+_STRETCH = re.compile(rb"^fairq_stream_coalesce_stretch (\S+)$", re.MULTILINE)
+_METRICS: dict[int, str] = {}  # pid -> its metrics endpoint
+
+
+async def _stretch(session: object, door: Door) -> float:
+    """The door's coalescing stretch now (NaN for a version that has none)."""
+    import aiohttp
+
+    assert isinstance(session, aiohttp.ClientSession)
+    async with session.get(_METRICS[door.pid]) as resp:
+        found = _STRETCH.search(await resp.read())
+    return float(found.group(1)) if found else float("nan")
+
+
 async def _door(
     stack: contextlib.AsyncExitStack, backend: str, cpus: set[int], source: Path | None
 ) -> Door:
     import grpc
 
-    http = free_port()
+    http, metrics = free_port(), free_port()
     text = toml_config(
-        backend, "sim", "vllm", f'[http]\nlisten = "127.0.0.1:{http}"\n{HTTP_LIMITS}{TIERS}'
-    )
+        backend, "sim", "vllm",
+        f'metrics_listen = "127.0.0.1:{metrics}"\n'
+        f'[http]\nlisten = "127.0.0.1:{http}"\n{HTTP_LIMITS}{TIERS}',
+    )  # fmt: skip
     with pinned(cpus), _pythonpath(source):
         proc, target = await stack.enter_async_context(fairq_module_process(text))
     channel = await stack.enter_async_context(grpc.aio.insecure_channel(target))
     await channel.channel_ready()
+    _METRICS[proc.pid] = f"http://127.0.0.1:{metrics}/metrics"
     return Door(proc.pid, target, f"http://127.0.0.1:{http}", channel)
 
 
@@ -125,6 +144,7 @@ async def _run(args: argparse.Namespace) -> None:
                 ).fairq_cores
             print(f"  idle cores: {idle}", flush=True)
             rates: dict[tuple[str, str], list[Rate]] = {}
+            stretches: dict[tuple[str, str], list[float]] = {}
             for r in range(args.rounds):
                 order = versions if r % 2 == 0 else versions[::-1]
                 for door in ("grpc", "http") if r % 2 == 0 else ("http", "grpc"):
@@ -135,16 +155,19 @@ async def _run(args: argparse.Namespace) -> None:
                             rate = await measure(
                                 session, backend, [doors[version].pid], args.seconds
                             )
+                            stretch = await _stretch(session, doors[version])
                         rates.setdefault((door, version), []).append(rate)
+                        stretches.setdefault((door, version), []).append(stretch)
                         print(f"  round {r} {door} {version}: {rate.per_core_second:,.0f} "
                               f"tokens per core-second ({rate.tokens_per_second:,.0f}/s, "
-                              f"{rate.fairq_cores:.2f} cores)", flush=True)  # fmt: skip
+                              f"{rate.fairq_cores:.2f} cores, stretch {stretch:.2f})",
+                              flush=True)  # fmt: skip
             low = await _low_load(session, backend, doors, args.probes)
             if args.flame:
                 stack = Stack(backend, session, doors["after"])
                 await _flames(stack, Path(args.flame), args.streams, 8)
     print(f"\n{'door':6} {'version':7} {'tok/core-s':>11} {'tok/s':>8} {'cores':>6} "
-          f"{'us/token':>9} {'+p50 ms':>8} {'+p99 ms':>8}")  # fmt: skip
+          f"{'us/token':>9} {'+p50 ms':>8} {'+p99 ms':>8} {'stretch':>8}")  # fmt: skip
     for door in ("grpc", "http"):
         for version in versions:
             got = rates[(door, version)]
@@ -157,7 +180,8 @@ async def _run(args: argparse.Namespace) -> None:
                   f"{statistics.median(x.per_core_second for x in got):11,.0f} "
                   f"{statistics.median(x.tokens_per_second for x in got):8,.0f} "
                   f"{statistics.median(x.fairq_cores for x in got):6.3f} {marginal:9.1f} "
-                  f"{p50 * 1000:8.2f} {p99 * 1000:8.2f}")  # fmt: skip
+                  f"{p50 * 1000:8.2f} {p99 * 1000:8.2f} "
+                  f"{statistics.median(stretches[(door, version)]):8.2f}")  # fmt: skip
 
 
 async def _low_load(
