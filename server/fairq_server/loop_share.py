@@ -14,6 +14,14 @@ ends with a callback queued behind the work it granted, so between two epochs th
 completes a pass and polls its sockets and timers. A burst is spread over several passes of
 about one slice of bulk work each, and the latency-sensitive work in between waits about a
 slice instead of the whole burst. An idle loop pays one clock read per turn.
+
+A stream's *first* pieces of work (opening the backend request, its first read, the first
+write towards the caller) are asked for as *urgent* turns: they go to the head of the line
+instead of its end. They are few (a handful per request, against one per token for the
+rest), and they are what a new request's time to first token waits for: behind a line of
+reads of running streams, a first token under load waited for every epoch of that line.
+Urgent turns still take their share of the slice, so a wave of new requests is spread over
+passes as before.
 """
 
 from __future__ import annotations
@@ -59,13 +67,14 @@ class LoopShare:
         """Turns waiting for a later epoch (cancelled ones included until skipped)."""
         return len(self._waiters)
 
-    async def turn(self) -> None:
+    async def turn(self, urgent: bool = False) -> None:
         """Return when the caller may run its next piece of bulk work.
 
-        Returns without suspending while the current epoch has time left and nobody waits.
+        Returns without suspending while the current epoch has time left and nobody waits
+        (an ``urgent`` turn: while the epoch has time left, whoever waits).
         """
-        if self._waiters or not self._grant():
-            await self._wait()
+        if (self._waiters and not urgent) or not self._grant():
+            await self._wait(urgent)
 
     def _grant(self) -> bool:
         now = time.perf_counter()
@@ -79,14 +88,15 @@ class LoopShare:
         self._granted += 1
         return True
 
-    async def _wait(self) -> None:
+    async def _wait(self, urgent: bool) -> None:
         loop = asyncio.get_running_loop()
         first = True
         while True:
             waiter: asyncio.Future[None] = loop.create_future()
-            if first:
+            if first and not urgent:
                 self._waiters.append(waiter)
-            else:  # woken, but the epoch was used up before this task ran: keep its place
+            else:  # woken but the epoch was used up before this task ran (keep its place),
+                # or urgent: at the head, behind those already put back there
                 self._waiters.insert(self._returned, waiter)
                 self._returned += 1
             self._schedule_boundary()
@@ -123,13 +133,13 @@ _SHARES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopShare] = (
 )
 
 
-async def turn() -> None:
+async def turn(urgent: bool = False) -> None:
     """Take a turn of bulk work on the running loop's :class:`LoopShare` (one per loop)."""
     loop = asyncio.get_running_loop()
     share = _SHARES.get(loop)
     if share is None:
         share = _SHARES[loop] = LoopShare()
-    await share.turn()
+    await share.turn(urgent)
 
 
 def backlogged(loop: asyncio.AbstractEventLoop) -> bool:

@@ -121,3 +121,38 @@ async def test_a_line_of_cheap_turns_drains_in_few_passes() -> None:
         await asyncio.gather(*tasks)
     counter.stop()
     assert counter.passes - start < 60, counter.passes - start
+
+
+async def test_an_urgent_turn_goes_ahead_of_the_line_but_within_the_slice() -> None:
+    """A stream's first piece of work does not wait for the reads queued before it."""
+    share = LoopShare(SLICE)
+    counter = PassCounter()
+    order: list[str] = []
+    passes: dict[str, int] = {}
+
+    async def bulk(name: str, urgent: bool = False) -> None:
+        await share.turn(urgent)
+        order.append(name)
+        passes[name] = counter.passes
+        hold_loop(WORK)
+
+    counter.start()
+    tasks = [asyncio.create_task(bulk(f"read{n}")) for n in range(100)]  # 100 ms of work
+    await asyncio.sleep(0)  # every read has asked; most wait for later epochs
+    assert share.waiting > 50
+    urgent = [asyncio.create_task(bulk(f"first{n}", urgent=True)) for n in range(3)]
+    async with asyncio.timeout(10):
+        await asyncio.gather(*urgent)
+        reads_before = sum(name.startswith("read") for name in order)
+        await asyncio.gather(*tasks)
+    counter.stop()
+    # Served within an epoch or two of asking, not after the hundred reads (~20 epochs),
+    # in the order they asked; the reads keep theirs.
+    assert reads_before < 30, order
+    assert [n for n in order if n.startswith("first")] == ["first0", "first1", "first2"]
+    assert [n for n in order if n.startswith("read")] == [f"read{n}" for n in range(100)]
+    # Still within the slice: no pass ran the urgent turns on top of a full epoch.
+    per_pass: dict[int, int] = {}
+    for number in passes.values():
+        per_pass[number] = per_pass.get(number, 0) + 1
+    assert max(per_pass.values()) <= 2 * (SLICE / WORK + 2), per_pass

@@ -163,6 +163,9 @@ async def _run(args: argparse.Namespace) -> None:
                               f"{rate.fairq_cores:.2f} cores, stretch {stretch:.2f})",
                               flush=True)  # fmt: skip
             low = await _low_load(session, backend, doors, args.probes)
+            loaded = {}
+            if args.loaded:
+                loaded = await _under_load(session, backend, doors, args.loaded, args.probes)
             if args.flame:
                 stack = Stack(backend, session, doors["after"])
                 await _flames(stack, Path(args.flame), args.streams, 8)
@@ -182,6 +185,11 @@ async def _run(args: argparse.Namespace) -> None:
                   f"{statistics.median(x.fairq_cores for x in got):6.3f} {marginal:9.1f} "
                   f"{p50 * 1000:8.2f} {p99 * 1000:8.2f} "
                   f"{statistics.median(stretches[(door, version)]):8.2f}")  # fmt: skip
+    if loaded:
+        print(f"\nunder {args.loaded} streams of the same door: added TTFT (ms)")
+        print(f"{'door':6} {'version':7} {'+p50':>8} {'+p90':>8} {'+p99':>8}")
+        for (door, version), added in loaded.items():
+            print(f"{door:6} {version:7} " + " ".join(f"{a * 1000:8.2f}" for a in added))
 
 
 async def _low_load(
@@ -213,6 +221,39 @@ async def _low_load(
     }
 
 
+async def _under_load(
+    session: object, backend: str, doors: dict[str, Door], streams: int, probes: int
+) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """Added p50/p90/p99 per (door, version) with ``streams`` of that door's load running.
+
+    Each (door, version) gets its load in turn, twice (the second pass in the other order),
+    and its probes alternate with probes straight to the backend, which shares the load.
+    """
+    import aiohttp
+
+    assert isinstance(session, aiohttp.ClientSession)
+    direct = http_probe(session, backend)
+    runs = [(door, version) for door in ("grpc", "http") for version in doors]
+    got: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
+    base: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
+    for run in runs + runs[::-1]:
+        door, version = run
+        probe = door_probes(session, doors[version])[door]
+        async with background(door_streams(session, doors[version])[door], streams, 200):
+            await asyncio.sleep(1.5)
+            for i in range(probes // 2):
+                got[run].append(await probe(i))
+                base[run].append(await direct(i))
+                await asyncio.sleep(0.005)
+        print(f"  loaded {door} {version}: p99 {percentile(got[run], 99) * 1000:.1f} ms",
+              flush=True)  # fmt: skip
+
+    def added(run: tuple[str, str], q: float) -> float:
+        return percentile(got[run], q) - percentile(base[run], q)
+
+    return {run: (added(run, 50), added(run, 90), added(run, 99)) for run in runs}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Compare this checkout's hot path with ``--before``'s, interleaved in one run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -225,6 +266,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--probes", type=int, default=200)
     parser.add_argument("--flame", default="", help="directory for py-spy flame graphs (after)")
+    parser.add_argument(
+        "--loaded", type=int, default=0,
+        help="also the added TTFT with this many streams of load on the door (0: not measured)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     asyncio.run(_run(args))
 

@@ -63,6 +63,7 @@ class SchedulerServicer(DoorBase, scheduler_pb2_grpc.SchedulerServicer):
         )  # fmt: skip
         trace.team = principal.team
         trace.tier = self._core.tier_names[ticket.tier]
+        urgent = True
         try:
             async for events in ticket_events(
                 self._core,
@@ -72,8 +73,10 @@ class SchedulerServicer(DoorBase, scheduler_pb2_grpc.SchedulerServicer):
             ):
                 for event in events:
                     # Writing to the client is bulk work: the tokens of all streams on a
-                    # backend arrive in the same engine step (see loop_share).
-                    await loop_share.turn()
+                    # backend arrive in the same engine step (see loop_share). Up to the
+                    # first text, urgent turns: the time to first token waits for them.
+                    await loop_share.turn(urgent)
+                    urgent = urgent and not isinstance(event, Text)
                     yield _response(event, backend_request.request_id)
         except SchedulerError as exc:
             code, message = status_for(exc)

@@ -118,11 +118,13 @@ def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
 async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
     """Yield the body as text, one piece per network read (all that arrived by then)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    urgent = True  # the first read carries the first token
     try:
         async for chunk in body.iter_any():
             # Parsing and relaying what arrived is bulk work: every stream of a backend gets
             # its token in the same instant (one engine step), so reads come in bursts.
-            await loop_share.turn()
+            await loop_share.turn(urgent)
+            urgent = False
             if text := decoder.decode(chunk):
                 yield text
     except aiohttp.ClientError:
@@ -150,9 +152,11 @@ async def sse_reads(body: aiohttp.StreamReader) -> AsyncGenerator[list[str]]:
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     splitter = SseSplitter()
+    urgent = True
     try:
         async for chunk in body.iter_any():
-            await loop_share.turn()  # bulk work, as in utf8_chunks
+            await loop_share.turn(urgent)  # bulk work, as in utf8_chunks
+            urgent = False
             if batch := splitter.feed(decoder.decode(chunk)):
                 yield batch
                 splitter.check()

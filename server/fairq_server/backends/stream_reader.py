@@ -62,8 +62,8 @@ def start_reading(
 async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: float) -> None:
     async with contextlib.aclosing(stream):  # closing the stream aborts the backend request
         # Opening a backend request is bulk work: a wave of finished streams frees as many
-        # slots at once.
-        await loop_share.turn()
+        # slots at once. An urgent turn: the request's time to first token waits for it.
+        await loop_share.turn(urgent=True)
         stretch = pace.for_loop()
         try:
             asked = time.monotonic()

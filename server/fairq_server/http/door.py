@@ -233,6 +233,7 @@ class OpenAIHandlers(DoorBase):
         # system call and a task step, and the last one rides with the end of the body
         # (inside the events' block, so a caller gone by then still cancels the ticket).
         tail = b""
+        urgent = True
         try:
             async with contextlib.aclosing(events):  # type: ignore[type-var]
                 async for batch in events:
@@ -268,8 +269,10 @@ class OpenAIHandlers(DoorBase):
                     if not out:
                         continue
                     resp = resp or await prepare(request, request_id)
-                    # Writing to clients is bulk work (see loop_share).
-                    await loop_share.turn()
+                    # Writing to clients is bulk work (see loop_share); the first write,
+                    # which carries the first token, an urgent turn.
+                    await loop_share.turn(urgent)
+                    urgent = False
                     if out[-1] is DONE:  # the last batch: written with the end of the body
                         await resp.write_eof(b"".join(out))
                     else:
