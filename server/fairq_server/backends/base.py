@@ -34,6 +34,7 @@ from fairq_server.backends.http_reading import (
     sse_reads,
     stream_failures,
 )
+from fairq_server.backends.idle_watch import CONNECT_SECONDS
 from fairq_server.backends.openai_wire import STREAM_HEADERS, json_body, openai_body
 from fairq_server.backends.request import (
     BackendRequest,
@@ -100,7 +101,11 @@ class Backend(abc.ABC):
         self.read_limits = read_limits if read_limits is not None else ReadLimits()
         # No read timeout on streams beyond `timeout`: a long generation legitimately stays
         # silent while the backend queues it, but connecting must be quick.
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_SECONDS, sock_read=timeout
+        )
+        #: Generation streams fail after this many seconds without data (idle_watch).
+        self.read_timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._urls: dict[str, yarl.URL] = {}
@@ -277,11 +282,13 @@ class Backend(abc.ABC):
         headers = STREAM_HEADERS
         with stream_failures(self.id):
             async with posted(
-                self._http(), self.url(path), data=json_body(payload), headers=headers
-            ) as resp:
+                self._http(), self.url(path), self.read_timeout,
+                data=json_body(payload), headers=headers,
+            ) as resp:  # fmt: skip
                 if resp.status != 200:
                     raise await self.http_error(resp)
-                async with contextlib.aclosing(sse_reads(resp.content)) as reads:
+                reads = sse_reads(resp.content, self.read_timeout)
+                async with contextlib.aclosing(reads):
                     yield reads
 
     def decode_batch(self, batch: list[str]) -> tuple[list[dict[str, Any]], bool]:

@@ -7,6 +7,7 @@ that keeps the backend's own message; token counts are validated before fairq ch
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
 import json
@@ -18,6 +19,7 @@ import aiohttp
 from yarl import URL
 
 from fairq_server import loop_share
+from fairq_server.backends.idle_watch import STREAM_TIMEOUT, IdleWatch
 from fairq_server.backends.sse import SseLimitError, SseSplitter
 from fairq_server.errors import BackendError, BackendFailure
 from fairq_server.names import escape
@@ -138,23 +140,30 @@ async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
         yield tail
 
 
-async def sse_reads(body: aiohttp.StreamReader) -> AsyncGenerator[list[str]]:
+async def sse_reads(
+    body: aiohttp.StreamReader, idle: float | None = None
+) -> AsyncGenerator[list[str]]:
     """Yield the ``data`` payloads of the server-sent events each network read completed.
 
     :func:`utf8_chunks` and :class:`~fairq_server.backends.sse.SseSplitter` in one loop: every
     read of every stream passes here, and each generator layer a read goes through costs a
-    resumption (docs/design/hot-path.md).
+    resumption (docs/design/hot-path.md). With ``idle``, the stream fails after that many
+    seconds without data (:class:`~fairq_server.backends.idle_watch.IdleWatch`).
 
     Raises:
         SseLimitError: a line or an event is longer than the limit.
-        aiohttp.ClientError: the connection was lost (after the events that had arrived).
+        aiohttp.ClientError: the connection was lost (after the events that had arrived), or
+            nothing came for ``idle`` seconds.
 
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     splitter = SseSplitter()
     urgent = True
+    watch = IdleWatch(body, idle) if idle else None
     try:
         async for chunk in body.iter_any():
+            if watch is not None:
+                watch.read()
             await loop_share.turn(urgent)  # bulk work, as in utf8_chunks
             urgent = False
             if batch := splitter.feed(decoder.decode(chunk)):
@@ -166,6 +175,9 @@ async def sse_reads(body: aiohttp.StreamReader) -> AsyncGenerator[list[str]]:
         if batch := splitter.feed(decoder.decode(_unread(body), final=True)):
             yield batch
         raise
+    finally:
+        if watch is not None:
+            watch.close()
     if batch := splitter.feed(decoder.decode(b"", final=True)):
         yield batch
     if batch := splitter.end():
@@ -211,9 +223,14 @@ def usage_tokens(event: Mapping[str, Any], prompt: int, completion: int) -> tupl
 
 @contextlib.asynccontextmanager
 async def posted(
-    session: aiohttp.ClientSession, url: str | URL, **kwargs: Any
+    session: aiohttp.ClientSession, url: str | URL, idle: float | None = None, **kwargs: Any
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST to ``url``; inside, the response (its headers read). Leaving it releases it.
+
+    With ``idle`` (a generation stream, read with :func:`sse_reads` and the same ``idle``),
+    the answer's headers must come within that many seconds, and no per-read timeout is set
+    on the body (:mod:`~fairq_server.backends.idle_watch`); a wait longer than ``idle``
+    raises :class:`TimeoutError`.
 
     A pooled connection the backend closed while it sat idle fails the request's write
     ("Can not write request body") or drops before any answer. The request is sent once
@@ -223,9 +240,12 @@ async def posted(
     dropped connection, as it does for any caller that leaves. A connection that cannot be
     made at all is not retried here.
     """
+    if idle:
+        kwargs["timeout"] = STREAM_TIMEOUT
     for attempt in range(2):
         try:
-            resp = await session.post(url, **kwargs)
+            async with asyncio.timeout(idle):
+                resp = await session.post(url, **kwargs)
             break
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if attempt or isinstance(exc, aiohttp.ClientConnectorError):

@@ -109,15 +109,16 @@ async def openai_stream(
     prompt_tokens = completion_tokens = 0
     with stream_failures(backend.id):
         async with posted(
-            backend.session(), backend.url(path), data=json_body(body), headers=STREAM_HEADERS
-        ) as resp:
+            backend.session(), backend.url(path), backend.read_timeout,
+            data=json_body(body), headers=STREAM_HEADERS,
+        ) as resp:  # fmt: skip
             if resp.status != 200:
                 raw, complete = await read_at_most(resp, backend.read_limits.error_bytes)
                 if not complete:
                     resp.close()  # the rest is never read; the connection goes with it
                 error = http_error(backend.id, resp.status, raw)
                 raise BackendHttpError(error, resp.status, raw, resp.content_type)
-            async for batch in sse_reads(resp.content):
+            async for batch in sse_reads(resp.content, backend.read_timeout):
                 data: list[str] = []
                 objects: list[Mapping[str, Any]] = []
                 tokens = 0
