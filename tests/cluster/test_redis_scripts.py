@@ -15,7 +15,7 @@ from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
 from fairq_server.cluster_config import ClusterConfig
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.counters import Journal
+from fairq_server.scheduling.counters import Journal, PeerHeads
 
 
 @contextlib.asynccontextmanager
@@ -81,6 +81,34 @@ async def test_each_replica_reads_the_other_replicas_heads_not_its_own(redis_url
         (ra,) = await on_a.sync([_entry((), [])])  # nobody backlogged on a any more
         (rb,) = await on_b.sync([_entry((("power", 18.0),), ["power"])])
         assert rb.heads.pairs == ()
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_member_heads_travel_beside_the_heads_and_leave_with_their_replica(
+    redis_url: str,
+) -> None:
+    a = connect(ClusterConfig(redis_url, replica_id="a"))
+    b = connect(ClusterConfig(redis_url, replica_id="b"))
+    try:
+        on_a = SharedCounters(a, "t", "a", lease_seconds=5.0)
+        on_b = SharedCounters(b, "t", "b", lease_seconds=5.0)
+        members = (("team A", "A.a1", 4.0), ("team A", "A.a3", 6.0), ("team B", "B.b1", 1.0))
+        entry = ev.JournalEntry("m", 0, Journal(), ["team A", "A.a1"], (("team A", 2.0),), members)
+        (ra,) = await on_a.sync([entry])
+        assert ra.heads.members == ()
+        (rb,) = await on_b.sync([ev.JournalEntry("m", 0, Journal(), ["A.a2"], (), ())])
+        assert rb.heads.pairs == (("team A", 2.0),)
+        assert sorted(rb.heads.members) == sorted(members)
+        assert rb.heads.member_floor("A.a2", "team A") == 4.0
+        assert rb.heads.member_floor("A.a1", "team A") == 6.0  # not its own head on a
+        assert rb.counters == {"A.a2": 0.0}
+        # Malformed member heads (an older or broken replica) are skipped, not fatal.
+        await b.hset("t:fair:m:0:peer-member-heads", "c", "99999999999999 [[1, 2, 3]]")
+        await on_a.sync([ev.JournalEntry("m", 0, Journal(), [], (), ())])  # a: none backlogged
+        (rb,) = await on_b.sync([ev.JournalEntry("m", 0, Journal(), [], (), ())])
+        assert rb.heads == PeerHeads()
     finally:
         await a.aclose()
         await b.aclose()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 from collections.abc import Callable
@@ -63,7 +64,8 @@ class FairSync:
         self._connected = connected
         self._lost = lost
         self._wake = asyncio.Event()
-        self._heads: dict[tuple[str, int], tuple[tuple[str, float], ...]] = {}
+        # The heads (users', then members') last stored per model and tier.
+        self._heads: dict[tuple[str, int], tuple[object, ...]] = {}
 
     def wake(self) -> None:
         """Sync soon (a dispatch or a newly backlogged user here, or heads moved elsewhere)."""
@@ -104,13 +106,15 @@ class FairSync:
         moved = stale = False
         for e, r in zip(entries, results, strict=True):
             self.post(ev.FairnessSync(r.model, r.tier, r.counters, r.heads))
-            moved |= self._heads.get((e.model, e.tier)) != e.heads
-            self._heads[(e.model, e.tier)] = e.heads
+            stored = (e.heads, e.members)
+            moved |= self._heads.get((e.model, e.tier)) != stored
+            self._heads[(e.model, e.tier)] = stored
             # Another replica charged a user at the head here: the heads just stored are
             # behind the counters adopted now, and would hold others back; store them again.
+            heads = itertools.chain(e.heads, ((name, c) for _, name, c in e.members))
             stale |= any(
                 not math.isclose(r.counters.get(user, c), c, rel_tol=1e-9, abs_tol=1e-9)
-                for user, c in e.heads
+                for user, c in heads
             )
         if stale:
             self._wake.set()

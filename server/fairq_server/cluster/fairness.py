@@ -7,7 +7,8 @@ counters of the replica's backlogged users and the other replicas' heads: each r
 smallest backlogged users (leased like a reservation, so a dead replica's heads expire). A
 replica then serves a user only while its counter is within the slack of the smallest
 counter of anyone else backlogged elsewhere, so the slots of the shared gate go to the user
-furthest behind anywhere.
+furthest behind anywhere. The members of a group (a team's users) have heads of their own in
+a second hash, per group, kept and leased the same way.
 """
 
 from __future__ import annotations
@@ -39,19 +40,40 @@ def shared_policies(
     return dataclasses.replace(policies, counters=lambda: JournaledCounters(slack, on_backlogged))
 
 
-# KEYS: counters hash, heads hash, last-seen sorted set. ARGV: replica, lease ms, heads (JSON,
-# '' none), idle ms, n floors, (user, floor)*, n deltas, (user, delta)*, users to read*.
-# Returns {n, heads*, values*}: the heads of the *other* replicas (this replica knows its
-# own), then the users' counters. A replica's heads are stored as "<expiry ms> <JSON>", so a
-# dead replica's expire. Every user written or read is stamped in the sorted set with Redis's
-# time; the counters of users not seen for the idle time are deleted (at most _TRIM a sync,
-# so one sync's script stays short; the next ones take the rest), so the hash holds the users
-# of the last idle period, not everyone ever served.
+# KEYS: counters hash, heads hash, last-seen sorted set, member heads hash. ARGV: replica,
+# lease ms, heads (JSON, '' none), idle ms, member heads (JSON, '' none), n floors,
+# (user, floor)*, n deltas, (user, delta)*, users to read*.
+# Returns {n, heads*, m, member heads*, values*}: the heads of the *other* replicas (this
+# replica knows its own), their member heads, then the users' counters. A replica's heads are
+# stored as "<expiry ms> <JSON>", so a dead replica's expire. Every user written or read is
+# stamped in the sorted set with Redis's time; the counters of users not seen for the idle
+# time are deleted (at most _TRIM a sync, so one sync's script stays short; the next ones
+# take the rest), so the hash holds the users of the last idle period, not everyone ever
+# served.
 _SYNC = """
 local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local lease = tonumber(ARGV[2])
 local idle = tonumber(ARGV[4])
-local i = 5
+local function publish(key, value)
+  if value == '' then
+    redis.call('HDEL', key, ARGV[1])
+  else
+    redis.call('HSET', key, ARGV[1], (now + lease) .. ' ' .. value)
+  end
+  local others = {}
+  local stored = redis.call('HGETALL', key)
+  for j = 1, #stored, 2 do
+    local expiry, v = string.match(stored[j + 1], '^(%S+) (.*)$')
+    if expiry == nil or tonumber(expiry) <= now then
+      redis.call('HDEL', key, stored[j])
+    elseif stored[j] ~= ARGV[1] then
+      others[#others + 1] = v
+    end
+  end
+  redis.call('PEXPIRE', key, 2 * lease)
+  return others
+end
+local i = 6
 local n = tonumber(ARGV[i]) i = i + 1
 for _ = 1, n do
   local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
@@ -71,26 +93,14 @@ if #gone > 0 then
   redis.call('HDEL', KEYS[1], unpack(gone))
   redis.call('ZREM', KEYS[3], unpack(gone))
 end
-if ARGV[3] == '' then
-  redis.call('HDEL', KEYS[2], ARGV[1])
-else
-  redis.call('HSET', KEYS[2], ARGV[1], (now + lease) .. ' ' .. ARGV[3])
-end
-local others = {}
-local heads = redis.call('HGETALL', KEYS[2])
-for j = 1, #heads, 2 do
-  local expiry, value = string.match(heads[j + 1], '^(%S+) (.*)$')
-  if expiry == nil or tonumber(expiry) <= now then
-    redis.call('HDEL', KEYS[2], heads[j])
-  elseif heads[j] ~= ARGV[1] then
-    others[#others + 1] = value
-  end
-end
+local others = publish(KEYS[2], ARGV[3])
+local members = publish(KEYS[4], ARGV[5])
 redis.call('PEXPIRE', KEYS[1], idle)
 redis.call('PEXPIRE', KEYS[3], idle)
-redis.call('PEXPIRE', KEYS[2], 2 * lease)
 local out = {#others}
 for _, value in ipairs(others) do out[#out + 1] = value end
+out[#out + 1] = #members
+for _, value in ipairs(members) do out[#out + 1] = value end
 for j = i, #ARGV do
   out[#out + 1] = redis.call('HGET', KEYS[1], ARGV[j]) or '0'
 end
@@ -153,6 +163,7 @@ class SharedCounters:
             args: list[str | int | float] = [self._replica, self._lease_ms]
             args.append(json.dumps(e.heads) if e.heads else "")
             args.append(self._idle_ms)
+            args.append(json.dumps(e.members) if e.members else "")
             args.append(len(e.journal.floors))
             for user, value in e.journal.floors.items():
                 args += [user, repr(value)]
@@ -160,16 +171,38 @@ class SharedCounters:
             for user, value in e.journal.deltas.items():
                 args += [user, repr(value)]
             args += e.active
-            keys = [f"{base}:counters", f"{base}:peer-heads", f"{base}:seen"]
+            keys = [
+                f"{base}:counters",
+                f"{base}:peer-heads",
+                f"{base}:seen",
+                f"{base}:peer-member-heads",
+            ]
             calls.append((self._sync, keys, args))
         rows = await run_scripts(self._client, calls)
         out = []
         for e, row in zip(entries, rows, strict=True):
             n = int(row[0])
-            heads = PeerHeads(tuple(_pairs(row[1 : 1 + n])))
-            counters = {u: float(v) for u, v in zip(e.active, row[1 + n :], strict=True)}
+            m = int(row[1 + n])
+            heads = PeerHeads(
+                tuple(_pairs(row[1 : 1 + n])), tuple(_triples(row[2 + n : 2 + n + m]))
+            )
+            values = row[2 + n + m :]
+            counters = {u: float(v) for u, v in zip(e.active, values, strict=True)}
             out.append(SyncResult(e.model, e.tier, counters, heads))
         return out
+
+
+def _triples(stored: Sequence[bytes | str]) -> Iterator[tuple[str, str, float]]:
+    """Yield the ``(group, name, counter)`` member heads other replicas stored (skip malformed)."""
+    for value in stored:
+        try:
+            triples = json.loads(value)
+            for group, name, counter in triples:
+                named = isinstance(group, str) and isinstance(name, str)
+                if named and isinstance(counter, int | float) and not isinstance(counter, bool):
+                    yield group, name, float(counter)
+        except (ValueError, TypeError):
+            continue
 
 
 def _pairs(stored: Sequence[bytes | str]) -> Iterator[tuple[str, float]]:

@@ -8,6 +8,12 @@ to Redis; the shared counters come back through :meth:`JournaledCounters.adopt`,
 replicas' heads (their two smallest backlogged users). So whatever policy keeps its counters
 here is fair across the cluster with no code of its own for it.
 
+Counters inside a group (a team's members, each measured only against its own team) have heads
+of their own, per group: a member is served only while its counter is within the slack of the
+smallest counter of another member of the same group backlogged elsewhere. Without them, the
+members of one team on different replicas got the team's turns in the order their replicas
+reserved slots, not by their standing.
+
 The tier queue tells the counters which users are backlogged here
 (:meth:`LocalCounters.backlogged`), and the dispatch pass asks :meth:`LocalCounters.may_serve`
 before serving a user: in a cluster a user whose counter is above the smallest counter of anyone
@@ -18,13 +24,28 @@ Everything here is written by the dispatcher loop only.
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Heads", "Journal", "JournaledCounters", "LocalCounters", "PeerHeads"]
+__all__ = [
+    "HELD_SYNC_SECONDS",
+    "Heads",
+    "Journal",
+    "JournaledCounters",
+    "LocalCounters",
+    "MemberHeads",
+    "PeerHeads",
+]
+
+#: While dispatches here are held for another replica, a sync at least this often (one Redis
+#: round trip per held replica and interval; what stale heads can stall the cluster for).
+HELD_SYNC_SECONDS = 0.05
 
 #: A replica's smallest backlogged users, as ``(user, counter)`` pairs, smallest first.
 Heads = tuple[tuple[str, float], ...]
+#: A replica's smallest backlogged members of each group, as ``(group, name, counter)``.
+MemberHeads = tuple[tuple[str, str, float], ...]
 
 
 @dataclass
@@ -46,14 +67,20 @@ class PeerHeads:
     """The other replicas' smallest backlogged counters, as ``(user, counter)`` pairs.
 
     Each replica contributes its head and the runner-up of another user, so the smallest
-    counter of anyone but a given user is always among them.
+    counter of anyone but a given user is always among them; and the same for each group's
+    members (``members``).
     """
 
     pairs: Heads = ()
+    members: MemberHeads = ()
 
     def floor(self, user: str | None = None) -> float | None:
         """Return the smallest counter of a user other than ``user`` (None: nobody else)."""
         return min((c for u, c in self.pairs if u != user), default=None)
+
+    def member_floor(self, name: str, group: str) -> float | None:
+        """Return the smallest counter of another member of ``group`` (None: nobody else)."""
+        return min((c for g, n, c in self.members if g == group and n != name), default=None)
 
 
 class LocalCounters:
@@ -105,23 +132,29 @@ class LocalCounters:
     def backlogged(self, user: str, active: bool) -> None:
         """Note that ``user``'s queue here became non-empty (``active``) or empty."""
 
-    def tracked(self, name: str, active: bool) -> None:
-        """Note that counter ``name`` is (``active``) or no longer is read back from a cluster.
+    def tracked(self, name: str, active: bool, group: str) -> None:
+        """Note that counter ``name`` of ``group`` is (``active``) or no longer is backlogged.
 
         For counters that are not a tier's unit of fairness between replicas (a team
-        member's, inside its team): read back like a backlogged user's, never a head.
+        member's, inside its team ``group``): read back like a backlogged user's, and heads
+        only against the same group's members (:meth:`may_serve_member`).
         """
 
     def may_serve(self, user: str) -> bool:
         """Whether ``user`` may be served here now (always, on one process)."""
         return True
 
+    def may_serve_member(self, name: str, group: str) -> bool:
+        """Whether member counter ``name`` of ``group`` may be served now (one process: yes)."""
+        return True
+
     def take_journal(
         self, waits: Callable[[str], bool] | None = None
-    ) -> tuple[Journal, list[str], Heads] | None:
-        """Start a new journal; return the old one, the backlogged users and the heads.
+    ) -> tuple[Journal, list[str], Heads, MemberHeads] | None:
+        """Start a new journal; return the old one, the names to read back and the heads.
 
-        None: nothing is shared (one process).
+        The heads are the users' and, per group, the members'. None: nothing is shared
+        (one process).
         """
         return None
 
@@ -135,8 +168,9 @@ class JournaledCounters(LocalCounters):
     Args:
         slack: a user is served only while its counter is within this of the smallest
             counter of anyone else backlogged on another replica (see :meth:`may_serve`).
-        on_backlogged: told when a user becomes backlogged here (its head may be the new
-            floor of the others: share it soon).
+        on_backlogged: told when a user or member becomes backlogged here (its head may be
+            the new floor of the others: share it soon), and while a dispatch here is held
+            (at most every :data:`HELD_SYNC_SECONDS`).
 
     """
 
@@ -149,7 +183,8 @@ class JournaledCounters(LocalCounters):
         self.peer_heads = PeerHeads()
         self._on_backlogged = on_backlogged
         self._active: dict[str, None] = {}  # backlogged here, in order of becoming so
-        self._tracked: dict[str, None] = {}  # read back too, never heads
+        self._tracked: dict[str, str] = {}  # members backlogged here -> their group
+        self._held_sync = 0.0  # when a held dispatch last asked for a sync
 
     def lift(self, user: str, floor: float) -> None:
         """Raise ``user`` to ``floor``; a raise is journaled (a new record is not)."""
@@ -176,42 +211,59 @@ class JournaledCounters(LocalCounters):
         if self._on_backlogged is not None:
             self._on_backlogged()
 
-    def tracked(self, name: str, active: bool) -> None:
-        """See :meth:`LocalCounters.tracked`."""
-        if active:
-            self._tracked[name] = None
-        else:
+    def tracked(self, name: str, active: bool, group: str) -> None:
+        """See :meth:`LocalCounters.tracked`; a newly backlogged member is shared soon."""
+        if not active:
             self._tracked.pop(name, None)
+            return
+        self._tracked[name] = group
+        if self._on_backlogged is not None:
+            self._on_backlogged()
 
     def may_serve(self, user: str) -> bool:
         """Whether ``user`` is within the slack of anyone else's counter on the other replicas."""
-        floor = self.peer_heads.floor(user)
-        value = self._values.get(user)
-        return floor is None or value is None or value <= floor + self.slack + 1e-9
+        return self._within(self._values.get(user), self.peer_heads.floor(user))
+
+    def may_serve_member(self, name: str, group: str) -> bool:
+        """Whether member ``name`` is within the slack of its group's others elsewhere."""
+        return self._within(self._values.get(name), self.peer_heads.member_floor(name, group))
+
+    def _within(self, value: float | None, floor: float | None) -> bool:
+        if floor is None or value is None or value <= floor + self.slack + 1e-9:
+            return True
+        # Held for a replica further behind. Charges move counters between dispatches
+        # without a sync, so the heads holding this replica (or this replica's, holding the
+        # one it waits for) may be stale; when every replica is held, nothing else would
+        # sync them before the lease's timer (1.7 s stalls of a three-replica cluster).
+        now = time.monotonic()
+        if self._on_backlogged is not None and now - self._held_sync >= HELD_SYNC_SECONDS:
+            self._held_sync = now
+            self._on_backlogged()
+        return False
 
     def take_journal(
         self, waits: Callable[[str], bool] | None = None
-    ) -> tuple[Journal, list[str], Heads]:
+    ) -> tuple[Journal, list[str], Heads, MemberHeads]:
         """See :meth:`LocalCounters.take_journal`.
 
         The heads are the two backlogged users with the smallest counters here, smallest
         first (fewer when fewer are backlogged), leaving out those ``waits`` names: users in
         the idle-only band wait for in-quota work anywhere, so no other replica waits for
-        them (this replica knows best which of its users are over a soft limit).
+        them (this replica knows best which of its users are over a soft limit). The same,
+        per group, for the members backlogged here (``waits`` is asked their names).
         """
         journal, self.journal = self.journal, Journal()
         active = list(self._active)
-        entries = [(v, u) for u in active if (v := self._values.get(u)) is not None]
-        if waits is None:
-            ranked = heapq.nsmallest(2, entries)
-        else:  # smallest first, asking ``waits`` only until two heads are found
-            heapq.heapify(entries)
-            ranked = []
-            while entries and len(ranked) < 2:
-                entry = heapq.heappop(entries)
-                if not waits(entry[1]):
-                    ranked.append(entry)
-        return journal, active + list(self._tracked), tuple((u, v) for v, u in ranked[:2])
+        heads = _smallest(active, self._values, waits)
+        groups: dict[str, list[str]] = {}
+        for name, group in self._tracked.items():
+            groups.setdefault(group, []).append(name)
+        members = tuple(
+            (group, name, value)
+            for group, names in groups.items()
+            for name, value in _smallest(names, self._values, waits)
+        )
+        return journal, active + list(self._tracked), heads, members
 
     def adopt(self, counters: Mapping[str, float], heads: PeerHeads) -> None:
         """Take the shared counters (plus what was journaled since), and the peers' heads.
@@ -229,3 +281,20 @@ class JournaledCounters(LocalCounters):
                 for changed in self._watchers:
                     changed(user)
         self.peer_heads = heads
+
+
+def _smallest(
+    names: list[str], values: Mapping[str, float], waits: Callable[[str], bool] | None
+) -> Heads:
+    """Return the two of ``names`` with the smallest values, smallest first, not ``waits``'."""
+    entries = [(v, u) for u in names if (v := values.get(u)) is not None]
+    if waits is None:
+        ranked = heapq.nsmallest(2, entries)
+    else:  # smallest first, asking ``waits`` only until two heads are found
+        heapq.heapify(entries)
+        ranked = []
+        while entries and len(ranked) < 2:
+            entry = heapq.heappop(entries)
+            if not waits(entry[1]):
+                ranked.append(entry)
+    return tuple((u, v) for v, u in ranked)

@@ -46,13 +46,18 @@ __all__ = [
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """One tier's journal: its charges and lifts, backlogged users and its two heads."""
+    """One tier's journal: its charges and lifts, the names to read back and the heads.
+
+    ``heads``: the two smallest backlogged users; ``members``: the two smallest backlogged
+    members of each group, as ``(group, name, counter)``.
+    """
 
     model: str
     tier: int
     journal: Journal
     active: list[str]
     heads: tuple[tuple[str, float], ...]
+    members: tuple[tuple[str, str, float], ...] = ()
 
 
 @dataclass(frozen=True)

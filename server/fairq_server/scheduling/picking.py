@@ -123,8 +123,13 @@ class Picker:
             user, route = picked
             if not tier_queue.may_serve(user):
                 # Cluster: a user backlogged on another replica is further behind; that
-                # replica takes this slot (the shared gate gives it out).
-                return False
+                # replica takes this slot (the shared gate gives it out), unless another
+                # team here is within its own floor.
+                other = tier_queue.unheld(user)
+                if other is None or self._held_in_band(model, tier_queue, other):
+                    return False
+                user = other
+                route = self._settings().policies.router.route(tier_queue.head_of(user), candidates)
             ticket = queue.pop(tier, user)
         model.last_served[tier] = now
         # An aged request is sent with the priority of the tier it overtook, so a
@@ -289,6 +294,13 @@ class Picker:
         entitlement.count_demotion(served_from_band=True)
         return user, route
 
+    def _held_in_band(self, model: ModelState, tier_queue: TierQueue, user: str) -> bool:
+        """Whether ``user`` is in the idle-only band (over a soft limit) while others wait."""
+        entitlement = self._entitlement
+        if entitlement is None or not entitlement.has_soft:
+            return False
+        return entitlement.demoted(user, tier_queue.head_of(user).team, model.name)
+
     @staticmethod
     def _in_quota_elsewhere(tier_queue: TierQueue) -> bool:
         """Whether another replica has in-quota work of this tier waiting (cluster only).
@@ -302,7 +314,8 @@ class Picker:
         """Which entries of ``tier_queue`` are in the idle-only band (None: no soft limits).
 
         Entries are a tier's unit between replicas: users without a team, or teams, and a team
-        is in the band when every one of its users backlogged here is.
+        is in the band when every one of its users backlogged here is; and team members'
+        counters (the team's key, a unit separator, the user), each in the band with its user.
         """
         entitlement = self._entitlement
         if entitlement is None or not entitlement.has_soft:
@@ -310,6 +323,10 @@ class Picker:
 
         def in_band(entry: str) -> bool:
             team = entry[len(TEAM_TAG) :] if entry.startswith(TEAM_TAG) else None
+            if team is not None:
+                team, member, user = team.partition("\x1f")  # team names hold no 0x1F
+                if member:
+                    return entitlement.demoted(user, team, model)
             members = tier_queue.members(entry)
             return bool(members) and all(entitlement.demoted(u, team, model) for u in members)
 

@@ -16,7 +16,11 @@ from fairq_server.scheduling.fairness.hierarchy import TeamFairness
 from fairq_server.scheduling.interfaces import Cost, FairnessPolicy, OrderingPolicy, SortKey
 from fairq_server.scheduling.ticket import Ticket, TicketState
 
-__all__ = ["ModelQueue", "TierQueue"]
+__all__ = ["UNHELD_LOOKS", "ModelQueue", "TierQueue"]
+
+#: Teams :meth:`TierQueue.unheld` looks at for one that may be served (a short walk: it runs
+#: on a held dispatch, and the teams furthest behind are first).
+UNHELD_LOOKS = 8
 
 
 @dataclass
@@ -175,10 +179,32 @@ class TierQueue:
     def may_serve(self, user: str) -> bool:
         """Whether ``user`` may be served here now (cluster: see ``LocalCounters.may_serve``).
 
-        With teams, the question is asked of the user's team-level entry.
+        With teams, the question is asked of the user's team-level entry, and of its member
+        counter against the team's members elsewhere.
         """
-        key = self._teams.level_key(user) if self._teams is not None else user
-        return self.counters.may_serve(key)
+        if self._teams is None:
+            return self.counters.may_serve(user)
+        if not self.counters.may_serve(self._teams.level_key(user)):
+            return False
+        member = self._teams.member(user)
+        return member is None or self.counters.may_serve_member(*member)
+
+    def unheld(self, held: str) -> str | None:
+        """Return a user of another team here that may be served while ``held`` may not.
+
+        Cluster with teams only: the pick waits for someone further behind on another
+        replica, at its team's level or (a team mate) inside its team. Without teams every
+        other user here is ahead of the pick and waits too; with them, another team's pick
+        here may be within its own floor, so the slot is not left waiting for a team that
+        cannot take it. Looks at the first :data:`UNHELD_LOOKS` teams in fairness order.
+        """
+        if self._teams is None:
+            return None
+        held_key = self._teams.level_key(held)
+        for user in self._teams.team_picks(UNHELD_LOOKS):
+            if self._teams.level_key(user) != held_key and self.may_serve(user):
+                return user
+        return None
 
     def members(self, entry: str) -> list[str]:
         """Return the backlogged users behind a team-level ``entry`` (the entry, for a user)."""

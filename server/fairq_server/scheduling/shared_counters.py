@@ -30,8 +30,8 @@ def take_journals(models: Iterable[ModelState], band: BandOf) -> list[ev.Journal
         for index, tier in enumerate(model.queue.tiers):
             taken = tier.counters.take_journal(band(model.name, tier))
             if taken is not None:
-                journal, active, heads = taken
-                out.append(ev.JournalEntry(model.name, index, journal, active, heads))
+                journal, active, heads, members = taken
+                out.append(ev.JournalEntry(model.name, index, journal, active, heads, members))
     return out
 
 

@@ -33,7 +33,7 @@ def test_charges_and_lifts_are_journaled_weighted() -> None:
     activate(policy, counters, "a", 2.0)
     policy.charge("a", Cost(prompt_tokens=10, completion_tokens=5))  # (10 + 2 * 5) / 2
     activate(policy, counters, "b", 1.0)  # lifted to a's counter, 10
-    journal, active, heads = counters.take_journal()
+    journal, active, heads, _members = counters.take_journal()
     assert journal.deltas == {"a": 10.0}
     assert journal.floors == {"b": 10.0}
     assert sorted(active) == ["a", "b"]

@@ -173,10 +173,12 @@ def test_in_a_cluster_heads_are_team_level_and_members_are_read_back() -> None:
         t = ticket(user)
         t.team, t.team_weight = team, 2.0 if team else 1.0
         queue.push(t)
-    _journal, read_back, heads = counters.take_journal()
+    _journal, read_back, heads, members = counters.take_journal()
     assert {u for u, _ in heads} == {team_key("A"), "solo"}
     prefix = team_key("A") + "\x1f"
     assert set(read_back) == {team_key("A"), "solo", prefix + "a1", prefix + "a2"}
+    # Members have heads of their own, by team.
+    assert {(g, n) for g, n, _ in members} == {(team_key("A"), prefix + u) for u in ("a1", "a2")}
     # A member is never lifted to a team-level floor from elsewhere.
     counters.adopt({}, PeerHeads(((team_key("B"), 500.0),)))
     t = ticket("a3")
@@ -204,3 +206,31 @@ def test_tier_queue_charges_team_and_user_and_empties_cleanly() -> None:
     assert served == ["a1", "b1", "a2", "b1", "a1"]
     assert queue.active_users == 0
     assert counters._values == {}  # one process, nobody backlogged: the history goes
+
+
+def test_in_a_cluster_a_member_waits_for_its_team_mates_further_behind_elsewhere() -> None:
+    counters = JournaledCounters(slack=5.0)
+    policy = teams("vtc", counters)
+    queue = TierQueue(policy, FifoOrdering(), counters)
+    for user, team in (("a1", "A"), ("b1", "B")):
+        t = ticket(user)
+        t.team, t.team_weight = team, 1.0
+        queue.push(t)
+    a, b = team_key("A"), team_key("B")
+    a1 = a + "\x1fa1"
+    counters.adopt({a1: 100.0}, PeerHeads())  # a1 already served here and elsewhere
+    # A team mate elsewhere further behind than the slack: a1 waits; within it, a1 goes.
+    counters.adopt({a1: 100.0}, PeerHeads(members=((a, a + "\x1fa2", 90.0),)))
+    assert not queue.may_serve("a1")
+    counters.adopt({a1: 100.0}, PeerHeads(members=((a, a + "\x1fa2", 95.0),)))
+    assert queue.may_serve("a1")
+    # Another team's members, and a1's own head elsewhere, are no floor for a1.
+    others = ((b, b + "\x1fb2", 0.0), (a, a1, 0.0))
+    counters.adopt({a1: 100.0}, PeerHeads(members=others))
+    assert queue.may_serve("a1") and queue.may_serve("b1")
+    # The member heads this replica stores: its smallest backlogged member of each team.
+    _journal, _read, _heads, members = counters.take_journal()
+    assert sorted(members) == [(a, a1, 100.0), (b, b + "\x1fb1", 0.0)]
+    # a1's queue here empties: its head goes.
+    queue.pop("a1")
+    assert counters.take_journal()[3] == ((b, b + "\x1fb1", 0.0),)

@@ -15,11 +15,14 @@ no team anywhere, the team level *is* the configured policy over users, entry fo
 
 The peers' heads a cluster compares against are team-level (teams and users without one: the
 same units); the user level never takes a floor from them (the user level's view hides it),
-since a team member's counter only means something against its own team's.
+since a team member's counter only means something against its own team's. Members have heads
+of their own, per team (:meth:`TeamFairness.member`): a member is served only while no member
+of its team elsewhere is further behind.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -133,6 +136,21 @@ class TeamFairness:
         """Return ``user``'s team-level entry: its team's key, or itself (no team)."""
         return self._active.get(user, user)
 
+    def team_picks(self, limit: int) -> list[str]:
+        """Return each of the first ``limit`` team-level entries' pick, in team-level order."""
+        out = []
+        for key in self._top.candidates(math.inf, limit):
+            entry = self._teams.get(key)
+            out.append(key if entry is None else entry.policy.select())
+        return out
+
+    def member(self, user: str) -> tuple[str, str] | None:
+        """Return backlogged ``user``'s member counter and its team's key (None: no team)."""
+        key = self._active.get(user)
+        if key is None or key == user:
+            return None
+        return self._teams[key].view.prefix + user, key
+
     # -- FairnessPolicy -------------------------------------------------------------------
 
     def activate(self, user: str, weight: float, *, resume: bool = False) -> None:
@@ -165,7 +183,7 @@ class TeamFairness:
         entry.active += 1
         entry.policy.activate(user, weight, resume=resume)
         if side is not None:
-            side.tracked(entry.view.prefix + user, True)
+            side.tracked(entry.view.prefix + user, True, key)
         if entry.active == 1:
             self._top.activate(key, team_weight, resume=resume)
             if side is not None:
@@ -186,7 +204,7 @@ class TeamFairness:
         entry.policy.deactivate(user)
         entry.active -= 1
         if side is not None:
-            side.tracked(entry.view.prefix + user, False)
+            side.tracked(entry.view.prefix + user, False, key)
         if entry.active == 0:
             self._top.deactivate(key)
             if side is not None:
