@@ -18,7 +18,7 @@ import fairq
 from fairq_bench.processes import fairq_process, toml_config
 
 from .conftest import OTHER_CPUS
-from .flood import FloodConfig, SendFn, run_flood
+from .flood import TEST_FLOOD, FloodConfig, SendFn, run_flood
 from .openai_http import (
     completions_sender,
     flood_client,
@@ -184,7 +184,7 @@ async def test_flood_light_user_is_served_fast_and_power_user_loses_little(
     light request than on a GPU host: measured 0.13-0.30x over 12 engine sizes and workloads
     (``docs/benchmarks/sweep-vllm.md``); the bound leaves margin for that spread.
     """
-    config = FloodConfig()
+    config = TEST_FLOOD
     url, model = vllm_fcfs.url, vllm_fcfs.model
     with _out_of_the_engines_way():
         directs, throughs = await _interleaved_floods(url, model, config, rounds=2)

@@ -24,7 +24,7 @@ from fairq_bench.processes import fairq_process, toml_config
 from fairq_bench.targets import free_port
 
 from .conftest import OTHER_CPUS
-from .flood import FloodConfig, run_flood
+from .flood import TEST_FLOOD, run_flood
 from .openai_http import completions_sender, flood_client, is_idle, wait_for_metrics
 from .vllm_process import VllmProcess
 
@@ -258,7 +258,7 @@ async def test_fronts_a_vllm_started_with_api_key(
 
 async def test_flood_through_http_door(vllm_fcfs: VllmProcess) -> None:
     """The flood, twice each way (direct, door, door, direct): light user's TTFT by its mean."""
-    config = FloodConfig()
+    config = TEST_FLOOD
     url, model = vllm_fcfs.url, vllm_fcfs.model
     cpus = os.sched_getaffinity(0)
     if OTHER_CPUS:

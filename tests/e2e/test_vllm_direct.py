@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .flood import FloodConfig, measure_alone, run_flood
+from .flood import TEST_FLOOD, measure_alone, run_flood
 from .openai_http import (
     DONE,
     completions_sender,
@@ -141,7 +141,7 @@ async def test_client_disconnect_frees_the_running_slot(vllm_fcfs: VllmProcess) 
 
 
 async def test_fifo_backend_starves_light_user_behind_power_user(vllm_fcfs: VllmProcess) -> None:
-    config = FloodConfig()
+    config = TEST_FLOOD
     async with flood_client() as client:
         await wait_for_metrics(client, vllm_fcfs.url, is_idle)
         send = completions_sender(client, vllm_fcfs.url, vllm_fcfs.model)

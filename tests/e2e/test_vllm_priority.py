@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from .flood import FloodConfig, measure_alone, run_flood
+from .flood import TEST_FLOOD, measure_alone, run_flood
 from .openai_http import completions_sender, flood_client, is_idle, wait_for_metrics
 from .vllm_process import VllmProcess
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.vllm
 async def test_priority_policy_lets_light_user_overtake_the_flood(
     vllm_priority: VllmProcess,
 ) -> None:
-    config = FloodConfig()
+    config = TEST_FLOOD
     async with flood_client() as client:
         await wait_for_metrics(client, vllm_priority.url, is_idle)
         power = completions_sender(
