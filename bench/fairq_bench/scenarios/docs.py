@@ -65,11 +65,15 @@ def _result_line(path: Path) -> str:
     for line in text.splitlines():
         if line.startswith(RESULT_PREFIX):
             return line[len(RESULT_PREFIX) :].strip()
-    # Pages written by other code (the flood scenario): quote their table's headline rows.
+    # Pages written by other code (the flood scenario): quote their table's headline rows
+    # (not a table's header row, the one above its |---| line).
+    lines = text.splitlines()
     rows = [
         line
-        for line in text.splitlines()
-        if line.startswith("|") and re.search(r"TTFT p50|makespan|throughput", line)
+        for line, below in zip(lines, [*lines[1:], ""], strict=True)
+        if line.startswith("|")
+        and not below.startswith("|---")
+        and re.search(r"TTFT p50|makespan|throughput", line)
     ]
     cells = []
     for row in rows:

@@ -32,6 +32,7 @@ import httpx
 
 from fairq_bench.processes import fairq_process, sim_process, toml_config
 from fairq_bench.report import markdown_table, summarize
+from fairq_bench.scenarios.docs import RESULT_PREFIX
 from fairq_bench.targets import direct_sender, fairq_sender, free_port, http_client
 from fairq_bench.workload import RequestResult, RequestSpec, replay
 
@@ -183,6 +184,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
     specs = flood_of_many(per_user=per_user, power_tokens=power_tokens)
     modes = (*MODES, SLOTS_ONLY) if getattr(args, "decompose", False) else MODES
     sections, good = [], True
+    results: list[str] = []
     for kind in (args.kind,) if real else ("vllm", "tgi"):
         runs: dict[str, list[tuple[list[RequestResult], Cost]]] = {m: [] for m in modes}
         async with contextlib.AsyncExitStack() as stack:
@@ -207,10 +209,11 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
                             target, args.model, kind, slots, specs, mode, args.priority_scheduling
                         )
                     )
-        rows, light = _rows(runs)
+        rows, light, summary = _rows(runs)
         good &= light["fairq + preemption"] < 0.5 * light["fairq"]
         where = args.describe or f"{args.backend}" if real else f"Simulator, {kind} mode"
         sections.append(f"### {where} ({slots} slots)\n\n{rows}\n\n{_per_round(runs)}\n")
+        results.append(f"{where}: {summary}")
     power = len(specs) - 5
     page = (
         f"# Preemption by continuation — {'backend' if real else 'simulator'}\n\n"
@@ -218,6 +221,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
         "user sends 5 requests of 16 tokens from t=0.5 s. Medians over "
         f"{rounds} interleaved round(s) ({', '.join(modes)}, then again).\n\n"
         + "\n".join(sections)
+        + f"\n{RESULT_PREFIX} {'; '.join(results)}.\n"
         + f"\nReproduce: `{args.reproduce or 'fairq bench preemption'}`\n"
     )
     (out / ("preemption-backend.md" if real else "preemption.md")).write_text(page)
@@ -226,8 +230,8 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
 
 def _rows(
     runs: dict[str, list[tuple[list[RequestResult], Cost]]],
-) -> tuple[str, dict[str, float]]:
-    """The table of medians per mode, and the light user's worst TTFT per mode."""
+) -> tuple[str, dict[str, float], str]:
+    """The table of medians per mode, the light user's worst TTFT per mode, and a summary."""
     med: dict[str, dict[str, float]] = {}
     for mode, rounds in runs.items():
         light = [summarize(mode, r, lambda u: u == LIGHT) for r, _ in rounds]
@@ -261,7 +265,13 @@ def _rows(
         "power makespan s (vs direct)", "regenerated (decoded twice)",
         "re-read as prompt", "failed",
     )  # fmt: skip
-    return markdown_table(header, table), {k: v["ttft_max"] for k, v in med.items()}
+    p = med["fairq + preemption"]
+    summary = (
+        f"with preemption the light user's TTFT p50 is {p['ttft_p50'] / d['ttft_p50']:.3f}x "
+        f"direct, the power makespan {p['makespan'] / d['makespan']:.3f}x, "
+        f"regenerated {_share(p['regen'], p['fairq_side'])}"
+    )
+    return markdown_table(header, table), {k: v["ttft_max"] for k, v in med.items()}, summary
 
 
 def _per_round(runs: dict[str, list[tuple[list[RequestResult], Cost]]]) -> str:
