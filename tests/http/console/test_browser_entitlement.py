@@ -12,7 +12,6 @@ from pathlib import Path
 import grpc
 import pytest
 from selenium import webdriver
-from selenium.webdriver.common.by import By
 
 from fairq_sim import SimServer
 
@@ -33,7 +32,12 @@ def _team_row(driver: webdriver.Chrome, team: str) -> dict[str, str]:
 
 
 def _marks(driver: webdriver.Chrome) -> list[str]:
-    return [str(m.text) for m in driver.find_elements(By.CSS_SELECTOR, "#live [data-team-over]")]
+    # One script call, as _team_row: a refresh pushed between a find and a read replaced the
+    # elements found (StaleElementReferenceException in one run of the full suite).
+    found = driver.execute_script(
+        "return [...document.querySelectorAll('#live [data-team-over]')].map(m => m.innerText);"
+    )
+    return [str(m) for m in found] if isinstance(found, list) else []
 
 
 @pytest.mark.timeout(120)
