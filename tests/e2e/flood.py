@@ -56,10 +56,10 @@ class FloodConfig:
     timeout_s: float = 600.0
 
 
-#: The flood the real-vLLM tests run: the reference shape with power requests half as long
+#: The flood most real-vLLM tests run: the reference shape with power requests half as long
 #: (150 tokens). Waves are half as long too, so the light user's TTFT against direct, which
-#: counts waves, keeps its ratio, and each flood takes ~20 s instead of ~40 s (CI time: the
-#: tests run ten floods). The benchmarks keep the reference.
+#: counts waves, keeps its ratio, and each flood takes ~20 s instead of ~40 s (CI time). The
+#: gRPC flood test, whose bound is on the mean makespan, and the benchmarks keep the reference.
 TEST_FLOOD = FloodConfig(power_max_tokens=150)
 
 

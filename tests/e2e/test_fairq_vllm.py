@@ -18,7 +18,7 @@ import fairq
 from fairq_bench.processes import fairq_process, toml_config
 
 from .conftest import OTHER_CPUS
-from .flood import TEST_FLOOD, FloodConfig, SendFn, run_flood
+from .flood import FloodConfig, SendFn, run_flood
 from .openai_http import (
     completions_sender,
     flood_client,
@@ -184,7 +184,10 @@ async def test_flood_light_user_is_served_fast_and_power_user_loses_little(
     light request than on a GPU host: measured 0.13-0.30x over 12 engine sizes and workloads
     (``docs/benchmarks/sweep-vllm.md``); the bound leaves margin for that spread.
     """
-    config = TEST_FLOOD
+    # The reference flood, not TEST_FLOOD: at 150-token power requests the makespan ratio
+    # measured 1.006x on a quiet machine but 1.186x (best 1.152x) under 50 % hypervisor steal,
+    # where fairq's dispatch, twice as frequent, lags the engine; at 300 tokens 1.066-1.102x.
+    config = FloodConfig()
     url, model = vllm_fcfs.url, vllm_fcfs.model
     with _out_of_the_engines_way():
         directs, throughs = await _interleaved_floods(url, model, config, rounds=2)
