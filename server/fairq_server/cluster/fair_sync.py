@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from fairq_server.cluster.connection import REDIS_ERRORS
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.counters import PeerHeads
+from fairq_server.scheduling.counters import Heads, MemberHeads, PeerHeads
 
 __all__ = ["COALESCE_SECONDS", "FairSync"]
 
@@ -64,8 +64,8 @@ class FairSync:
         self._connected = connected
         self._lost = lost
         self._wake = asyncio.Event()
-        # The heads (users', then members') last stored per model and tier.
-        self._heads: dict[tuple[str, int], tuple[object, ...]] = {}
+        # The heads (users', members') last stored per model and tier.
+        self._heads: dict[tuple[str, int], tuple[Heads, MemberHeads]] = {}
 
     def wake(self) -> None:
         """Sync soon (a dispatch or a newly backlogged user here, or heads moved elsewhere)."""

@@ -184,7 +184,8 @@ class SharedCounters:
             n = int(row[0])
             m = int(row[1 + n])
             heads = PeerHeads(
-                tuple(_pairs(row[1 : 1 + n])), tuple(_triples(row[2 + n : 2 + n + m]))
+                tuple((user, c) for (user,), c in _entries(row[1 : 1 + n], 1)),
+                tuple((g, name, c) for (g, name), c in _entries(row[2 + n : 2 + n + m], 2)),
             )
             values = row[2 + n + m :]
             counters = {u: float(v) for u, v in zip(e.active, values, strict=True)}
@@ -192,26 +193,20 @@ class SharedCounters:
         return out
 
 
-def _triples(stored: Sequence[bytes | str]) -> Iterator[tuple[str, str, float]]:
-    """Yield the ``(group, name, counter)`` member heads other replicas stored (skip malformed)."""
+def _entries(stored: Sequence[bytes | str], names: int) -> Iterator[tuple[list[str], float]]:
+    """Yield the ``(names, counter)`` entries other replicas stored (skip malformed).
+
+    Each stored value is a JSON list of entries, each ``names`` strings and a number: heads
+    ``[user, counter]``, member heads ``[group, name, counter]``. A value with a malformed
+    entry is skipped from there on.
+    """
     for value in stored:
         try:
-            triples = json.loads(value)
-            for group, name, counter in triples:
-                named = isinstance(group, str) and isinstance(name, str)
+            for *strings, counter in json.loads(value):
+                if len(strings) != names:
+                    raise ValueError(strings)
+                named = all(isinstance(x, str) for x in strings)
                 if named and isinstance(counter, int | float) and not isinstance(counter, bool):
-                    yield group, name, float(counter)
-        except (ValueError, TypeError):
-            continue
-
-
-def _pairs(stored: Sequence[bytes | str]) -> Iterator[tuple[str, float]]:
-    """Yield the ``(user, counter)`` pairs of the heads other replicas stored (skip malformed)."""
-    for value in stored:
-        try:
-            pairs = json.loads(value)
-            for user, counter in pairs:
-                if isinstance(user, str) and isinstance(counter, int | float):
-                    yield user, float(counter)
+                    yield strings, float(counter)
         except (ValueError, TypeError):
             continue

@@ -182,6 +182,8 @@ class TierQueue:
         With teams, the question is asked of the user's team-level entry, and of its member
         counter against the team's members elsewhere.
         """
+        if not self.counters.shared:
+            return True  # one process: nobody elsewhere to wait for
         if self._teams is None:
             return self.counters.may_serve(user)
         if not self.counters.may_serve(self._teams.level_key(user)):
