@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -17,6 +17,7 @@ from fairq_sim.config import SimConfig
 from fairq_sim.state import SimState
 from fairq_sim.tgi_api import tgi_routes
 from fairq_sim.vllm_api import vllm_routes
+from fairq_sim.vllm_metrics import VllmMetrics
 
 __all__ = ["create_app", "sim_state"]
 
@@ -43,6 +44,10 @@ def create_app(config: SimConfig) -> Starlette:
     openai = config.mode in ("vllm", "sglang")
     routes = vllm_routes() if openai else tgi_routes()
     routes.append(Route("/metrics", _metrics, methods=["GET"]))
+    if config.mode == "vllm":
+        # vLLM mounts prometheus_client's app at /metrics/, which renders only the samples
+        # asked for by name[] (fairq asks so; its /metrics route renders everything).
+        routes.append(Route("/metrics/", _metrics_by_name, methods=["GET"]))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -86,12 +91,24 @@ async def _empty_error(request: Request, exc: Exception) -> Response:
 
 async def _metrics(request: Request) -> Response:
     state: SimState = request.app.state.sim
+    return await _exposition(state, state.metrics.render)
+
+
+async def _metrics_by_name(request: Request) -> Response:
+    state: SimState = request.app.state.sim
+    metrics = state.metrics
+    assert isinstance(metrics, VllmMetrics)  # the route exists in vLLM mode only
+    names = request.query_params.getlist("name[]")
+    return await _exposition(state, lambda: metrics.render(names))
+
+
+async def _exposition(state: SimState, render: Callable[[], bytes]) -> Response:
     if state.config.metrics_delay > 0:
         # A simulated slow exporter, not a synchronisation wait.
         await asyncio.sleep(state.config.metrics_delay)
     if state.config.metrics_fail:
         return PlainTextResponse("Internal Server Error", status_code=500)
-    return Response(state.metrics.render(), headers={"content-type": state.metrics.content_type})
+    return Response(render(), headers={"content-type": state.metrics.content_type})
 
 
 class _WarmupMiddleware:

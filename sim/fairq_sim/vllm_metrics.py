@@ -9,6 +9,8 @@ instrumentator's ``http_*``) are left out rather than faked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -204,8 +206,12 @@ class VllmMetrics(EngineObserver):
         """Read gauges (running, waiting, KV usage) from ``engine`` at render time."""
         self._engine = engine
 
-    def render(self) -> bytes:
-        """Return the exposition text of every metric, gauges refreshed from the engine."""
+    def render(self, names: Sequence[str] = ()) -> bytes:
+        """Return the exposition text, gauges refreshed from the engine.
+
+        With ``names``, only those samples' metrics, as vLLM's prometheus_client app behind
+        ``/metrics/`` answers ``name[]`` (its ``/metrics`` route renders everything).
+        """
         if self._engine is not None:
             engine = self._engine
             self.running.labels(**self._labels).set(engine.num_running)
@@ -213,6 +219,8 @@ class VllmMetrics(EngineObserver):
             self.waiting_peak.set(engine.peak_waiting)
             self.waiting_by_reason.labels(**self._labels, reason="capacity").set(engine.num_waiting)
             self.kv_usage.labels(**self._labels).set(engine.kv.usage)
+        if names:
+            return generate_latest(self.registry.restricted_registry(names))
         return generate_latest(self.registry)
 
     def on_scheduled(self, request: SimRequest, queried_tokens: int, hit_tokens: int) -> None:

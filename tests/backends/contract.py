@@ -198,6 +198,9 @@ async def check_scrape_counts_tpot(target: VllmTarget) -> None:
     try:
         await wait_for_metrics(target.base_url, _idle)
         before = await backend.scrape(5.0)
+        # vLLM (and the simulator in its mode) answers the samples asked for by name: the
+        # scrape stays filtered (a fallback to the whole exposition would have switched it off).
+        assert backend.metrics_filtered is bool(backend.metrics_filter)
         await _collect(backend.stream(target.prompt(8), 0))
 
         # The histogram is observed when the engine retires the request, which may be just

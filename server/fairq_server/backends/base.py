@@ -35,6 +35,7 @@ from fairq_server.backends.http_reading import (
     stream_failures,
 )
 from fairq_server.backends.idle_watch import CONNECT_SECONDS
+from fairq_server.backends.metrics import MetricsScraper
 from fairq_server.backends.openai_wire import STREAM_HEADERS, json_body, openai_body
 from fairq_server.backends.request import (
     BackendRequest,
@@ -75,6 +76,10 @@ class Backend(abc.ABC):
 
     kind: str = ""
     token_prompts: bool = False
+    #: Sample names the adapter reads, asked for by name (``name[]``, as prometheus_client's
+    #: exporter filters) at :attr:`filtered_metrics_path`; empty: ``/metrics`` whole.
+    metrics_filter: tuple[str, ...] = ()
+    filtered_metrics_path: str = "/metrics/"
 
     def __init__(
         self,
@@ -112,6 +117,7 @@ class Backend(abc.ABC):
         # Until /v1/models has listed every registered model, scrapes check it first (and
         # fail with the reason, which keeps the backend unhealthy).
         self.models_verified = not verify_models
+        self._scraper: MetricsScraper | None = None
         # Each model's context length, as /v1/models gave it (read with the check).
         self.context_lengths: dict[str, int] = {}
 
@@ -204,6 +210,9 @@ class Backend(abc.ABC):
     async def scrape(self, timeout: float) -> MetricsSample:
         """Fetch and parse ``/metrics`` within ``timeout`` seconds, headers to last byte.
 
+        An adapter with :attr:`metrics_filter` asks for those samples only, until the
+        backend proves it cannot answer that (:class:`MetricsScraper`).
+
         Raises:
             BackendError: the endpoint failed, took too long, sent more than
                 ``read_limits.metrics_bytes``, or its text could not be parsed (or held a
@@ -216,34 +225,18 @@ class Backend(abc.ABC):
                 await self.verify_models(timeout)
             except InvalidRequestError as exc:
                 raise BackendError(str(exc), BackendFailure.UNAVAILABLE) from exc
-        limit = self.read_limits.metrics_bytes
-        try:
-            async with self._http().get(
-                self.url("/metrics"), timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
-                if resp.status != 200:
-                    raise await self.http_error(resp)
-                body, complete = await read_at_most(resp, limit)
-                if not complete:
-                    # Do not read the rest: closing drops the connection with it.
-                    resp.close()
-                    raise BackendError(
-                        f"backend {self.id}: metrics larger than {limit} bytes "
-                        "(scheduler.max_metrics_bytes)",
-                        BackendFailure.UNAVAILABLE,
-                    )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise BackendError(
-                f"backend {self.id}: metrics unreachable: {escape(repr(exc), 300)}",
-                BackendFailure.UNAVAILABLE,
-            ) from exc
-        try:
-            return self.parse_metrics(body.decode("utf-8", "replace"))
-        except ValueError as exc:
-            raise BackendError(
-                f"backend {self.id}: unreadable metrics: {escape(str(exc), 300)}",
-                BackendFailure.UNAVAILABLE,
-            ) from exc
+        if self._scraper is None:
+            self._scraper = MetricsScraper(
+                self.id, self.base_url, self.metrics_filter, self.filtered_metrics_path
+            )
+        return await self._scraper.sample(
+            self._http(), self.parse_metrics, timeout, self.read_limits
+        )
+
+    @property
+    def metrics_filtered(self) -> bool:
+        """Whether scrapes ask for :attr:`metrics_filter` only (False before the first)."""
+        return self._scraper is not None and self._scraper.filtered is not None
 
     async def http_error(self, resp: aiohttp.ClientResponse) -> BackendError:
         """Return the error for a non-200 answer, reading at most a prefix of its body."""

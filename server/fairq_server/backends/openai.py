@@ -143,6 +143,9 @@ class OpenAIBackend(VllmBackend):
     """
 
     kind = "openai"
+    # An OpenAI-compatible server's exporter may not filter by name (SGLang's multiprocess
+    # collector answers nothing), and its exposition is small: read it whole.
+    metrics_filter = ()
 
     def __init__(
         self,

@@ -44,6 +44,9 @@ class VllmBackend(Backend):
     kind = "vllm"
     # vLLM's completions API (and the OpenAI API it follows) takes ``prompt`` as token ids.
     token_prompts = True
+    # vLLM's exposition is ~50 kB, rendered on the engine's own core: 6-19 ms per scrape in
+    # full, ~1 ms for these (docs/design/scraping.md).
+    metrics_filter = _WANTED
 
     def parse_metrics(self, text: str) -> MetricsSample:
         """Read waiting/running, KV usage and the TPOT histogram from vLLM's metrics."""
