@@ -236,9 +236,10 @@ def raw_reply(data: bytes) -> Reply:
 class ScriptedBackend:
     """A minimal HTTP/1.1 server posing as a vLLM backend, answering what the test scripts.
 
-    ``GET /metrics`` answers :attr:`metrics` (by default an idle vLLM, so fairq's gate
-    admits); every ``POST`` is recorded in :attr:`requests` (its JSON body) and answered by
-    :attr:`reply`, which may write anything at all, including bytes that are not HTTP.
+    ``GET /metrics`` (and ``/metrics/``, where fairq asks vLLM by name) answers
+    :attr:`metrics` (by default an idle vLLM, so fairq's gate admits); every ``POST`` is
+    recorded in :attr:`requests` (its JSON body) and answered by :attr:`reply`, which may
+    write anything at all, including bytes that are not HTTP.
     """
 
     def __init__(self, reply: Reply) -> None:
@@ -281,7 +282,8 @@ class ScriptedBackend:
                     writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
                     await writer.drain()
                     continue
-                if method == "GET" and path == "/metrics":
+                if method == "GET" and path.partition("?")[0] in ("/metrics", "/metrics/"):
+                    # fairq asks vLLM's /metrics/ by name; the whole exposition reads the same.
                     body = self.metrics.encode()
                     writer.write(
                         b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n"

@@ -5,6 +5,10 @@ extra process between a client and a backend costs on the machine at hand (the s
 and the wake-ups of one more process), so that the HTTP door's overhead benchmark can show
 fairq's own cost beside it. Run as ``python -m fairq_bench.scenarios.bare_relay
 --backend URL``; it prints its URL on the first line of stdout.
+
+``--uvloop`` runs it on the event loop ``fairq serve`` uses; ``--parse`` also splits each read
+into its SSE events and decodes each event's JSON (orjson), the least a relay that reads
+what it forwards does: the hot path's floors (``fairq_bench.hot_path.floor``).
 """
 
 from __future__ import annotations
@@ -13,13 +17,27 @@ import argparse
 import asyncio
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 __all__ = ["relay_app"]
 
 
-def relay_app(backend: str) -> web.Application:
-    """An application that relays every ``POST /{path}`` to ``backend`` as it comes."""
+def _parse(chunk: bytes, rest: bytes) -> bytes:
+    """Decode every complete SSE event of ``rest + chunk``; return the incomplete tail."""
+    *events, tail = (rest + chunk).split(b"\n\n")
+    for event in events:
+        data = event.removeprefix(b"data: ")
+        if data != b"[DONE]":
+            orjson.loads(data)
+    return tail
+
+
+def relay_app(backend: str, parse: bool = False) -> web.Application:
+    """An application that relays every ``POST /{path}`` to ``backend`` as it comes.
+
+    ``parse``: also decode every event relayed (and drop nothing).
+    """
 
     async def startup(app: web.Application) -> None:
         app["session"] = aiohttp.ClientSession(
@@ -42,7 +60,10 @@ def relay_app(backend: str) -> web.Application:
                 headers={"content-type": upstream.headers.get("content-type", "text/plain")},
             )
             await resp.prepare(request)
+            rest = b""
             async for chunk in upstream.content.iter_any():
+                if parse:
+                    rest = _parse(chunk, rest)
                 await resp.write(chunk)
             await resp.write_eof()
             return resp
@@ -54,8 +75,8 @@ def relay_app(backend: str) -> web.Application:
     return app
 
 
-async def _serve(backend: str) -> None:
-    runner = web.AppRunner(relay_app(backend.rstrip("/")), access_log=None)
+async def _serve(backend: str, parse: bool) -> None:
+    runner = web.AppRunner(relay_app(backend.rstrip("/"), parse), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -70,7 +91,16 @@ def main() -> None:
     """Serve the relay until killed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", required=True, help="the backend's base URL")
-    asyncio.run(_serve(parser.parse_args().backend))
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop, as fairq does")
+    parser.add_argument("--parse", action="store_true", help="decode every event relayed")
+    args = parser.parse_args()
+    factory = None
+    if args.uvloop:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_serve(args.backend, args.parse))
 
 
 if __name__ == "__main__":
