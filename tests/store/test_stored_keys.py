@@ -42,6 +42,13 @@ async def generate(target: str, key: str, model: str = "sim") -> grpc.StatusCode
     return grpc.StatusCode.OK
 
 
+async def accepted(target: str, key: str) -> None:
+    """Wait until ``target`` serves a request with ``key`` (a replica polls the store's keys)."""
+    async with asyncio.timeout(5):
+        while await generate(target, key) != grpc.StatusCode.OK:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
 async def test_admin_rpcs_create_list_revoke_rotate(
     sim: SimServer, fairq_factory: FairqFactory, store_url: str
 ) -> None:
@@ -169,15 +176,14 @@ async def test_cli_keys_on_two_replicas_revoked_refused_within_a_second(
         assert made["team"] == "red" and made["tiers"] == ["standard", "batch"]
         secret = made["key"]
         # The other replica learns of the new key by its poll.
-        async with asyncio.timeout(5):
-            while await generate(b, secret) != grpc.StatusCode.OK:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+        await accepted(b, secret)
         code, out, err = await cli("keys", "list", "--target", b, *auth)
         assert code == 0 and made["id"] in out and "carol" in out and secret not in out, err
         # Revoke on A; B refuses it within a second.
         code, out, err = await cli("keys", "revoke", made["id"], "--target", a, *auth)
         assert code == 0 and f"revoked {made['id']}" in out, err
         revoked_at = time.monotonic()
+        not_found = 0  # attempts B authenticated before it learned of the revocation
         while True:
             # An attempt begun a second or more after the revocation must be refused (a
             # request for a model nobody serves passes authentication and fails at once).
@@ -186,6 +192,7 @@ async def test_cli_keys_on_two_replicas_revoked_refused_within_a_second(
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 break
             assert code == grpc.StatusCode.NOT_FOUND, code
+            not_found += 1
             assert asked_at - revoked_at < 1.0, "B still accepts a key revoked a second ago"
         # Rotate through the CLI too; unknown ids and non-admins are refused, named.
         code, out, err = await cli(
@@ -195,7 +202,7 @@ async def test_cli_keys_on_two_replicas_revoked_refused_within_a_second(
         code, out, err = await cli("keys", "rotate", dan["id"], "--target", b, *auth, "--json")
         assert code == 0, err
         assert json.loads(out)["replaces"] == dan["id"]
-        assert await generate(a, json.loads(out)["key"]) == grpc.StatusCode.OK
+        await accepted(a, json.loads(out)["key"])  # made on B: A learns of it by its poll
         code, _, err = await cli("keys", "revoke", "nope", "--target", a, *auth)
         assert code == 1 and "NOT_FOUND" in err
         # The usage report over both replicas' rows.
@@ -206,9 +213,11 @@ async def test_cli_keys_on_two_replicas_revoked_refused_within_a_second(
         table = list(csv.reader(io.StringIO(out)))
         assert table[0] == ["team", "requests", "finished", "input_tokens", "output_tokens", "cost"]
         red = [row for row in table[1:] if row[0] == "red"]
-        # carol's one served request (those refused, or for a model nobody serves, never
-        # reached the queue and are not charged).
-        assert len(red) == 1 and red[0][1:3] == ["1", "1"] and int(red[0][4]) == 3
+        # carol's one served request, and her requests for a model nobody serves that B
+        # authenticated: recorded (refused at admission, outcome not_found) but not charged.
+        # Those refused by authentication are not hers and not recorded.
+        assert len(red) == 1 and red[0][1:3] == [str(1 + not_found), "1"], (red, not_found)
+        assert int(red[0][4]) == 3 and float(red[0][5]) == pytest.approx(1.1e-05)
     finally:
         for replica in replicas:
             await replica.stop()

@@ -84,6 +84,10 @@ async def test_flood_appears_in_the_queue_view_and_drains(
                 # is over her entitlement (half).
                 warm = [sched.Generate(generate(max_tokens=8), metadata=ALICE) for _ in range(2)]
                 assert await asyncio.gather(*map(_drain, warm)) == ["finished"] * 2
+                # The flood lasts while the browser looks (at full speed it drains in 2 s, less
+                # than a loaded machine's browser may take to show it): the engine crawls until
+                # the views have been read.
+                sim.config.speed = 0.02
                 calls = [sched.Generate(generate(max_tokens=48), metadata=ALICE) for _ in range(24)]
                 calls += [sched.Generate(generate(max_tokens=48), metadata=BOB) for _ in range(6)]
                 reading = [asyncio.create_task(_drain(call)) for call in calls]
@@ -101,6 +105,7 @@ async def test_flood_appears_in_the_queue_view_and_drains(
                 # Meanwhile, in another tab: the backend busy, fairq's requests in flight.
                 await asyncio.to_thread(_backends_tab, driver, url)
                 # Then it drains.
+                sim.config.speed = 1.0
                 outcomes = await asyncio.gather(*reading)
                 assert outcomes == ["finished"] * len(calls)
                 await asyncio.to_thread(
