@@ -9,6 +9,7 @@ cluster's: B gets its 1/3.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from dataclasses import replace
 
@@ -31,7 +32,11 @@ FIRST = 36  # judged on the first requests started, while every user is still ba
 
 
 def config(
-    sim: SimServer, redis_url: str | None, replica: str, users: dict[str, tuple[str, int]] = USERS
+    sim: SimServer,
+    redis_url: str | None,
+    replica: str,
+    users: dict[str, tuple[str, int]] = USERS,
+    prefix: str = "fairq",
 ) -> Config:
     keys = [KeyConfig(u, hash_key(f"{u}-key"), team=team) for u, (team, _) in users.items()]
     base = replace(
@@ -41,7 +46,9 @@ def config(
     )
     if redis_url is None:
         return base
-    cluster = ClusterConfig(redis_url, replica_id=replica, lease_seconds=2.0, refresh_seconds=0.05)
+    cluster = ClusterConfig(
+        redis_url, replica_id=replica, lease_seconds=2.0, refresh_seconds=0.05, key_prefix=prefix
+    )
     return replace(base, cluster=cluster)
 
 
@@ -114,12 +121,27 @@ async def test_team_mates_on_different_replicas_share_their_team_evenly(
     Team-level heads alone left the members' split to whichever replica reserved the slot
     first: the replica with both a2 and b1 took more of team A's turns for a2.
     """
+    # Judged on the median of three floods, each by a fresh pair of replicas (a cluster of
+    # its own in Redis): one flood's 36 turns split 10/16 once in a loaded full run (the
+    # median of three is what the bounds hold, not one flood's luck; the fault below
+    # skews every flood the same way).
     sim_config = SimConfig(mode="vllm", model="sim", speed=5.0, max_num_seqs=2)
+    gaps: list[int] = []
+    b_shares: list[float] = []
     async with SimServer(sim_config) as sim:
-        shared = [await fairq_factory(config(sim, redis_server.url, r, SPLIT)) for r in "ab"]
-        first = (await first_tokens(shared, SPLIT))[:FIRST]
-    a1, a2 = (sum(1 for _, user in first if user == u) for u in ("a1", "a2"))
-    b_share = sum(1 for _, user in first if user == "b1") / len(first)
-    print(f"first {FIRST} turns: a1 {a1}, a2 {a2}, team B's share {b_share:.3f}")
-    assert abs(a1 - a2) <= 4, (a1, a2)  # measured 0-3 (11 runs); team-level heads only: 1-8
-    assert 0.25 <= b_share <= 0.42, b_share
+        for flood in range(3):
+            shared = [
+                await fairq_factory(config(sim, redis_server.url, r, SPLIT, f"flood{flood}"))
+                for r in "ab"
+            ]  # fmt: skip
+            first = (await first_tokens(shared, SPLIT))[:FIRST]
+            for server in shared:
+                await server.stop(grace=0.5)
+            await until(lambda: sim.engine.num_running == 0, what="backend idle")
+            a1, a2 = (sum(1 for _, user in first if user == u) for u in ("a1", "a2"))
+            gaps.append(abs(a1 - a2))
+            b_shares.append(sum(1 for _, user in first if user == "b1") / len(first))
+            print(f"first {FIRST} turns: a1 {a1}, a2 {a2}, team B's share {b_shares[-1]:.3f}")
+    # measured 0-3 in one flood (11 runs); team-level heads only: 1-8
+    assert statistics.median(gaps) <= 4, gaps
+    assert 0.25 <= statistics.median(b_shares) <= 0.42, b_shares
