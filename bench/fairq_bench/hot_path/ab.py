@@ -38,10 +38,10 @@ from fairq_bench.hot_path.load import (
     measure,
 )
 from fairq_bench.hot_path.scenario import _flames
-from fairq_bench.hot_path.setup import HTTP_LIMITS, TIERS, Door, Stack, cores, pinned
-from fairq_bench.processes import child_process, fairq_module_process, toml_config
+from fairq_bench.hot_path.setup import HTTP_LIMITS, TIERS, Door, Stack, paced_backend, pinned
+from fairq_bench.processes import fairq_module_process, toml_config
 from fairq_bench.report import percentile
-from fairq_bench.targets import aiohttp_session, free_port
+from fairq_bench.targets import free_port
 
 __all__ = ["main"]
 
@@ -112,12 +112,8 @@ async def _door(
 
 @contextlib.asynccontextmanager
 async def _stack(source: Path) -> AsyncIterator[tuple[str, object, dict[str, Door]]]:
-    where = cores()
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(pinned(where.other))
-        argv = ["-m", "fairq_bench.scenarios.firehose", "--step-ms", "10", "--first-now"]
-        _, backend = await stack.enter_async_context(child_process(argv, r"^(http://\S+)"))
-        session = await stack.enter_async_context(aiohttp_session())
+        where, backend, session = await paced_backend(stack)
         doors = {
             "before": await _door(stack, backend, where.fairq, source),
             "after": await _door(stack, backend, where.fairq, None),

@@ -44,13 +44,14 @@ from fairq_bench.hot_path.load import (
     grpc_stream,
     http_probe,
     http_stream,
+    latency_rounds,
     measure,
 )
 from fairq_bench.hot_path.nginx_relay import nginx_relay
-from fairq_bench.hot_path.setup import HTTP_LIMITS, TIERS, cores, pinned
+from fairq_bench.hot_path.setup import HTTP_LIMITS, TIERS, paced_backend, pinned
 from fairq_bench.processes import child_process, fairq_module_process, toml_config
-from fairq_bench.report import markdown_table, percentile
-from fairq_bench.targets import aiohttp_session, free_port
+from fairq_bench.report import markdown_table
+from fairq_bench.targets import free_port
 
 __all__ = ["main"]
 
@@ -81,12 +82,8 @@ async def _relays(
     nginx: bool,
 ) -> AsyncIterator[tuple[str, aiohttp.ClientSession, dict[str, Relay]]]:
     """The backend and the relays; yields the backend, a session and each relay."""
-    where = cores()
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(pinned(where.other))
-        argv = ["-m", "fairq_bench.scenarios.firehose", "--step-ms", "10", "--first-now"]
-        _, backend = await stack.enter_async_context(child_process(argv, r"^(http://\S+)"))
-        session = await stack.enter_async_context(aiohttp_session())
+        where, backend, session = await paced_backend(stack)
         found: dict[str, Relay] = {}
 
         def over_http(pid: int, url: str) -> Relay:
@@ -173,21 +170,9 @@ async def _low_load(
     """Added p50/p99 per relay: one probe at a time, the paths' order rotating."""
     paths = {"direct": http_probe(session, backend)}
     paths |= {name: relay.probe for name, relay in relays.items()}
-    names = list(paths)
-    for name in names * 3:
-        await paths[name](0)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for i in range(probes):
-        k = i % len(names)
-        for name in names[k:] + names[:k]:
-            samples[name].append(await paths[name](i))
-            await asyncio.sleep(0.002)
-    base50, base99 = (percentile(samples["direct"], q) for q in (50, 99))
-    return {
-        n: (percentile(v, 50) - base50, percentile(v, 99) - base99)
-        for n, v in samples.items()
-        if n != "direct"
-    }
+    rounds = await latency_rounds(paths, 1, probes)
+    base50, base99 = rounds.pop("direct")[0]
+    return {name: (got[0][0] - base50, got[0][1] - base99) for name, got in rounds.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

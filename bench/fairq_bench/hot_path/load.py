@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -21,15 +21,18 @@ import grpc
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.hot_path.setup import Door
 from fairq_bench.processes import cpu_seconds
+from fairq_bench.report import percentile
 
 __all__ = [
     "Probe",
     "Rate",
+    "Rounds",
     "Stream",
     "background",
     "door_probes",
     "door_streams",
     "http_probe",
+    "latency_rounds",
     "measure",
 ]
 
@@ -181,3 +184,24 @@ def door_streams(session: aiohttp.ClientSession, door: Door) -> dict[str, Stream
 def door_probes(session: aiohttp.ClientSession, door: Door) -> dict[str, Probe]:
     """The two doors of ``door`` as probes."""
     return {"grpc": grpc_probe(door.channel), "http": http_probe(session, door.http)}
+
+
+Rounds = dict[str, list[tuple[float, float]]]
+
+
+async def latency_rounds(paths: Mapping[str, Probe], rounds: int, per_round: int) -> Rounds:
+    """Per path, each round's (p50, p99) in seconds; the paths' order rotates every probe."""
+    names = list(paths)
+    for name in names * 3:  # warm-up: connections, first requests
+        await paths[name](0)
+    out: Rounds = {n: [] for n in names}
+    for _ in range(rounds):
+        samples: dict[str, list[float]] = {n: [] for n in names}
+        for i in range(per_round):
+            k = i % len(names)
+            for name in names[k:] + names[:k]:
+                samples[name].append(await paths[name](i))
+                await asyncio.sleep(0.002)
+        for name, values in samples.items():
+            out[name].append((percentile(values, 50), percentile(values, 99)))
+    return out

@@ -25,44 +25,23 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fairq_bench.hot_path.load import (
-    Probe,
     Rate,
+    Rounds,
     background,
     door_probes,
     door_streams,
     http_probe,
+    latency_rounds,
     measure,
 )
 from fairq_bench.hot_path.page import Figures, write_page
 from fairq_bench.hot_path.setup import Stack, hot_stack
-from fairq_bench.report import percentile
 
 __all__ = ["hot_path"]
 
 STREAM_TOKENS = 200
 PER_STREAM = 100.0  # tokens per second a stream gets from a 10 ms engine step
 MAX_STREAMS = 1200
-
-
-Rounds = dict[str, list[tuple[float, float]]]
-
-
-async def _latency(paths: Mapping[str, Probe], rounds: int, per_round: int) -> Rounds:
-    """Per path, each round's (p50, p99) in seconds; the paths' order rotates every probe."""
-    names = list(paths)
-    for name in names * 3:  # warm-up: connections, first requests
-        await paths[name](0)
-    out: Rounds = {n: [] for n in names}
-    for _ in range(rounds):
-        samples: dict[str, list[float]] = {n: [] for n in names}
-        for i in range(per_round):
-            k = i % len(names)
-            for name in names[k:] + names[:k]:
-                samples[name].append(await paths[name](i))
-                await asyncio.sleep(0.002)
-        for name, values in samples.items():
-            out[name].append((percentile(values, 50), percentile(values, 99)))
-    return out
 
 
 def _added(rounds: Rounds, path: str, base: str, q: int) -> float:
@@ -104,7 +83,7 @@ async def _loaded(
         async with background(send, streams, STREAM_TOKENS):
             await asyncio.sleep(1.5)
             window = asyncio.create_task(measure(st.session, st.backend, [st.alone.pid], 1.0))
-            got = await _latency({"direct": direct, name: doors[name]}, 1, probes)
+            got = await latency_rounds({"direct": direct, name: doors[name]}, 1, probes)
             rate = await window
         out[name] = (_added(got, name, "direct", 1), rate.fairq_cores, streams)
     return out
@@ -152,7 +131,7 @@ async def hot_path(args: argparse.Namespace, url: str, out: Path) -> bool:
         }
         print(f"  started ({time.monotonic() - started:.0f} s)", flush=True)
         print(f"  low load: {rounds} rounds of {per_round} probes per path", flush=True)
-        low = await _latency(paths, rounds, per_round)
+        low = await latency_rounds(paths, rounds, per_round)
         print(f"  throughput: {t_rounds} rounds, {streams} streams, {seconds:g} s", flush=True)
         tput = await _throughput(st, t_rounds, streams, seconds)
         capacity = {door: rate.tokens_per_second for door, rate in tput.items()}

@@ -21,7 +21,17 @@ from fairq_bench.processes import child_process, confined, fairq_module_process,
 from fairq_bench.redis_process import RedisProcess
 from fairq_bench.targets import aiohttp_session, free_port
 
-__all__ = ["HTTP_LIMITS", "TIERS", "Cores", "Door", "Stack", "cores", "hot_stack", "pinned"]
+__all__ = [
+    "HTTP_LIMITS",
+    "TIERS",
+    "Cores",
+    "Door",
+    "Stack",
+    "cores",
+    "hot_stack",
+    "paced_backend",
+    "pinned",
+]
 
 #: The gate's threshold on the backend's waiting queue. The default (3) counts fairq's own
 #: requests without a first token: on this shared machine a first token can take tens of
@@ -86,18 +96,29 @@ async def _door(stack: contextlib.AsyncExitStack, text: str, cpus: set[int], htt
     return Door(proc.pid, target, f"http://127.0.0.1:{http}", channel)
 
 
+async def paced_backend(
+    stack: contextlib.AsyncExitStack,
+) -> tuple[Cores, str, aiohttp.ClientSession]:
+    """Start the firehose paced like an engine (a token per stream every 10 ms) on ``stack``.
+
+    This process moves to the backend's core until ``stack`` closes. Returns the cores, the
+    backend's URL and a client session.
+    """
+    where = cores()
+    stack.enter_context(pinned(where.other))
+    argv = ["-m", "fairq_bench.scenarios.firehose", "--step-ms", "10", "--first-now"]
+    _, backend = await stack.enter_async_context(child_process(argv, r"^(http://\S+)"))
+    return where, backend, await stack.enter_async_context(aiohttp_session())
+
+
 @contextlib.asynccontextmanager
 async def hot_stack(replicas: int = 3) -> AsyncIterator[Stack]:
     """Start the backend, fairq alone and ``replicas`` replicas on Redis (0: none).
 
     This process runs on the backend's core while inside.
     """
-    where = cores()
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(pinned(where.other))
-        argv = ["-m", "fairq_bench.scenarios.firehose", "--step-ms", "10", "--first-now"]
-        _, backend = await stack.enter_async_context(child_process(argv, r"^(http://\S+)"))
-        session = await stack.enter_async_context(aiohttp_session())
+        where, backend, session = await paced_backend(stack)
         http = free_port()
         text = toml_config(
             backend, "sim", "vllm", f'[http]\nlisten = "127.0.0.1:{http}"\n{HTTP_LIMITS}{TIERS}'
