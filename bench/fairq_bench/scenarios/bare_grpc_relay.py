@@ -21,6 +21,7 @@ import grpc
 import orjson
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fairq_bench.scenarios.bare_relay import sse_data
 
 __all__ = ["BareScheduler"]
 
@@ -43,12 +44,9 @@ class BareScheduler(scheduler_pb2_grpc.SchedulerServicer):
         finish, rest = "", b""
         async with self.session.post(self.url, json=body) as resp:
             async for read in resp.content.iter_any():
-                *events, rest = (rest + read).split(b"\n\n")
+                datas, rest = sse_data(read, rest)
                 texts = []
-                for event in events:
-                    data = event.removeprefix(b"data: ")
-                    if data == b"[DONE]":
-                        continue
+                for data in datas:
                     for choice in orjson.loads(data).get("choices", ()):
                         texts.append(choice.get("text", ""))
                         finish = choice.get("finish_reason") or finish

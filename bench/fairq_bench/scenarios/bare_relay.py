@@ -20,16 +20,24 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-__all__ = ["relay_app"]
+__all__ = ["relay_app", "sse_data"]
+
+
+def sse_data(chunk: bytes, rest: bytes) -> tuple[list[bytes], bytes]:
+    """Split ``rest + chunk`` into its complete SSE events' data and the incomplete tail.
+
+    The stream's closing ``[DONE]`` is left out.
+    """
+    *events, tail = (rest + chunk).split(b"\n\n")
+    datas = [event.removeprefix(b"data: ") for event in events]
+    return [data for data in datas if data != b"[DONE]"], tail
 
 
 def _parse(chunk: bytes, rest: bytes) -> bytes:
     """Decode every complete SSE event of ``rest + chunk``; return the incomplete tail."""
-    *events, tail = (rest + chunk).split(b"\n\n")
-    for event in events:
-        data = event.removeprefix(b"data: ")
-        if data != b"[DONE]":
-            orjson.loads(data)
+    datas, tail = sse_data(chunk, rest)
+    for data in datas:
+        orjson.loads(data)
     return tail
 
 
