@@ -47,17 +47,19 @@ def test_unrequested_time_is_well_above_the_queue_ttl(ttl: float | None, expecte
 
 
 async def _stall_while_calls_arrive(server: FairqServer, stall: float, calls: int) -> list[str]:
-    """Block ``server``'s event loop (it is this one) while ``calls`` Health checks arrive,
-    for ``stall`` seconds after all of them were sent; return each call's outcome."""
+    """Block ``server``'s event loop (it is this one), then send ``calls`` Health checks and
+    keep it blocked for ``stall`` seconds after all of them were sent; return each outcome."""
     target = f"127.0.0.1:{server.port}"
-    ready = threading.Barrier(calls + 1)
+    connected = threading.Barrier(calls + 1)
+    go = threading.Event()
     sent = threading.Semaphore(0)
     outcomes: list[str] = []
 
     def client() -> None:
         with grpc.insecure_channel(target) as channel:
             grpc.channel_ready_future(channel).result(timeout=10)
-            ready.wait(timeout=10)
+            connected.wait(timeout=10)
+            go.wait(timeout=10)
             future = health_pb2_grpc.HealthStub(channel).Check.future(
                 health_pb2.HealthCheckRequest(), timeout=30
             )
@@ -71,10 +73,13 @@ async def _stall_while_calls_arrive(server: FairqServer, stall: float, calls: in
     threads = [threading.Thread(target=client) for _ in range(calls)]
     for t in threads:
         t.start()
-    await asyncio.to_thread(ready.wait, 10)  # every channel connected; calls go out now
+    await asyncio.to_thread(connected.wait, 10)  # every channel connected
     # The stall itself: the loop is blocked, as under a burst of work or a slow callback.
+    # It starts before the calls go out (a loaded machine once resumed this loop late enough
+    # for gRPC to hand every call to fairq before the stall began).
+    go.set()
     for _ in range(calls):
-        assert sent.acquire(timeout=10)
+        assert sent.acquire(timeout=10)  # the loop stays blocked: part of the stall
     time.sleep(stall)  # noqa: ASYNC251 - blocking the loop on purpose: this is the fault
     await asyncio.to_thread(lambda: [t.join(timeout=30) for t in threads])
     return outcomes
@@ -104,7 +109,6 @@ async def test_the_option_governs_the_stall_a_short_bound_cancels_calls(
 
     monkeypatch.setattr(server_module, "server_options", short)
     server = await fairq_factory(make_config())
-    # Three times the bound: a call that reaches gRPC late in the stall still waits past it
-    # (one full local run under load saw all four answered with a 2 s stall).
+    # Three times the bound: a call that reaches gRPC late in the stall still waits past it.
     outcomes = await _stall_while_calls_arrive(server, stall=3.0, calls=4)
     assert "CANCELLED" in outcomes, outcomes
