@@ -3,8 +3,8 @@
 Three power users each send a burst of long requests at once (more than the backend's running
 slots); a light user sends short requests from t=0.5 s. The same workload goes straight to
 the backend (FIFO), through fairq without preemption, and through fairq with preemption,
-round after round in that order (interleaved, so the machine's load drifts over all three
-alike).
+round after round, each round starting one run further along (interleaved and rotated, so the
+machine's load, and the engine's drift within a round, fall on all of them alike).
 
 Two costs of preemption are reported apart. *Regenerated* tokens are decoded twice: the
 engine's own count of generated tokens (vLLM's ``vllm:generation_tokens_total``) less the
@@ -19,11 +19,12 @@ so there fairq's own ``fairq_preempt_regenerated_tokens_total`` stands in (a low
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from fairq_bench.processes import fairq_process, sim_process, toml_config
 from fairq_bench.report import markdown_table, summarize
 from fairq_bench.scenarios.docs import RESULT_PREFIX
 from fairq_bench.targets import direct_sender, fairq_sender, free_port, http_client
-from fairq_bench.workload import RequestResult, RequestSpec, replay
+from fairq_bench.workload import RequestResult, RequestSpec, SendFn, replay
 
 __all__ = ["SLOTS_ONLY", "Cost", "flood_of_many", "preemption", "run_once"]
 
@@ -44,6 +45,11 @@ MODES = ("direct", "fairq", "fairq + preemption")
 #: With ``--decompose``: fairq capped at the engine's slots like the preemption run, but
 #: without preemption, which splits what preemption costs from what the cap costs.
 SLOTS_ONLY = "fairq, slots only"
+#: With ``--decompose``: straight to the engine, the power users' requests at most its slots at
+#: a time (the client sends the next as one ends) and the light user's as they come, so each
+#: takes the next free slot: the order fairq's slot cap gives the work, with no fairq in the
+#: path. What that order costs the engine, apart from what fairq costs.
+DIRECT_SLOTS = "direct, slots only"
 
 
 def flood_of_many(
@@ -107,6 +113,23 @@ def fairq_config(
     return toml_config(url, model, kind, extra) + backend + f"{preempt}max_in_flight = {slots}\n"
 
 
+def _capped(send: SendFn, slots: int) -> SendFn:
+    """Return ``send`` letting at most ``slots`` power requests run at once (first come, first
+    in); the light user's go at once."""
+    gate = asyncio.Semaphore(slots)
+
+    async def capped(spec: RequestSpec) -> AsyncIterator[str]:
+        if spec.user == LIGHT:
+            async for token in send(spec):
+                yield token
+            return
+        async with gate:
+            async for token in send(spec):
+                yield token
+
+    return capped
+
+
 def _metric(text: str, name: str) -> float:
     """Sum the samples of ``name`` in Prometheus text."""
     pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
@@ -141,6 +164,8 @@ async def run_once(
         text = ""
         if mode == "direct":
             results = await replay(specs, direct_sender(client, url, model, kind))
+        elif mode == DIRECT_SLOTS:
+            results = await replay(specs, _capped(direct_sender(client, url, model, kind), slots))
         else:
             port = free_port()
             config = fairq_config(url, model, kind, slots, port, mode, priority)
@@ -182,7 +207,7 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
     # 0.57 s against 0.022-0.025 s in four runs.
     power_tokens = 450 if args.quick and not real else 300
     specs = flood_of_many(per_user=per_user, power_tokens=power_tokens)
-    modes = (*MODES, SLOTS_ONLY) if getattr(args, "decompose", False) else MODES
+    modes = (*MODES, SLOTS_ONLY, DIRECT_SLOTS) if getattr(args, "decompose", False) else MODES
     sections, good = [], True
     results: list[str] = []
     for kind in (args.kind,) if real else ("vllm", "tgi"):
@@ -202,8 +227,11 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
                         str(slots),
                     )
                 )
-            for _ in range(rounds):
-                for mode in modes:
+            for r in range(rounds):
+                # Each round starts one place further along: the engine slows over a round
+                # (the direct run, always first, was the fastest of its round), so the same
+                # order every round puts that drift on the runs that come later.
+                for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
                     runs[mode].append(
                         await run_once(
                             target, args.model, kind, slots, specs, mode, args.priority_scheduling
@@ -219,7 +247,8 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
         f"# Preemption by continuation — {'backend' if real else 'simulator'}\n\n"
         f"{POWER_USERS} power users send {power} requests of {power_tokens} tokens at t=0; a light "
         "user sends 5 requests of 16 tokens from t=0.5 s. Medians over "
-        f"{rounds} interleaved round(s) ({', '.join(modes)}, then again).\n\n"
+        f"{rounds} interleaved round(s) ({', '.join(modes)}, each round starting one run "
+        "further along).\n\n"
         + "\n".join(sections)
         + f"\n{RESULT_PREFIX} {'; '.join(results)}.\n"
         + f"\nReproduce: `{args.reproduce or 'fairq bench preemption'}`\n"
