@@ -78,6 +78,15 @@ class AttemptSink:
         self._post(ev.StreamFailed(ticket, attempt, error))
         return False
 
+    def left(self) -> int | None:
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.left`."""
+        bound = self._ticket.request.sampling.max_tokens
+        if bound is None:
+            return None
+        # A continuation's bound is the request's less what earlier attempts generated.
+        done = self._progress.tokens if self._progress is not None else self._tokens
+        return bound - done
+
     def ended(self, end: StreamEnd) -> None:
         """See :meth:`~fairq_server.backends.stream_reader.StreamSink.ended`."""
         self._post(ev.StreamEnded(self._ticket, self._attempt, end, self._tokens))

@@ -1,0 +1,73 @@
+"""The stream reader's pacing: a fast stream is read once per window, except near its end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+
+import pytest
+
+from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
+from fairq_server.backends.stream_reader import start_reading
+
+WINDOW = 0.2
+EVERY = 0.02  # the backend's time per token
+TOKENS = 15
+
+
+class Sink:
+    """Records when the reader reported the stream's end; ``bound`` is the output bound."""
+
+    def __init__(self, bound: int | None) -> None:
+        self.bound = bound
+        self.tokens = 0
+        self.ended_at: float | None = None
+
+    def text(self, delta: TextDelta) -> bool:
+        self.tokens += delta.tokens
+        return True
+
+    def ended(self, end: StreamEnd) -> None:
+        self.ended_at = time.monotonic()
+
+    def failed(self, error: Exception) -> None:
+        raise AssertionError(error)
+
+    def left(self) -> int | None:
+        return None if self.bound is None else self.bound - self.tokens
+
+
+async def _backend(events: asyncio.Queue[StreamEvent]) -> float:
+    """Produce a token every EVERY seconds, then the end; return when the end was produced.
+
+    The backend runs on its own timeline, whether or not anyone reads (as a socket fills).
+    """
+    for _ in range(TOKENS):
+        await asyncio.sleep(EVERY)
+        events.put_nowait(TextDelta("x"))
+    events.put_nowait(StreamEnd(finish_reason="length"))
+    return time.monotonic()
+
+
+async def _stream(events: asyncio.Queue[StreamEvent]) -> AsyncGenerator[StreamEvent]:
+    while True:
+        yield await events.get()
+
+
+@pytest.mark.parametrize("bound", [None, TOKENS])
+async def test_the_end_of_a_bounded_stream_is_seen_as_it_comes(bound: int | None) -> None:
+    """Without a bound the end waits out the window it fell in (140 ms late here: the
+    reader sleeps 20-220 ms and 240-440 ms, the end comes at 300); with one the last window
+    is not waited out, since one window gathers more than the tokens left."""
+    events: asyncio.Queue[StreamEvent] = asyncio.Queue()
+    sink = Sink(bound)
+    produced = asyncio.create_task(_backend(events))
+    await start_reading(_stream(events), sink, WINDOW)
+    end = await produced
+    assert sink.tokens == TOKENS and sink.ended_at is not None
+    late = sink.ended_at - end
+    if bound is None:
+        assert late > WINDOW / 3, late  # the control: the window does hold the end back
+    else:
+        assert late < WINDOW / 3, late
