@@ -10,8 +10,8 @@ that window's tokens and the HTTP parser hands them over at once, instead of wak
 token. The window stretches while the event loop is near its capacity
 (:mod:`~fairq_server.pace`). A stream whose output bound falls within what one window
 gathers is read without waiting: its end, and the slot it frees, is seen as it comes, not up
-to a window late (on an engine whose every slot fairq fills, each late end is a slot left
-empty: a hand-over cost 2.7 % of a flood's engine steps on real vLLM).
+to a window late (on an engine whose every slot fairq fills, a late end is a slot left empty:
+docs/benchmarks/preemption.md).
 
 The reading task starts when :func:`start_reading` is called, not when anything awaits it:
 requests started together reach the backend in the order they were started.
