@@ -11,8 +11,8 @@ import pytest
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 
-WINDOW = 0.2
-EVERY = 0.02  # the backend's time per token
+WINDOW = 0.3
+EVERY = 0.03  # the backend's time per token
 TOKENS = 15
 
 
@@ -57,8 +57,8 @@ async def _stream(events: asyncio.Queue[StreamEvent]) -> AsyncGenerator[StreamEv
 
 @pytest.mark.parametrize("bound", [None, TOKENS])
 async def test_the_end_of_a_bounded_stream_is_seen_as_it_comes(bound: int | None) -> None:
-    """Without a bound the end waits out the window it fell in (140 ms late here: the
-    reader sleeps 20-220 ms and 240-440 ms, the end comes at 300); with one the last window
+    """Without a bound the end waits out the window it fell in (210 ms late here: the
+    reader sleeps 30-330 ms and 360-660 ms, the end comes at 450); with one the last window
     is not waited out, since one window gathers more than the tokens left."""
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
     sink = Sink(bound)
