@@ -9,9 +9,9 @@ caught up with the backend), the next read waits out ``window`` first, so the so
 that window's tokens and the HTTP parser hands them over at once, instead of waking fairq per
 token. The window stretches while the event loop is near its capacity
 (:mod:`~fairq_server.pace`). A stream whose output bound falls within what one window
-gathers is read without waiting: its end, and the slot it frees, is seen as it comes, not up
-to a window late (on an engine whose every slot fairq fills, a late end is a slot left empty:
-docs/benchmarks/preemption.md).
+gathers waits only for the time its last tokens take at that pace: its end, and the slot it
+frees, is seen as it comes, not up to a window late (on an engine whose every slot fairq
+fills, a late end is a slot left empty: docs/benchmarks/preemption.md).
 
 The reading task starts when :func:`start_reading` is called, not when anything awaits it:
 requests started together reach the backend in the order they were started.
@@ -55,7 +55,11 @@ class StreamSink(Protocol):
         ...
 
     def left(self) -> int | None:
-        """Return the tokens the stream may still produce by its output bound (None: unknown)."""
+        """Return the tokens the stream may still produce by its output bound.
+
+        None: unknown, or not worth knowing (asked first before the stream is read: None then
+        means the stream is always paced by whole windows).
+        """
         ...
 
 
@@ -77,6 +81,7 @@ async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: f
             gathered = 0  # tokens read since fairq last caught up with the backend
             per_window = 0  # what the last window gathered
             slept = False
+            bounded = sink.left() is not None  # else every read waits out the window
             async for event in stream:
                 if isinstance(event, StreamEnd):
                     sink.ended(event)
@@ -89,10 +94,14 @@ async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: f
                     if slept:
                         per_window = gathered
                     gathered = 0
-                    left = sink.left()
+                    pause = window * stretch.stretch
+                    left = sink.left() if bounded else None
                     slept = left is None or left > per_window
-                    if slept:
-                        await asyncio.sleep(window * stretch.stretch)
+                    if left is not None and not slept:
+                        # The end is due within this window: wait only until then.
+                        pause *= max(left, 0) / per_window if per_window else 0.0
+                    if pause:
+                        await asyncio.sleep(pause)
                         now = time.monotonic()
                 asked = now
         except Exception as exc:  # reported, never raised: nothing awaits this task

@@ -79,9 +79,15 @@ class AttemptSink:
         return False
 
     def left(self) -> int | None:
-        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.left`."""
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.left`.
+
+        Only on a backend whose slots fairq counts (``max_in_flight``): there a stream's end
+        seen late is a slot left empty. Elsewhere the engine's own queue fills the slot, and
+        reading the last window sooner would only cost reads (None: paced as before).
+        """
+        backend = self._ticket.backend
         bound = self._ticket.request.sampling.max_tokens
-        if bound is None:
+        if bound is None or backend is None or not backend.max_in_flight:
             return None
         # A continuation's bound is the request's less what earlier attempts generated.
         done = self._progress.tokens if self._progress is not None else self._tokens

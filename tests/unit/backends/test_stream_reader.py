@@ -10,6 +10,11 @@ import pytest
 
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.backends.stream_reader import start_reading
+from fairq_server.backends.vllm import VllmBackend
+from fairq_server.scheduling.attempts import AttemptSink
+from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.prefix import PrefixCache
+from tests.unit.scheduling.helpers import ticket
 
 WINDOW = 0.3
 EVERY = 0.03  # the backend's time per token
@@ -71,3 +76,17 @@ async def test_the_end_of_a_bounded_stream_is_seen_as_it_comes(bound: int | None
         assert late > WINDOW / 3, late  # the control: the window does hold the end back
     else:
         assert late < WINDOW / 3, late
+
+
+@pytest.mark.parametrize(("max_in_flight", "expected"), [(0, None), (8, 10)])
+def test_an_attempt_knows_its_end_only_where_fairq_counts_the_slots(
+    max_in_flight: int, expected: int | None
+) -> None:
+    """A late end costs a slot only where fairq fills every one (``max_in_flight``); elsewhere
+    the engine's own queue fills it, and the stream stays paced by whole windows."""
+    t = ticket("u", max_tokens=16)
+    backend = VllmBackend("b", "http://127.0.0.1:9", ["m"], max_in_flight=max_in_flight)
+    t.backend = BackendState(backend, PrefixCache(16))
+    sink = AttemptSink(lambda event: None, t)
+    sink.text(TextDelta("abcdef", tokens=6))
+    assert sink.left() == expected
