@@ -43,7 +43,7 @@ from fairq_server.cluster.credit import Credit
 from fairq_server.cluster.quota import cluster_book
 from fairq_server.entitlement.cluster_book import ClusterBook, Ride
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.attempts import AttemptSink, StreamLauncher
+from fairq_server.scheduling.attempt_stream import AttemptSink, StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import GateOutcome
 from fairq_server.scheduling.settings import Settings

@@ -29,7 +29,8 @@ from fairq_server.entitlement.checker import Entitlement
 from fairq_server.errors import InternalError, SchedulerError, ShuttingDownError
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.admission import admission_error
-from fairq_server.scheduling.attempts import AttemptBook, Launcher, StreamLauncher
+from fairq_server.scheduling.attempt_stream import Launcher, StreamLauncher
+from fairq_server.scheduling.attempts import AttemptBook
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.expiry import expire_queued, sweep_unserved
@@ -69,7 +70,7 @@ class Dispatcher:
         telemetry: metrics sink.
         policies: fairness, ordering, gate and router plugins.
         launcher: starts a ticket's attempt on its backend (None: read the backend's stream
-            with :class:`~fairq_server.scheduling.attempts.StreamLauncher`).
+            with :class:`~fairq_server.scheduling.attempt_stream.StreamLauncher`).
         clock: monotonic time source.
         on_health: told False when the loop crashed and True when it runs again.
         entitlement: quotas and budgets (None: none are checked).

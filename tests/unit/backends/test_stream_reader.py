@@ -11,7 +11,7 @@ import pytest
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.scheduling.attempts import AttemptSink
+from fairq_server.scheduling.attempt_stream import AttemptSink
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.prefix import PrefixCache
 from tests.unit.scheduling.helpers import ticket

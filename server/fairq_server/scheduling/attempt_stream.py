@@ -1,0 +1,109 @@
+"""An attempt's backend stream: read into a sink that reports to the dispatcher.
+
+The default launcher (:class:`StreamLauncher`) reads the backend's stream with
+:func:`~fairq_server.backends.stream_reader.start_reading` into an :class:`AttemptSink`. The
+sink puts text straight into the request's outbox and posts first token, token counts, end and
+failure to the dispatcher (applied by :class:`~fairq_server.scheduling.attempts.AttemptBook`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fairq_server.backends.request import StreamEnd, TextDelta
+from fairq_server.backends.stream_reader import start_reading
+from fairq_server.errors import SlowClientError
+from fairq_server.scheduling import events as ev
+from fairq_server.scheduling.ticket import AttemptHandle, Ticket
+
+__all__ = ["CHARGE_EVERY", "AttemptSink", "Launcher", "StreamLauncher"]
+
+#: Starts ``ticket``'s current attempt on ``ticket.backend`` with ``ticket.priority``.
+Launcher = Callable[[Ticket], AttemptHandle]
+
+# Token charges are batched so a fast stream does not post one event per token.
+CHARGE_EVERY = 16
+
+
+class AttemptSink:
+    """Reports one attempt's stream: text to the outbox, lifecycle to the dispatcher."""
+
+    def __init__(self, post: Callable[[ev.Event], None], ticket: Ticket) -> None:
+        self._post = post
+        self._ticket = ticket
+        self._attempt = ticket.attempt
+        self._tokens = 0
+        self._uncharged = 0
+        self._progress = ticket.progress
+
+    def text(self, delta: TextDelta) -> bool:
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.text`."""
+        ticket, attempt = self._ticket, self._attempt
+        if not self._tokens:
+            self._post(ev.FirstToken(ticket, attempt, time.monotonic()))
+        self._tokens += delta.tokens
+        self._uncharged += delta.tokens
+        if self._uncharged >= CHARGE_EVERY:
+            self._post(ev.Tokens(ticket, attempt, self._uncharged))
+            self._uncharged = 0
+        if self._progress is not None:
+            self._progress.record(delta)
+        if ticket.outbox.put_text(delta.text, delta.extra):
+            return True
+        error = SlowClientError(
+            f"the client left more than {ticket.outbox.limit} characters of text unread; "
+            "the stream was cut off"
+        )
+        self._post(ev.StreamFailed(ticket, attempt, error))
+        return False
+
+    def left(self) -> int | None:
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.left`.
+
+        Only on a backend whose slots fairq counts (``max_in_flight``): there a stream's end
+        seen late is a slot left empty. Elsewhere the engine's own queue fills the slot, and
+        reading the last window sooner would only cost reads (None: paced as before).
+        """
+        backend = self._ticket.backend
+        bound = self._ticket.request.sampling.max_tokens
+        if bound is None or backend is None or not backend.max_in_flight:
+            return None
+        # A continuation's bound is the request's less what earlier attempts generated.
+        done = self._progress.tokens if self._progress is not None else self._tokens
+        return bound - done
+
+    def ended(self, end: StreamEnd) -> None:
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.ended`."""
+        self._post(ev.StreamEnded(self._ticket, self._attempt, end, self._tokens))
+
+    def failed(self, error: Exception) -> None:
+        """See :meth:`~fairq_server.backends.stream_reader.StreamSink.failed`."""
+        self._post(ev.StreamFailed(self._ticket, self._attempt, error))
+
+
+class StreamLauncher:
+    """Reads each attempt's backend stream into an :class:`AttemptSink`.
+
+    Args:
+        post: where the sinks post events (the dispatcher's inbox).
+        window: read pacing of fast streams (see :mod:`~fairq_server.backends.stream_reader`).
+
+    """
+
+    def __init__(self, post: Callable[[ev.Event], None], window: float) -> None:
+        self._post = post
+        self.window = window
+
+    def __call__(self, ticket: Ticket) -> AttemptHandle:
+        """Start reading ``ticket``'s current attempt."""
+        assert ticket.backend is not None
+        stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
+        return start_reading(stream, AttemptSink(self._post, ticket), self.window)
+
+    def hand_over(self, victim: Ticket, to: Ticket) -> None:
+        """Give the slot ``victim`` holds to ``to``'s next attempt (a preemption).
+
+        Nothing to do for one process: its slot count is its own. A cluster's launcher keeps
+        the slot claimed in the shared gate for ``to``.
+        """
