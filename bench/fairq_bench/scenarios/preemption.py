@@ -119,11 +119,7 @@ def _capped(send: SendFn, slots: int) -> SendFn:
     gate = asyncio.Semaphore(slots)
 
     async def capped(spec: RequestSpec) -> AsyncIterator[str]:
-        if spec.user == LIGHT:
-            async for token in send(spec):
-                yield token
-            return
-        async with gate:
+        async with contextlib.nullcontext() if spec.user == LIGHT else gate:
             async for token in send(spec):
                 yield token
 
@@ -228,9 +224,8 @@ async def preemption(args: argparse.Namespace, url: str, out: Path) -> bool:
                     )
                 )
             for r in range(rounds):
-                # Each round starts one place further along: the engine slows over a round
-                # (the direct run, always first, was the fastest of its round), so the same
-                # order every round puts that drift on the runs that come later.
+                # Each round starts one place further along: with the same order every round,
+                # any drift of the engine within a round would fall on the same runs.
                 for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
                     runs[mode].append(
                         await run_once(
