@@ -131,16 +131,15 @@ async def test_team_mates_on_different_replicas_share_their_team_evenly(
     """
     # Judged on the median of three floods, each by a fresh pair of replicas (a cluster of
     # its own in Redis): before the flood was held until queued and priced at dispatch, one
-    # flood's 36 turns split 10/16 once in a loaded full run (the
-    # median of three is what the bounds hold, not one flood's luck; the fault below
-    # skews every flood the same way).
+    # flood's 36 turns split 10/16 once in a loaded full run (the median of three is what the
+    # bounds hold, not one flood's luck; the fault below skews every flood the same way).
     sim_config = SimConfig(mode="vllm", model="sim", speed=5.0, max_num_seqs=2)
     gaps: list[int] = []
     b_shares: list[float] = []
     async with SimServer(sim_config) as sim:
-        for flood in range(3):
+        for n in range(3):
             shared = [
-                await fairq_factory(config(sim, redis_server.url, r, SPLIT, f"flood{flood}"))
+                await fairq_factory(config(sim, redis_server.url, r, SPLIT, f"flood{n}"))
                 for r in "ab"
             ]  # fmt: skip
             first = (await first_tokens(sim, shared, SPLIT))[:FIRST]

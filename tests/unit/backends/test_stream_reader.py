@@ -63,8 +63,8 @@ async def _stream(events: asyncio.Queue[StreamEvent]) -> AsyncGenerator[StreamEv
 @pytest.mark.parametrize("bound", [None, TOKENS])
 async def test_the_end_of_a_bounded_stream_is_seen_as_it_comes(bound: int | None) -> None:
     """Without a bound the end waits out the window it fell in (210 ms late here: the
-    reader sleeps 30-330 ms and 360-660 ms, the end comes at 450); with one the last window
-    is not waited out, since one window gathers more than the tokens left."""
+    reader sleeps 30-330 ms and 360-660 ms, the end comes at 450); with one, the window in
+    which the end is due is cut to the time the tokens left take at the stream's pace."""
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
     sink = Sink(bound)
     produced = asyncio.create_task(_backend(events))
