@@ -7,8 +7,9 @@ Pure rules over plain values, so they are tested alone (``docs/design/preemption
   more than the waiting user would hold after the swap (so the swap never reverses: no
   ping-pong between two users).
 - Among those: lowest tier first, then the user furthest above its share, then the request
-  preempted least often, then the one that has generated least (cheapest to redo), then
-  the latest arrival.
+  preempted least often, then the one with the fewest tokens left by its ``max_tokens``
+  (its slot frees soonest; requests with no bound after those with one), then the one that
+  has generated most, then the latest arrival.
 - Anti-thrash: never within a request's first ``min_tokens`` tokens, at most
   ``max_per_request`` preemptions per request, at most ``max_per_second`` per backend.
 - Not for a user who already runs a request on the backend while another running request
@@ -18,6 +19,7 @@ Pure rules over plain values, so they are tested alone (``docs/design/preemption
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -101,15 +103,18 @@ def choose_victim(
     return best
 
 
-def rank(r: Running) -> tuple[int, float, int, int, int]:
+def rank(r: Running) -> tuple[int, float, int, float, int, int]:
     """Return the sort key of a victim, best first (see the module's rules)."""
-    # Preempted least before generated least: a request preempted once lost its slot for a
-    # while, so it has generated less than the requests that started with it, and by
-    # generated alone the next waiting request would take it again. Each preemption delays
-    # the victim's slot by the preempting request's run and two hand-overs; spread over the
-    # running requests, no one slot carries all of them, and the engine's last wave ends
-    # sooner (docs/design/preemption.md, "The victim").
-    return (-r.tier, -r.standing, r.preemptions, r.generated, -r.seq)
+    # Fewest tokens left: the preempting request's run delays the victim's slot by that run
+    # and two hand-overs, and a slot that a light run already put behind holds the request
+    # that started latest, which "generated least" would pick again: one slot then carries
+    # every light run and ends the flood. The slot that frees soonest is the one furthest
+    # ahead, where a direct engine's queue would put the light request too. With a prefix
+    # cache the victim's longer output costs little to re-read (docs/design/preemption.md,
+    # "The victim"). Preempted least before that: a request is paused at most once while
+    # an untouched one may be.
+    left = math.inf if r.remaining is None else r.remaining
+    return (-r.tier, -r.standing, r.preemptions, left, -r.generated, -r.seq)
 
 
 def slot_frees_soon(running: Iterable[Running], cfg: PreemptConfig) -> bool:

@@ -30,23 +30,36 @@ def test_lowest_tier_goes_first_whatever_the_standing() -> None:
     assert chosen is not None and chosen.key == "t2"
 
 
-def test_then_the_user_furthest_above_its_share_then_least_generated() -> None:
+def test_then_the_user_furthest_above_its_share_then_fewest_tokens_left() -> None:
     victims = [
-        run("a-long", standing=3.0, generated=50),
-        run("b-long", standing=5.0, generated=50),
-        run("b-short", standing=5.0, generated=8),
+        run("a-near-end", standing=3.0, generated=250, remaining=50),
+        run("b-fresh", standing=5.0, generated=20, remaining=280),
+        run("b-near-end", standing=5.0, generated=200, remaining=100),
     ]
     chosen = choose_victim(Waiting(tier=0, standing=0.0), victims, CFG)
-    assert chosen is not None and chosen.key == "b-short"
+    # Its slot frees soonest: the preempting request's run lands on the slot that is furthest
+    # ahead, not on one that a previous light run already put behind.
+    assert chosen is not None and chosen.key == "b-near-end"
+
+
+def test_a_bounded_request_goes_before_an_unbounded_one_then_the_one_generated_most() -> None:
+    victims = [
+        run("open-young", remaining=None, generated=20),
+        run("open-old", remaining=None, generated=90),
+        run("bounded", remaining=400, generated=10),
+    ]
+    chosen = choose_victim(Waiting(tier=0, standing=0.0), victims, CFG)
+    assert chosen is not None and chosen.key == "bounded"
+    chosen = choose_victim(Waiting(tier=0, standing=0.0), victims[:2], CFG)
+    assert chosen is not None and chosen.key == "open-old"
 
 
 def test_then_the_request_preempted_least_though_it_has_generated_more() -> None:
-    # Preempted once, a request falls behind those that started with it: by tokens
-    # generated alone it would be the next victim again, and its slot would carry every
-    # preempting request's run.
+    # A request preempted once has paused for a light run already: even with the fewest
+    # tokens left it is not paused again while an untouched request may be.
     victims = [
-        run("resumed", standing=5.0, generated=30, preemptions=1),
-        run("untouched", standing=5.0, generated=45),
+        run("resumed", standing=5.0, generated=30, remaining=50, preemptions=1),
+        run("untouched", standing=5.0, generated=45, remaining=60),
         run("other-user", standing=3.0, generated=5),
     ]
     chosen = choose_victim(Waiting(tier=0, standing=0.0), victims, CFG)
