@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -38,6 +39,8 @@ from tests.e2e.vllm_process import find_vllm_python
 __all__ = ["build_gguf", "build_server", "llama_server", "main"]
 
 CACHE: Final = Path.home() / ".cache" / "fairq-llamacpp"
+#: The sdist whose vendored llama.cpp the benchmark page was measured on.
+LLAMACPP_SDIST: Final = "llama-cpp-python==0.3.36"
 # Four slots, as the real vLLM runs' ``--max-num-seqs 4``: with three power users one of them
 # holds two, which fair-share preemption takes one from. With two slots each holding user is
 # within its share (3 power users, 2 slots), so the light user waits its turn of the next
@@ -73,11 +76,12 @@ def _source(cache: Path) -> Path:
     if found:
         return found[-1]
     cache.mkdir(parents=True, exist_ok=True)
+    # The project's environment is made by uv and has no pip of its own: uvx fetches one.
+    pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else ["uvx", "pip"]
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-         "llama-cpp-python", "-d", str(cache)],
+        [*pip, "download", "--no-binary", ":all:", "--no-deps", LLAMACPP_SDIST, "-d", str(cache)],
         check=True,
-    )  # fmt: skip
+    )
     sdist = sorted(cache.glob("llama_cpp_python-*.tar.gz"))[-1]
     with tarfile.open(sdist) as tar:
         tar.extractall(cache, filter="data")
