@@ -189,7 +189,10 @@ class _Reply:
                 count += 1
                 if chat and count == 1:
                     first = {"role": "assistant", "content": ""}
-                    yield sse_data(chat_chunk(self.id, self.created, self.model, first, first=True))
+                    opening = chat_chunk(self.id, self.created, self.model, first, first=True)
+                    if self.params.return_token_ids:
+                        opening["prompt_token_ids"] = list(request.prompt_token_ids)
+                    yield sse_data(opening)
                 delta = text.push(output)
                 finish = request.finish_reason if output.finished else None
                 reason = finish.value if finish is not None else None
@@ -203,6 +206,13 @@ class _Reply:
                     chunk = completion_chunk(
                         self.id, self.created, self.model, delta, reason, stop_reason
                     )
+                if self.params.return_token_ids:
+                    # As vLLM 0.32 streams them (tests/fixtures/*-token-ids.sse): each chunk's
+                    # ids, and the prompt's in the first completion chunk.
+                    choice = chunk["choices"][0]
+                    choice["token_ids"] = [output.token_id]
+                    if not chat and count == 1:
+                        choice["prompt_token_ids"] = list(request.prompt_token_ids)
                 if self.params.continuous_usage:
                     chunk["usage"] = usage(request.num_prompt_tokens, count)
                 yield sse_data(chunk)

@@ -85,6 +85,7 @@ class CompletionParams:
     seed: int | None
     request_id: str | None
     tool: str | None = None
+    return_token_ids: bool = False
 
 
 def parse_params(
@@ -157,6 +158,7 @@ def parse_params(
         seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
         request_id=str(request_id) if request_id else None,
         tool=tool,
+        return_token_ids=bool(body.get("return_token_ids")),
     )
 
 

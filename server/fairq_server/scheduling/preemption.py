@@ -19,7 +19,7 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-from fairq_server.backends.continuation import exempt_reason
+from fairq_server.backends.continuation import exempt_reason, short_of_room
 from fairq_server.errors import NoBackendError
 from fairq_server.preempt_config import PreemptConfig
 from fairq_server.scheduling.attempts import AttemptBook
@@ -189,7 +189,18 @@ class Preemptor:
                 if ticket.request.sampling.max_tokens
                 else None
             )
-            exempt = progress.beside_text or exempt_reason(ticket.request, backend.backend.kind)
+            kind = backend.backend.kind
+            exempt = (
+                progress.beside_text
+                or exempt_reason(ticket.request, kind)
+                or short_of_room(
+                    ticket.request,
+                    progress,
+                    kind,
+                    backend.backend.context_lengths.get(ticket.request.model),
+                    ticket.prompt_tokens,
+                )
+            )
             yield Running(
                 key=ticket,
                 tier=ticket.tier,

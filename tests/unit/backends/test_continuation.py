@@ -13,6 +13,7 @@ from fairq_server.backends.continuation import (
     exempt_reason,
     relay_payload,
     resumed_usage,
+    short_of_room,
 )
 from fairq_server.backends.passthrough import RawDelta
 from fairq_server.backends.request import BackendRequest, Resume, Sampling, TextDelta
@@ -155,3 +156,24 @@ def test_a_continuation_starts_where_the_sent_text_ends() -> None:
     chunk = {"id": "c", "choices": [{"text": "", "token_ids": [5], "prompt_token_ids": [1]}]}
     relayed.record(RawDelta("...", 0, objects=(chunk,)))
     assert relayed.resume() == Resume("", 0, (1,), "c", None)
+
+
+def test_a_text_continuation_must_leave_room_for_its_output_to_tokenize_longer() -> None:
+    # Found by a preemption run on the TGI-mode simulator: a victim near its end re-read 450
+    # generated tokens as ~480 and TGI refused inputs + max_new_tokens over the context.
+    request = BackendRequest("m", prompt="p" * 40, sampling=Sampling(max_tokens=450))
+    text = Progress()
+    text.record(TextDelta("x" * 880, 220))
+    assert short_of_room(request, text, "tgi", 512, prompt=10)  # 10 + 450 + 56 > 512
+    assert not short_of_room(request, text, "tgi", 1024, prompt=10)
+    assert not short_of_room(request, text, "tgi", None, prompt=10)  # context unknown
+    early = Progress()
+    early.record(TextDelta("x" * 80, 20))
+    assert not short_of_room(request, early, "tgi", 512, prompt=10)  # 10 + 450 + 6 fits
+    # Token ids carry the exact count: only the request as sent has to fit.
+    ids = Progress()
+    ids.record(TextDelta("x" * 880, 220, token_ids=tuple(range(220)), prompt_token_ids=(1,)))
+    assert not short_of_room(request, ids, "vllm", 512, prompt=10)
+    assert short_of_room(request, ids, "openai", 512, prompt=10)  # sent as text there
+    chat = BackendRequest("m", messages=(("user", "hi"),), sampling=Sampling(max_tokens=450))
+    assert short_of_room(chat, ids, "vllm", 512, prompt=10)  # chat continues by text
