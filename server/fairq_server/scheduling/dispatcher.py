@@ -53,9 +53,8 @@ __all__ = ["Dispatcher"]
 
 log = logging.getLogger(__name__)
 
-#: Requests started per pass before the loop yields. Each start opens a backend request
-#: (about a millisecond of CPU); when thousands of slots free at once, the yield lets other
-#: work on the event loop (health checks, new calls, scrapes) run between batches.
+#: Requests started per pass before the loop yields: each start opens a backend request (~1 ms
+#: of CPU), so when thousands of slots free at once, other work runs between batches.
 DISPATCH_BATCH = 32
 #: Seconds between checks for models no backend serves (see ``ModelSet.sweep``).
 _SWEEP_EVERY = 0.1
