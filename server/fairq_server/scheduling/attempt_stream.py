@@ -66,12 +66,11 @@ class AttemptSink:
         reading the last window sooner would only cost reads (None: paced as before).
         """
         backend = self._ticket.backend
-        bound = self._ticket.request.sampling.max_tokens
-        if bound is None or backend is None or not backend.max_in_flight:
+        if backend is None or not backend.max_in_flight:
             return None
         # A continuation's bound is the request's less what earlier attempts generated.
         done = self._progress.tokens if self._progress is not None else self._tokens
-        return bound - done
+        return self._ticket.tokens_left(done)
 
     def ended(self, end: StreamEnd) -> None:
         """See :meth:`~fairq_server.backends.stream_reader.StreamSink.ended`."""

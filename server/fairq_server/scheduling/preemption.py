@@ -184,11 +184,6 @@ class Preemptor:
             if progress is None or not ticket.generating:
                 continue
             weight = ticket.weight
-            remaining = (
-                ticket.request.sampling.max_tokens - progress.tokens
-                if ticket.request.sampling.max_tokens
-                else None
-            )
             kind = backend.backend.kind
             exempt = (
                 progress.beside_text
@@ -207,7 +202,7 @@ class Preemptor:
                 standing=backend.user_in_flight.get(ticket.user, 0) / weight,
                 step=1 / weight,
                 generated=progress.tokens,
-                remaining=remaining,
+                remaining=ticket.tokens_left(progress.tokens),
                 preemptions=progress.preemptions,
                 seq=ticket.seq,
                 exempt=bool(exempt),

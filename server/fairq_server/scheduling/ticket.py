@@ -97,6 +97,14 @@ class Ticket:
     # The request this one preempted: its slot goes back to it when this one ends.
     lender: Ticket | None = None
 
+    def tokens_left(self, generated: int) -> int | None:
+        """Return the tokens the request may still produce after ``generated``.
+
+        By the ``max_tokens`` its caller sent (None: the caller set no bound).
+        """
+        bound = self.request.sampling.max_tokens
+        return None if bound is None else bound - generated
+
     @property
     def cost(self) -> int:
         """Estimated service cost in tokens (prompt plus the output bound)."""
