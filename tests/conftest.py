@@ -13,6 +13,8 @@ from fairq_server.auth import hash_key
 from fairq_server.config import BackendConfig, Config, KeyConfig, SchedulerConfig
 from fairq_sim import SimConfig, SimServer
 
+from .stacks import task_stacks
+
 #: The longest a test server's stop may take (a few seconds normally; grace is 0.5 s).
 _STOP_SECONDS = 60
 
@@ -71,9 +73,16 @@ async def fairq_factory() -> AsyncIterator[FairqFactory]:
     yield make
     for server in servers:
         # Bounded: a stop that hangs fails the test that made the server, not a later one
-        # (a server left running keeps its collector's frozen heap, for one).
-        async with asyncio.timeout(_STOP_SECONDS):
-            await server.stop(grace=0.5)
+        # (a server left running keeps its collector's frozen heap, for one), and says where
+        # every task waits while the hang is still there to see.
+        stop = asyncio.create_task(server.stop(grace=0.5), name="fairq-stop")
+        done, _ = await asyncio.wait({stop}, timeout=_STOP_SECONDS)
+        if not done:
+            stacks = task_stacks()
+            stop.cancel()
+            await asyncio.gather(stop, return_exceptions=True)
+            pytest.fail(f"stop() did not return in {_STOP_SECONDS} s; where it waits:\n{stacks}")
+        stop.result()
 
 
 async def freeze_gate(server: FairqServer, backend_id: str = "sim-a") -> None:
