@@ -71,11 +71,18 @@ class Backend(abc.ABC):
         fair_share_priority: the priority sent also encodes the user's fair standing on this
             backend (only with ``priority_scheduling``; the dispatcher decides the value).
         preempt: fairq may preempt requests running here (``docs/design/preemption.md``).
+        continues_by_ids, continues_chat: how a preempted request continues here (class
+            attributes, per adapter; ``backends/continuation.py``).
 
     """
 
     kind: str = ""
     token_prompts: bool = False
+    #: A preempted completions request continues by the token ids of its prompt and output
+    #: (the engine returns and accepts them): exact, and its input's length is known.
+    continues_by_ids: bool = False
+    #: A preempted chat request can continue (its output as a final assistant message).
+    continues_chat: bool = True
     #: Sample names the adapter reads, asked for by name (``name[]``, as prometheus_client's
     #: exporter filters) at :attr:`filtered_metrics_path`; empty: ``/metrics`` whole.
     metrics_filter: tuple[str, ...] = ()

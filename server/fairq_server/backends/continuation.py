@@ -59,8 +59,10 @@ _EXEMPT_FIELDS = (
 _ID_KEYS = ("token_ids", "prompt_token_ids")
 
 
-def exempt_reason(request: BackendRequest, kind: str) -> str | None:
-    """Return why ``request`` may never be preempted on a ``kind`` backend (None: it may).
+def exempt_reason(request: BackendRequest, *, continues_chat: bool = True) -> str | None:
+    """Return why ``request`` may never be preempted (None: it may).
+
+    ``continues_chat``: the backend can continue a chat request (not TGI's Messages API).
 
     A ``seed`` is exempt because the engine would draw the rest from a fresh generator: the
     output would differ from the one the caller asked to reproduce.
@@ -79,8 +81,8 @@ def exempt_reason(request: BackendRequest, kind: str) -> str | None:
     for key, reason in _EXEMPT_FIELDS:
         if extra.get(key) not in (None, False, 0):
             return reason
-    if request.messages is not None and kind == "tgi":
-        return "chat on tgi"
+    if request.messages is not None and not continues_chat:
+        return "chat not continued here"
     return None
 
 
@@ -220,19 +222,25 @@ TEXT_SLACK = 0.25
 
 
 def short_of_room(
-    request: BackendRequest, progress: Progress, kind: str, context: int | None, prompt: int
+    request: BackendRequest,
+    progress: Progress,
+    context: int | None,
+    prompt: int,
+    *,
+    by_ids: bool,
 ) -> bool:
     """Whether a continuation of ``request`` by its text might not fit the model's context.
 
     The engine counts a text continuation's input by tokenizing the generated text again, and
     refuses it (context length exceeded) if that count and the remaining ``max_tokens`` pass
-    the context, though the request as first sent fitted. A continuation by token ids (vLLM,
-    completions) carries the exact count; elsewhere the request must leave room for its output
-    to come out ``TEXT_SLACK`` longer. ``prompt``: the prompt's length in tokens (estimated).
+    the context, though the request as first sent fitted. A continuation by token ids
+    (``by_ids``: the backend continues completions so, and every delta carried them) has the
+    exact count; otherwise the request must leave room for its output to come out
+    ``TEXT_SLACK`` longer. ``prompt``: the prompt's length in tokens (estimated).
     """
     if context is None or request.sampling.max_tokens is None:
         return False
-    if kind == "vllm" and request.messages is None and progress.exact:
+    if by_ids and request.messages is None and progress.exact:
         return False
     slack = int(progress.tokens * TEXT_SLACK) + 1
     return prompt + request.sampling.max_tokens + slack > context

@@ -143,6 +143,8 @@ class OpenAIBackend(VllmBackend):
     """
 
     kind = "openai"
+    # Its completions API may not take token ids, nor return them: continue by text.
+    continues_by_ids = False
     # An OpenAI-compatible server's exporter may not filter by name (SGLang's multiprocess
     # collector answers nothing), and its exposition is small: read it whole.
     metrics_filter = ()

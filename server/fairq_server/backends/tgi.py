@@ -64,6 +64,8 @@ class TgiBackend(Backend):
     """Adapter for TGI. TGI has no priorities: fairq's queue and gate are the only protection."""
 
     kind = "tgi"
+    # The Messages API has no way to continue a final assistant message.
+    continues_chat = False
 
     def parse_metrics(self, text: str) -> MetricsSample:
         """Read queue size, batch size and mean time per token from TGI's metrics.

@@ -42,6 +42,7 @@ class VllmBackend(Backend):
     """Adapter for vLLM; passes the tier as ``priority`` when the backend schedules by it."""
 
     kind = "vllm"
+    continues_by_ids = True
     # vLLM's completions API (and the OpenAI API it follows) takes ``prompt`` as token ids.
     token_prompts = True
     # vLLM's exposition is ~50 kB, rendered on the engine's own core: 6-19 ms per scrape in
@@ -76,7 +77,7 @@ class VllmBackend(Backend):
             # count its output exactly (vLLM merges the deltas of a stream read late).
             body["return_token_ids"] = True
         if request.resume is not None:
-            continue_openai(body, request.resume, token_ids=True)
+            continue_openai(body, request.resume, token_ids=self.continues_by_ids)
             if request.request_id:  # the aborted attempt's id may still be in use
                 body["request_id"] = f"{request.request_id}-{request.resume.tokens}"
         if self.priority_scheduling:

@@ -184,16 +184,16 @@ class Preemptor:
             if progress is None or not ticket.generating:
                 continue
             weight = ticket.weight
-            kind = backend.backend.kind
+            adapter = backend.backend
             exempt = (
                 progress.beside_text
-                or exempt_reason(ticket.request, kind)
+                or exempt_reason(ticket.request, continues_chat=adapter.continues_chat)
                 or short_of_room(
                     ticket.request,
                     progress,
-                    kind,
-                    backend.backend.context_lengths.get(ticket.request.model),
+                    adapter.context_lengths.get(ticket.request.model),
                     ticket.prompt_tokens,
+                    by_ids=adapter.continues_by_ids,
                 )
             )
             yield Running(

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import (
     Progress,
     continue_openai,
@@ -15,6 +16,7 @@ from fairq_server.backends.continuation import (
     resumed_usage,
     short_of_room,
 )
+from fairq_server.backends.openai import OpenAIBackend
 from fairq_server.backends.passthrough import RawDelta
 from fairq_server.backends.request import BackendRequest, Resume, Sampling, TextDelta
 from fairq_server.backends.tgi import TgiBackend
@@ -78,24 +80,24 @@ def test_tgi_generate_stream_continues_inputs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("request_", "kind", "reason"),
+    ("request_", "adapter", "reason"),
     [
-        (BackendRequest("m", prompt="x", sampling=Sampling(seed=1)), "vllm", "seed"),
-        (BackendRequest("m", prompt="x", extra={"n": 2}), "vllm", "n"),
-        (BackendRequest("m", prompt="x", sampling=Sampling(stop=("\n",))), "vllm", "stop"),
-        (BackendRequest("m", prompt="x", extra={"logprobs": 1}), "vllm", "logprobs"),
+        (BackendRequest("m", prompt="x", sampling=Sampling(seed=1)), VllmBackend, "seed"),
+        (BackendRequest("m", prompt="x", extra={"n": 2}), VllmBackend, "n"),
+        (BackendRequest("m", prompt="x", sampling=Sampling(stop=("\n",))), VllmBackend, "stop"),
+        (BackendRequest("m", prompt="x", extra={"logprobs": 1}), VllmBackend, "logprobs"),
         (
             BackendRequest("m", prompt="x", extra={"response_format": {}}),
-            "vllm",
+            VllmBackend,
             "structured output",
         ),
-        (BackendRequest("m", messages=(("user", "x"),)), "tgi", "chat on tgi"),
-        (BackendRequest("m", messages=(("user", "x"),)), "vllm", None),
-        (BackendRequest("m", prompt="x", extra={"n": 1, "logprobs": None}), "vllm", None),
+        (BackendRequest("m", messages=(("user", "x"),)), TgiBackend, "chat not continued here"),
+        (BackendRequest("m", messages=(("user", "x"),)), VllmBackend, None),
+        (BackendRequest("m", prompt="x", extra={"n": 1, "logprobs": None}), VllmBackend, None),
     ],
 )
-def test_exempt(request_: BackendRequest, kind: str, reason: str | None) -> None:
-    assert exempt_reason(request_, kind) == reason
+def test_exempt(request_: BackendRequest, adapter: type[Backend], reason: str | None) -> None:
+    assert exempt_reason(request_, continues_chat=adapter.continues_chat) == reason
 
 
 def test_progress_keeps_ids_only_while_every_delta_has_them() -> None:
@@ -164,16 +166,18 @@ def test_a_text_continuation_must_leave_room_for_its_output_to_tokenize_longer()
     request = BackendRequest("m", prompt="p" * 40, sampling=Sampling(max_tokens=450))
     text = Progress()
     text.record(TextDelta("x" * 880, 220))
-    assert short_of_room(request, text, "tgi", 512, prompt=10)  # 10 + 450 + 56 > 512
-    assert not short_of_room(request, text, "tgi", 1024, prompt=10)
-    assert not short_of_room(request, text, "tgi", None, prompt=10)  # context unknown
+    tgi = TgiBackend.continues_by_ids
+    assert short_of_room(request, text, 512, prompt=10, by_ids=tgi)  # 10 + 450 + 56 > 512
+    assert not short_of_room(request, text, 1024, prompt=10, by_ids=tgi)
+    assert not short_of_room(request, text, None, prompt=10, by_ids=tgi)  # context unknown
     early = Progress()
     early.record(TextDelta("x" * 80, 20))
-    assert not short_of_room(request, early, "tgi", 512, prompt=10)  # 10 + 450 + 6 fits
+    assert not short_of_room(request, early, 512, prompt=10, by_ids=tgi)  # 10 + 450 + 6 fits
     # Token ids carry the exact count: only the request as sent has to fit.
     ids = Progress()
     ids.record(TextDelta("x" * 880, 220, token_ids=tuple(range(220)), prompt_token_ids=(1,)))
-    assert not short_of_room(request, ids, "vllm", 512, prompt=10)
-    assert short_of_room(request, ids, "openai", 512, prompt=10)  # sent as text there
+    vllm, openai = VllmBackend.continues_by_ids, OpenAIBackend.continues_by_ids
+    assert not short_of_room(request, ids, 512, prompt=10, by_ids=vllm)
+    assert short_of_room(request, ids, 512, prompt=10, by_ids=openai)  # sent as text there
     chat = BackendRequest("m", messages=(("user", "hi"),), sampling=Sampling(max_tokens=450))
-    assert short_of_room(chat, ids, "vllm", 512, prompt=10)  # chat continues by text
+    assert short_of_room(chat, ids, 512, prompt=10, by_ids=vllm)  # chat continues by text
