@@ -23,12 +23,13 @@ pass, young or old, is reported to ``observe`` with its duration.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from fairq_server.supervisor import stop_task
 
 __all__ = ["Collector"]
 
@@ -94,9 +95,7 @@ class Collector:
         """Stop; the last collector stopped gives the interpreter its own settings back."""
         if self._task is None:
             return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await stop_task(self._task)
         self._task = None
         gc.callbacks.remove(self._on_pass)
         _active.remove(self)

@@ -14,7 +14,6 @@ has applied it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -39,7 +38,7 @@ from fairq_server.registrations import (
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
-from fairq_server.supervisor import supervise
+from fairq_server.supervisor import stop_task, supervise
 from fairq_server.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -145,9 +144,7 @@ class FairqCore:
     async def close(self) -> None:
         """Close the queues, stop polling and close backend connections (aborting streams)."""
         if self._watcher is not None:
-            from fairq_server.cluster.tasks import cancel_all
-
-            await cancel_all([self._watcher])
+            await stop_task(self._watcher)
         await self.close_queues()
         for backend_id in list(self._polled):
             await self._stop_polling(backend_id)
@@ -374,9 +371,7 @@ class FairqCore:
     async def _stop_polling(self, backend_id: str) -> None:
         polled = self._polled.pop(backend_id, None)
         if polled is not None:
-            polled.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await polled.task
+            await stop_task(polled.task)
 
     def _close_when_idle(self, state: BackendState) -> None:
         """Close a departed backend's adapter and drop its metric series once it is idle.

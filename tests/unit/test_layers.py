@@ -39,9 +39,10 @@ _LAYERS = (
     ("auth.py", "entitlement_config.py"),
     ("identity", "cluster_config.py", "logs.py"),
     ("loop_monitor.py",),
-    ("errors.py", "names.py", "supervisor.py", "pace.py", "loop_share.py",
+    ("errors.py", "names.py", "pace.py", "loop_share.py",
      "collector.py", "listening.py", "door_config.py", "console_config.py",
      "preempt_config.py", "team_labels.py", "teams.py"),
+    ("supervisor.py",),
 )  # fmt: skip
 
 # Folder (or module) -> packages of fairq_server it must never import.

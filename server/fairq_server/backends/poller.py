@@ -15,6 +15,7 @@ from collections.abc import Callable
 from fairq_server.backends.base import Backend
 from fairq_server.backends.request import MetricsSample
 from fairq_server.errors import BackendError
+from fairq_server.supervisor import stop_asked
 
 __all__ = ["MetricsPoller", "ScrapeResult"]
 
@@ -79,7 +80,7 @@ class MetricsPoller:
 
     async def run(self) -> None:
         """Poll until cancelled."""
-        while True:
+        while not stop_asked():
             started = time.monotonic()
             await self.poll_once()
             await asyncio.sleep(max(0.0, self.next_wait() - (time.monotonic() - started)))

@@ -23,6 +23,7 @@ from fairq_server.cluster.connection import REDIS_ERRORS
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.counters import Heads, MemberHeads, PeerHeads
+from fairq_server.supervisor import stop_asked
 
 __all__ = ["COALESCE_SECONDS", "FairSync"]
 
@@ -73,7 +74,7 @@ class FairSync:
 
     async def run(self) -> None:
         """Sync whenever woken, and at least every ``every`` seconds, until cancelled."""
-        while True:
+        while not stop_asked():
             # Every change is announced (a dispatch here, a head moved elsewhere); the timer
             # only renews this replica's heads, whose lease is a whole lease.
             with contextlib.suppress(TimeoutError):

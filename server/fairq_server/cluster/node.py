@@ -35,9 +35,10 @@ from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.redis_state import RedisState
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
-from fairq_server.cluster.tasks import cancel_all, forever, spawn
+from fairq_server.cluster.tasks import forever, spawn
 from fairq_server.cluster_config import ClusterConfig
 from fairq_server.scheduling import events as ev
+from fairq_server.supervisor import cancel_all, stop_asked
 
 __all__ = ["ClusterNode"]
 
@@ -313,9 +314,8 @@ class ClusterNode:
             self._lost(exc)
             return
         alive = max(1, int(alive))
-        # A Redis restarted empty counts only the replicas that have beaten since: off the
-        # shared gate the count stays that of before the loss (a smaller one would widen the
-        # local share, up to the whole backend).
+        # A Redis restarted empty counts only the replicas beaten since: off the shared gate
+        # the count stays as before the loss (fewer would widen the local share, up to all).
         self.replicas = alive if self.connected else max(self.replicas, alive)
         self.metrics.replicas.set(self.replicas)
         if not self.connected:
@@ -335,7 +335,7 @@ class ClusterNode:
 
     async def _refresher(self) -> None:
         """Read the shared counts on every announced release, and at least every refresh."""
-        while True:
+        while not stop_asked():
             pubsub = None
             try:
                 if self.connected:
@@ -343,7 +343,7 @@ class ClusterNode:
                     await pubsub.psubscribe(self.gate.channel(), self.counters.channel())
                 loop = asyncio.get_running_loop()
                 due = loop.time()
-                while self.connected or pubsub is None:
+                while (self.connected or pubsub is None) and not stop_asked():
                     if pubsub is not None:
                         # Expired leases announce nothing: read at least every refresh.
                         wait = max(0.0, due - loop.time())

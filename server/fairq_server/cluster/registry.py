@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from fairq_server.cluster.connection import REDIS_ERRORS
 from fairq_server.config import BackendConfig
 from fairq_server.registrations import backend_from_json, backend_to_json
+from fairq_server.supervisor import stop_asked
 
 __all__ = ["RedisRegistrations", "watch"]
 
@@ -65,11 +66,11 @@ async def watch(
     apply: Callable[[dict[str, str]], Awaitable[None]],
 ) -> None:
     """Apply the registry now, on every announcement and every :data:`POLL_SECONDS`."""
-    while True:
+    while not stop_asked():
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(registrations.channel)
-            while True:
+            while not stop_asked():
                 await apply(await registrations.raw())
                 message = await pubsub.get_message(timeout=POLL_SECONDS)
                 while message is not None:

@@ -1,4 +1,4 @@
-"""A replica's background tasks: run a step forever, run one in the background, stop them."""
+"""A replica's background tasks: run a step forever, run one in the background."""
 
 from __future__ import annotations
 
@@ -7,27 +7,16 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-__all__ = ["cancel_all", "forever", "spawn"]
+from fairq_server.supervisor import stop_asked
+
+__all__ = ["forever", "spawn"]
 
 log = logging.getLogger(__name__)
 
 
-async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for them, cancelling again any that lives on.
-
-    On Python 3.11 a cancellation arriving just as an ``asyncio.timeout`` expires can be
-    taken for the timeout and swallowed; the loops here wait under such timeouts.
-    """
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.1)
-
-
 async def forever(step: Callable[[], Coroutine[Any, Any, None]], every: float) -> None:
     """Run ``step`` every ``every`` seconds until cancelled."""
-    while True:
+    while not stop_asked():
         await asyncio.sleep(every)
         try:
             await step()

@@ -14,7 +14,6 @@ a second for known key ids and at once for an unknown one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import os
@@ -29,6 +28,7 @@ import aiohttp
 from fairq_server.identity.keyset import JwksError, KeySet, parse_jwks
 from fairq_server.identity.settings import JwtConfig
 from fairq_server.names import escape
+from fairq_server.supervisor import stop_task
 
 __all__ = ["FileJwks", "JwksSource", "UrlJwks", "source_for"]
 
@@ -155,10 +155,7 @@ class UrlJwks:
         """Cancel a fetch under way and close the HTTP session."""
         self._closed = True
         self._error = "the JWKS source was closed (configuration reloaded or server stopping)"
-        if self._fetch is not None:
-            self._fetch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._fetch
+        await stop_task(self._fetch)
         if self._session is not None:
             await self._session.close()
             self._session = None

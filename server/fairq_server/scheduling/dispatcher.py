@@ -46,7 +46,7 @@ from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.shared_counters import apply_cluster_event
 from fairq_server.scheduling.ticket import Ticket, TicketState
-from fairq_server.supervisor import RESTART_DELAYS, supervise
+from fairq_server.supervisor import RESTART_DELAYS, stop_task, supervise
 from fairq_server.telemetry import Telemetry
 
 __all__ = ["Dispatcher"]
@@ -242,10 +242,7 @@ class Dispatcher:
         Running requests go on: their events are applied as they come (see :meth:`post`).
         """
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         self._apply_inbox()
         self._fail_queued(ShuttingDownError("fairq is shutting down; the request was not started"))
 

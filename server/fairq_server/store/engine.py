@@ -20,6 +20,7 @@ from sqlalchemy import Connection, event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fairq_server.store.settings import StoreConfig, StoreError, engine_url
+from fairq_server.supervisor import stop_asked
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -179,7 +180,7 @@ async def poll_forever(
     database that stays away writes one line per interval, not one per poll.
     """
     last = -math.inf
-    while True:
+    while not stop_asked():
         await asyncio.sleep(seconds)
         try:
             await refresh()

@@ -32,7 +32,7 @@ from fairq_server.store.engine import short_error
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.schema import usage
 from fairq_server.store.settings import PriceConfig, StoreConfig
-from fairq_server.supervisor import OwnedTask
+from fairq_server.supervisor import OwnedTask, stop_asked
 
 __all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics", "Throttled"]
 
@@ -208,7 +208,7 @@ class Ledger:
 
     async def _run(self) -> None:
         pause = _FIRST_RETRY_SECONDS
-        while True:
+        while not stop_asked():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._config.flush_seconds)
             self._wake.clear()

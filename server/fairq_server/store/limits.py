@@ -31,7 +31,7 @@ from fairq_server.store.engine import short_error
 from fairq_server.store.ledger import LOG_INTERVAL_SECONDS, MAX_RETRY_SECONDS, Throttled
 from fairq_server.store.schema import limit_usage
 from fairq_server.store.settings import StoreConfig
-from fairq_server.supervisor import OwnedTask
+from fairq_server.supervisor import OwnedTask, stop_asked
 
 __all__ = ["CounterName", "LimitState", "key_id", "period_of"]
 
@@ -171,7 +171,7 @@ class LimitState:
 
     async def _run(self) -> None:
         pause, retry = self._config.flush_seconds, _FIRST_RETRY_SECONDS
-        while True:
+        while not stop_asked():
             await asyncio.sleep(pause)
             if await self._write():
                 pause, retry = self._config.flush_seconds, _FIRST_RETRY_SECONDS

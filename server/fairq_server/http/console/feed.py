@@ -10,7 +10,6 @@ no page open and no cluster, a refresh reads nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from fairq_server.http.console.render import fragment
 from fairq_server.observe.live import LiveView
 from fairq_server.observe.replicas import ReplicaViews
+from fairq_server.supervisor import stop_asked, stop_task
 
 __all__ = ["LiveFeed"]
 
@@ -59,10 +59,7 @@ class LiveFeed:
 
     async def stop(self) -> None:
         """Stop refreshing."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
 
     async def current(self) -> list[dict[str, Any]]:
         """Return the views now (read afresh, for a page being loaded)."""
@@ -95,7 +92,7 @@ class LiveFeed:
         )
 
     async def _run(self) -> None:
-        while True:
+        while not stop_asked():
             try:
                 if self.watchers or self._replicas is not None:
                     views = await self._views()
