@@ -72,8 +72,6 @@ async def test_stop_task_does_not_swallow_its_caller_s_cancellation() -> None:
 
 
 async def test_stop_asked_is_false_after_a_timeout_took_its_cancellation_back() -> None:
-    async with asyncio.timeout(0.01):
-        pass
     try:
         async with asyncio.timeout(0.01):
             await asyncio.Event().wait()
