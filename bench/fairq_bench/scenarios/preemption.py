@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 import httpx
 
+from fairq_bench.local_engine import engine_pids, tree_run_seconds
 from fairq_bench.processes import fairq_process, sim_process, toml_config
 from fairq_bench.report import markdown_table, summarize
 from fairq_bench.scenarios.docs import RESULT_PREFIX
@@ -79,6 +80,8 @@ class Cost:
         reread: the victims' output read again as prompt by their continuations.
         step: the engine's mean time between two tokens of a request over the run (vLLM's
             inter-token latency; NaN elsewhere): how fast the machine let it run.
+        engine_cpu: CPU seconds of the engine's processes over the replay, where the engine
+            runs on this machine (NaN elsewhere): what the client made it work.
 
     """
 
@@ -86,6 +89,7 @@ class Cost:
     fairq_side: float = 0.0
     reread: float = 0.0
     step: float = math.nan
+    engine_cpu: float = math.nan
 
 
 def fairq_config(
@@ -155,18 +159,29 @@ async def run_once(
     priority: bool = False,
 ) -> tuple[list[RequestResult], Cost]:  # fmt: skip
     """Replay ``specs`` in ``mode``; return the results and what preemption cost."""
+    pids = engine_pids(url)
+    cpu = [0.0]
+
+    async def timed(send: SendFn) -> list[RequestResult]:
+        """Replay ``specs`` through ``send``, adding the engine's CPU meanwhile to ``cpu``."""
+        cpu[0] -= tree_run_seconds(pids)
+        try:
+            return await replay(specs, send)
+        finally:
+            cpu[0] += tree_run_seconds(pids)
+
     async with http_client() as client:
         before = await _engine_counts(client, url, kind)
         text = ""
         if mode == "direct":
-            results = await replay(specs, direct_sender(client, url, model, kind))
+            results = await timed(direct_sender(client, url, model, kind))
         elif mode == DIRECT_SLOTS:
-            results = await replay(specs, _capped(direct_sender(client, url, model, kind), slots))
+            results = await timed(_capped(direct_sender(client, url, model, kind), slots))
         else:
             port = free_port()
             config = fairq_config(url, model, kind, slots, port, mode, priority)
             async with fairq_process(config) as target, grpc.aio.insecure_channel(target) as ch:
-                results = await replay(specs, fairq_sender(ch, model))
+                results = await timed(fairq_sender(ch, model))
                 text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
         generated, step_sum, steps = (
             a - b for a, b in zip(await _engine_counts(client, url, kind), before, strict=True)
@@ -178,6 +193,7 @@ async def run_once(
         fairq_side=_metric(text, "fairq_preempt_regenerated_tokens_total") / asked,
         reread=_metric(text, "fairq_preempt_resumed_tokens_total") / asked,
         step=step_sum / steps if steps else math.nan,
+        engine_cpu=cpu[0] if pids else math.nan,
     )
 
 
@@ -311,7 +327,8 @@ def _per_round(runs: dict[str, list[tuple[list[RequestResult], Cost]]]) -> str:
         return summarize("", results, lambda u: u != LIGHT).makespan
 
     direct = [(makespan(r), c.step) for r, c in runs["direct"]]
-    lines, in_steps = [], []
+    direct_cpu = [c.engine_cpu for _, c in runs["direct"]]
+    lines, in_steps, in_cpu = [], [], []
     for mode in list(runs)[1:]:
         pairs = list(zip(runs[mode], direct, strict=True))
         ratios = [makespan(r) / d for (r, _), (d, _) in pairs]
@@ -323,11 +340,19 @@ def _per_round(runs: dict[str, list[tuple[list[RequestResult], Cost]]]) -> str:
                 + ", ".join(f"{x:.3f}x" for x in steps)
                 + ")"
             )
+        cpu = [c.engine_cpu / d for (_, c), d in zip(runs[mode], direct_cpu, strict=True)]
+        if not any(math.isnan(x) for x in cpu):
+            in_cpu.append(f"{mode}: median {statistics.median(cpu):.3f}x")
     text = "Power makespan against the same round's direct run: " + "; ".join(lines) + "."
     if in_steps:
         text += (
             "\n\nThe same in engine steps (each run's makespan divided by the engine's mean "
             "inter-token latency over that run): " + "; ".join(in_steps) + "."
+        )
+    if in_cpu:
+        text += (
+            "\n\nThe engine's own CPU over the replay (its processes on this machine, read "
+            "from the scheduler), against the same round's direct run: " + "; ".join(in_cpu) + "."
         )
     return text
 
