@@ -209,8 +209,10 @@ class Ledger:
     async def _run(self) -> None:
         pause = _FIRST_RETRY_SECONDS
         while not stop_asked():
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can lose a cancellation.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._config.flush_seconds)
+                async with asyncio.timeout(self._config.flush_seconds):
+                    await self._wake.wait()
             self._wake.clear()
             while self._buffer:
                 if await self._write_batch():
