@@ -160,28 +160,25 @@ async def run_once(
 ) -> tuple[list[RequestResult], Cost]:  # fmt: skip
     """Replay ``specs`` in ``mode``; return the results and what preemption cost."""
     pids = engine_pids(url)
-    cpu = [0.0]
 
-    async def timed(send: SendFn) -> list[RequestResult]:
-        """Replay ``specs`` through ``send``, adding the engine's CPU meanwhile to ``cpu``."""
-        cpu[0] -= tree_run_seconds(pids)
-        try:
-            return await replay(specs, send)
-        finally:
-            cpu[0] += tree_run_seconds(pids)
+    async def timed(send: SendFn) -> tuple[list[RequestResult], float]:
+        """Replay ``specs`` through ``send``; also return the engine's CPU seconds meanwhile."""
+        cpu = tree_run_seconds(pids)
+        results = await replay(specs, send)
+        return results, tree_run_seconds(pids) - cpu
 
     async with http_client() as client:
         before = await _engine_counts(client, url, kind)
         text = ""
         if mode == "direct":
-            results = await timed(direct_sender(client, url, model, kind))
+            results, cpu = await timed(direct_sender(client, url, model, kind))
         elif mode == DIRECT_SLOTS:
-            results = await timed(_capped(direct_sender(client, url, model, kind), slots))
+            results, cpu = await timed(_capped(direct_sender(client, url, model, kind), slots))
         else:
             port = free_port()
             config = fairq_config(url, model, kind, slots, port, mode, priority)
             async with fairq_process(config) as target, grpc.aio.insecure_channel(target) as ch:
-                results = await timed(fairq_sender(ch, model))
+                results, cpu = await timed(fairq_sender(ch, model))
                 text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
         generated, step_sum, steps = (
             a - b for a, b in zip(await _engine_counts(client, url, kind), before, strict=True)
@@ -193,7 +190,7 @@ async def run_once(
         fairq_side=_metric(text, "fairq_preempt_regenerated_tokens_total") / asked,
         reread=_metric(text, "fairq_preempt_resumed_tokens_total") / asked,
         step=step_sum / steps if steps else math.nan,
-        engine_cpu=cpu[0] if pids else math.nan,
+        engine_cpu=cpu if pids else math.nan,
     )
 
 
