@@ -59,7 +59,7 @@ _EXEMPT_FIELDS = (
 _ID_KEYS = ("token_ids", "prompt_token_ids")
 
 
-def exempt_reason(request: BackendRequest, *, continues_chat: bool = True) -> str | None:
+def exempt_reason(request: BackendRequest, *, continues_chat: bool) -> str | None:
     """Return why ``request`` may never be preempted (None: it may).
 
     ``continues_chat``: the backend can continue a chat request (not TGI's Messages API).

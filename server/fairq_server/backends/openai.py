@@ -204,7 +204,7 @@ class OpenAIBackend(VllmBackend):
             # keeps a continuation's max_tokens exact. Stripped before relaying.
             body["timings_per_token"] = True
         if request.resume is not None:
-            continue_openai(body, request.resume, token_ids=False)
+            continue_openai(body, request.resume, token_ids=self.continues_by_ids)
         if self.priority_scheduling:
             body["priority"] = -priority if self.priority_order == "higher-first" else priority
         return path, body
