@@ -38,7 +38,7 @@ from fairq_server.registrations import (
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
-from fairq_server.supervisor import cancel_all, stop_task, supervise
+from fairq_server.supervisor import stop_task, supervise
 from fairq_server.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -148,7 +148,9 @@ class FairqCore:
         await self.close_queues()
         for backend_id in list(self._polled):
             await self._stop_polling(backend_id)
-        await cancel_all(list(self._closing))
+        for task in list(self._closing):
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         for adapter in list(self._adapters):
             await adapter.aclose()
         self._adapters.clear()
