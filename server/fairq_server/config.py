@@ -242,6 +242,9 @@ class SchedulerConfig:
             healthy are answered UNAVAILABLE once that has lasted this long (a restarting
             backend within it fails nobody).
         preempt: anti-thrash bounds of preemption (``[scheduler.preempt]``).
+        anticipation_seconds: where a model's slots are known (every backend sets
+            ``max_in_flight``), a slot freed by a caller below its share waits at most this
+            long for that caller's next request (its learned think time; 0 = never).
 
     """
 
@@ -271,6 +274,7 @@ class SchedulerConfig:
     max_error_body_bytes: int = 16_384
     max_poll_backoff_seconds: float = 10.0
     no_backend_grace_seconds: float = 5.0
+    anticipation_seconds: float = 0.05
     preempt: PreemptConfig = field(default_factory=PreemptConfig)
 
     def __post_init__(self) -> None:

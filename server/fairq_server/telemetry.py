@@ -186,6 +186,12 @@ class Telemetry:
             "so far; a prefix cache makes most of it cheap).",
             ["backend"], registry=r,
         )  # fmt: skip
+        self.anticipation = Counter(
+            "fairq_anticipation_holds_total",
+            "Slots freed by a caller below its share and held for its next request, by outcome: "
+            "taken (it came back in time) or lapsed (the slot went to the fair pick).",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
         self.preempt_repaid = Counter(
             "fairq_preempt_repaid_total",
             "Preempted requests started again in the slot they lent, as the request that "

@@ -15,6 +15,7 @@ from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.errors import SlowClientError
 from fairq_server.scheduling import events as ev
+from fairq_server.scheduling.lookahead import LOOKAHEAD_TOKENS
 from fairq_server.scheduling.ticket import AttemptHandle, Ticket
 
 __all__ = ["CHARGE_EVERY", "AttemptSink", "Launcher", "StreamLauncher"]
@@ -36,6 +37,15 @@ class AttemptSink:
         self._tokens = 0
         self._uncharged = 0
         self._progress = ticket.progress
+        self._near = not ticket.max_tokens  # the end is not known ahead: never "near"
+
+    def _nearly_done(self) -> bool:
+        """Whether the request is within the lookahead of its end (told once, at once)."""
+        ticket = self._ticket
+        if ticket.max_tokens - ticket.charged_completion - self._uncharged > LOOKAHEAD_TOKENS:
+            return False
+        self._near = True
+        return True
 
     def text(self, delta: TextDelta) -> bool:
         """See :meth:`~fairq_server.backends.stream_reader.StreamSink.text`."""
@@ -44,7 +54,7 @@ class AttemptSink:
             self._post(ev.FirstToken(ticket, attempt, time.monotonic()))
         self._tokens += delta.tokens
         self._uncharged += delta.tokens
-        if self._uncharged >= CHARGE_EVERY:
+        if self._uncharged >= CHARGE_EVERY or (not self._near and self._nearly_done()):
             self._post(ev.Tokens(ticket, attempt, self._uncharged))
             self._uncharged = 0
         if self._progress is not None:

@@ -24,9 +24,11 @@ from fairq_server.errors import (
 )
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling import fair_share
+from fairq_server.scheduling.anticipation import Anticipation
 from fairq_server.scheduling.attempt_stream import Launcher, StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import Cost
+from fairq_server.scheduling.lookahead import near_end
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.outbox import Finished, Started
 from fairq_server.scheduling.settings import Settings
@@ -48,6 +50,7 @@ class AttemptBook:
         launcher: starts an attempt on its backend.
         clock: the dispatcher's monotonic clock.
         entitlement: quotas and budgets, reserved at each start and settled at each end.
+        anticipation: told of each request's end, to hold its slot for its user's next.
 
     """
 
@@ -59,8 +62,10 @@ class AttemptBook:
         launcher: Launcher,
         clock: Callable[[], float],
         entitlement: Entitlement | None = None,
+        anticipation: Anticipation | None = None,
     ) -> None:
         self._entitlement = entitlement
+        self._anticipation = anticipation
         self._settings = settings
         self._models = models
         self._telemetry = telemetry
@@ -158,10 +163,25 @@ class AttemptBook:
             case ev.Tokens(count=count):
                 self._charge(ticket, Cost(completion_tokens=count))
                 ticket.charged_completion += count
+                self._look_ahead(ticket)
             case ev.StreamEnded(end=end, tokens=tokens):
                 self._ended(ticket, end, tokens)
             case ev.StreamFailed(error=error):
                 self._failed(ticket, error)
+
+    def _look_ahead(self, ticket: Ticket) -> None:
+        """Count ``ticket``'s slot as free once its end is near (:mod:`.lookahead`)."""
+        backend = ticket.backend
+        if ticket.finishing or backend is None or not near_end(ticket, backend):
+            return
+        model = self._models.get(ticket.request.model)
+        if model is None or (
+            self._anticipation is not None and self._anticipation.may_hold(model, ticket)
+        ):
+            return  # its slot waits for its own user's next request
+        ticket.finishing = True
+        backend.finishing += 1
+        model.queue.tiers[ticket.tier].outstanding.finishing(ticket.user)
 
     def refused(self, event: ev.Refused) -> None:
         """Queue again an attempt the cluster's shared gate refused (among its user's requests)."""
@@ -190,6 +210,10 @@ class AttemptBook:
         prompt = end.prompt_tokens or ticket.prompt_tokens
         completion = end.completion_tokens or tokens
         self._settle(ticket, prompt, completion)
+        model = self._models.get(ticket.request.model)
+        if self._anticipation is not None and model is not None:
+            # Before the release: the request still counts as its user's.
+            self._anticipation.ended(model, ticket, self._clock())
         self._release(ticket)
         ticket.state = TicketState.DONE
         self._charge(
@@ -272,6 +296,7 @@ class AttemptBook:
             return
         if ticket.state is TicketState.RUNNING and ticket.backend is not None:
             self.abort(ticket)
+        ticket.stopped_running()  # taken from the queue to run, then refused before it ran
         ticket.state = TicketState.DONE
         ticket.outbox.fail(error)
 
@@ -280,6 +305,10 @@ class AttemptBook:
         assert backend is not None, "a running ticket has a backend"
         ticket.backend = None
         ticket.handle = None
+        ticket.stopped_running()
+        if ticket.finishing:
+            ticket.finishing = False
+            backend.finishing -= 1
         self.running -= 1
         self.on_backend.get(backend.id, set()).discard(ticket)
         backend.ended(

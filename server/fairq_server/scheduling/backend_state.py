@@ -58,6 +58,8 @@ class BackendState:
         tier_in_flight: ``in_flight`` by tier name.
         user_in_flight: ``in_flight`` by user (users with none are absent).
         boosted_in_flight: those sent with a fair-share boost (:mod:`.fair_share`).
+        finishing: those about to reach their ``max_tokens``, whose slots count as free
+            (:mod:`.lookahead`).
         dispatched: requests ever started on it.
         finished: requests ever ended on it (any way).
         idle: set while ``in_flight`` is 0.
@@ -82,6 +84,7 @@ class BackendState:
     tier_in_flight: dict[str, int] = field(default_factory=dict)
     user_in_flight: dict[str, int] = field(default_factory=dict)
     boosted_in_flight: int = 0
+    finishing: int = 0
     dispatched: int = 0
     finished: int = 0
     scrapes: int = 0

@@ -29,6 +29,7 @@ from fairq_server.entitlement.checker import Entitlement
 from fairq_server.errors import InternalError, SchedulerError, ShuttingDownError
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.admission import admission_error
+from fairq_server.scheduling.anticipation import Anticipation
 from fairq_server.scheduling.attempt_stream import Launcher, StreamLauncher
 from fairq_server.scheduling.attempts import AttemptBook
 from fairq_server.scheduling.backend_set import BackendSet
@@ -101,10 +102,14 @@ class Dispatcher:
         launcher = launcher or StreamLauncher(self.post, config.stream_coalesce_seconds)
         read = self._read_settings  # the helpers read the settings; only the loop writes them
         self.entitlement = entitlement
-        self.attempts = AttemptBook(read, self._models, telemetry, launcher, clock, entitlement)
-        self._picker = Picker(
-            read, self._models, self._backends, self.attempts.start, telemetry, entitlement
+        self.anticipation = Anticipation(read, self._backends, telemetry)
+        self.attempts = AttemptBook(
+            read, self._models, telemetry, launcher, clock, entitlement, self.anticipation
         )
+        self._picker = Picker(
+            read, self._models, self._backends, self.attempts.start, telemetry, entitlement,
+            self.anticipation,
+        )  # fmt: skip
         self._preemptor = Preemptor(read, self._models, self._backends, self.attempts, telemetry)
         self.crashes = 0
         self._next_sweep = 0.0
@@ -283,6 +288,9 @@ class Dispatcher:
                 continue
             if self._inbox:
                 continue
+            lapse = self.anticipation.next_deadline()
+            if lapse is not None:  # a held slot goes to the fair pick when its hold lapses
+                interval = max(0.0, min(interval, lapse - self._clock()))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await self._wake.wait()
@@ -351,7 +359,9 @@ class Dispatcher:
         if error is not None:
             return self.attempts.abandon(ticket, error)
         assert state is not None
-        position = state.push(ticket, self._clock(), ttl=self.config.queue_ttl_seconds is not None)
+        now = self._clock()
+        self.anticipation.arrived(ticket, now)
+        position = state.push(ticket, now, ttl=self.config.queue_ttl_seconds is not None)
         ticket.outbox.put(Queued(position))
 
     def _cancel(self, ticket: Ticket) -> None:

@@ -61,7 +61,10 @@ class ThresholdGate:
             return GateOutcome.UNHEALTHY
         share = backend.share
         in_flight = backend.in_flight + backend.peer_in_flight
-        if backend.max_in_flight and in_flight >= _scaled(backend.max_in_flight, share):
+        # A slot about to free counts as free: its successor waits a step in the engine's
+        # queue instead of the slot waiting for fairq (lookahead).
+        running = in_flight - backend.finishing
+        if backend.max_in_flight and running >= _scaled(backend.max_in_flight, share):
             return GateOutcome.IN_FLIGHT
         if tier.max_in_flight and backend.tier_in_flight.get(tier.name, 0) >= tier.max_in_flight:
             return GateOutcome.TIER_IN_FLIGHT

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from fairq_server.config import TierConfig
@@ -41,6 +41,7 @@ __all__ = [
     "Router",
     "ServiceCounters",
     "SortKey",
+    "TracksRunning",
 ]
 
 SortKey = tuple[float, ...]
@@ -167,6 +168,27 @@ class FairnessPolicy(Protocol):
         ``weight`` is the weight of the request it belongs to (None: the user's current
         one); it travels with the charge because the user may have gone idle meanwhile.
         """
+        ...
+
+
+@runtime_checkable
+class TracksRunning(Protocol):
+    """A fairness policy that also hears which users have requests running (optional).
+
+    The queue calls :meth:`started` when it hands a user's request to a backend (before it
+    reports the user idle, if that was its last queued request) and :meth:`stopped` when the
+    request ends or comes back to the queue. A user with requests running is not idle: a
+    closed-loop caller's queue empties at every dispatch, yet it is about to send again. A
+    policy without these methods is told instead through ``activate(..., resume=True)``
+    when a user with requests running becomes backlogged again.
+    """
+
+    def started(self, user: str) -> None:
+        """Note that a request of ``user`` was dispatched."""
+        ...
+
+    def stopped(self, user: str) -> None:
+        """Note that a request of ``user`` ended, or went back to the queue."""
         ...
 
 

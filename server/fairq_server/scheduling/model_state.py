@@ -88,7 +88,7 @@ class ModelState:
         taken = []
         for tier in range(len(self.queue.tiers)):
             while len(self.queue.tiers[tier]):
-                taken.append(self.queue.pop(tier))
+                taken.append(self.queue.pop(tier, start=False))
         return sorted(taken, key=lambda t: t.seq)
 
     def update_depth(self) -> None:

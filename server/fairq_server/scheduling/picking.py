@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from fairq_server.entitlement.checker import Entitlement
 from fairq_server.scheduling import fair_share
+from fairq_server.scheduling.anticipation import LOOKS, Anticipation, model_slots
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.fairness.hierarchy import TEAM_TAG
@@ -44,6 +45,7 @@ class Picker:
         start: sends a popped ticket to its backend.
         telemetry: metrics sink (gate refusals).
         entitlement: quotas and budgets (the soft limits' idle-only band).
+        anticipation: slots held for callers below their share (None: none are).
 
     """
 
@@ -55,8 +57,10 @@ class Picker:
         start: Start,
         telemetry: Telemetry,
         entitlement: Entitlement | None = None,
+        anticipation: Anticipation | None = None,
     ) -> None:
         self._entitlement = entitlement
+        self._anticipation = anticipation
         self._settings = settings
         self._models = models
         self._backends = backends
@@ -97,6 +101,11 @@ class Picker:
             if refusals:
                 self._count_refusal(model, first, refusals)
             return False  # strict tiers: lower tiers wait too; their gates are no looser
+        slots = model_slots(self._backends, model.name) if self._anticipation else 0
+        if slots:
+            held = self._held(model, first, candidates, now)
+            if held is not None:
+                return held
         tier = model.aged_tier(first, now, self._settings().tiers)
         tier_queue = queue.tiers[tier]
         retry = tier_queue.peek_retry() if tier_queue.has_retries else None
@@ -109,7 +118,7 @@ class Picker:
             elif tier_queue.active_users:
                 # The retry waits for a backend it has not failed on; the backends admitting
                 # now serve the requests behind it meanwhile.
-                picked = self._pick(model, tier, candidates)
+                picked = self._pick(model, tier, candidates, slots)
                 if picked is None:
                     return False
                 user, route = picked
@@ -117,7 +126,7 @@ class Picker:
             else:
                 return False  # only a waiting retry: strict tiers keep lower ones behind it
         else:
-            picked = self._pick(model, tier, candidates)
+            picked = self._pick(model, tier, candidates, slots)
             if picked is None:
                 return False  # only the idle-only band here, in-quota work on another replica
             user, route = picked
@@ -137,6 +146,45 @@ class Picker:
         ticket.priority_tier = first
         self._start(ticket, route.backend, now)
         return True
+
+    def _held(
+        self, model: ModelState, first: int, candidates: list[BackendState], now: float
+    ) -> bool | None:
+        """Honour the slots held for callers below their share (:mod:`.anticipation`).
+
+        Returns True when a held slot's user came back and was started, False when every free
+        slot is held (nothing more starts now), None when the pass goes on as usual.
+        """
+        anticipation = self._anticipation
+        assert anticipation is not None
+        anticipation.drop(model.name, first)  # strict tiers: higher-tier work waits for none
+        held = anticipation.live(model.name, now)
+        if not held:
+            return None
+        for hold in list(held.values()):
+            tier_queue = model.queue.tiers[hold.tier]
+            if tier_queue.user_len(hold.user) and self._held_in_band(
+                model, tier_queue, hold.user
+            ):
+                # Over a soft limit: the idle-only band's order decides, not the hold.
+                anticipation.take(model.name, hold.user, lapsed=True)
+                continue
+            if tier_queue.user_len(hold.user) and tier_queue.may_serve(hold.user):
+                route = self._settings().policies.router.route(
+                    tier_queue.head_of(hold.user), candidates
+                )
+                ticket = model.queue.pop(hold.tier, hold.user)
+                model.last_served[hold.tier] = now
+                ticket.priority_tier = first
+                self._start(ticket, route.backend, now)
+                anticipation.take(model.name, hold.user)  # after: the user never went idle
+                return True
+        held = anticipation.live(model.name, now)
+        free = sum(
+            max(0, b.max_in_flight - b.in_flight + b.finishing - b.peer_in_flight)
+            for b in candidates
+        )
+        return False if held and free <= len(held) else None
 
     def _admitting(
         self, model: ModelState, tier: int, now: float
@@ -233,14 +281,16 @@ class Picker:
         )
 
     def _pick(
-        self, model: ModelState, tier: int, candidates: list[BackendState]
+        self, model: ModelState, tier: int, candidates: list[BackendState], slots: int = 0
     ) -> tuple[str, Route] | None:
         """Choose the user to serve and its backend (prefix grouping within quantum Q).
 
         With Q = 0 the fairness policy's choice stands and only the backend is chosen by the
         router. With Q > 0, any user whose standing is within Q of the best may go instead if
         its next request has a longer prefix remembered by its routed backend; ties keep
-        fairness order.
+        fairness order. Where the model's ``slots`` are known, a choice that already runs its
+        slot share gives way to the first user in fairness order that runs less than its own
+        (:mod:`.slot_share`): slots are shared max-min, counters order the rest.
         """
         tier_queue = model.queue.tiers[tier]
         fairness = tier_queue.fairness
@@ -257,9 +307,16 @@ class Picker:
             if best is None or key < best[0]:
                 best = (key, user, route)
         assert best is not None, "fairness returns at least one active user"
+        user, route = best[1], best[2]
+        if slots and tier_queue.outstanding.at_share(user, slots):
+            for other in fairness.candidates(math.inf, LOOKS):
+                if other != user and tier_queue.outstanding.below(other, slots):
+                    user = other
+                    route = router.route(tier_queue.head_of(other), candidates)
+                    break
         if self._entitlement is not None and self._entitlement.has_soft:
-            return self._out_of_band(model, tier, candidates, best[1], best[2])
-        return best[1], best[2]
+            return self._out_of_band(model, tier, candidates, user, route)
+        return user, route
 
     def _out_of_band(
         self, model: ModelState, tier: int, candidates: list[BackendState], user: str, route: Route

@@ -158,7 +158,7 @@ class Preemptor:
                 or _slots_taken(backend)
             ):
                 continue  # it waits for its turn like any other request
-            model.queue.remove(victim)
+            model.queue.remove(victim, start=True)
             self._attempts.start(victim, backend, now)
             self._telemetry.preempt_repaid.labels(backend.id).inc()
 

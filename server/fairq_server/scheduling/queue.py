@@ -2,6 +2,11 @@
 
 Removal is lazy: a removed ticket stays in its user's heap, marked, and is skipped when it
 surfaces, so cancelling is O(1) and every push and pop is O(log n). Counts are kept exactly.
+
+Each tier also counts the requests of each user that it handed out and that still run (from
+:meth:`TierQueue.pop` to the ticket's :meth:`~.ticket.Ticket.stopped_running`): the fairness
+policy's standing is over what a user has outstanding, queued or running, not over its queue
+alone, and the slot shares (:mod:`.slot_share`) are over the same.
 """
 
 from __future__ import annotations
@@ -13,7 +18,14 @@ from dataclasses import dataclass, field
 
 from fairq_server.scheduling.counters import LocalCounters
 from fairq_server.scheduling.fairness.hierarchy import TeamFairness
-from fairq_server.scheduling.interfaces import Cost, FairnessPolicy, OrderingPolicy, SortKey
+from fairq_server.scheduling.interfaces import (
+    Cost,
+    FairnessPolicy,
+    OrderingPolicy,
+    SortKey,
+    TracksRunning,
+)
+from fairq_server.scheduling.slot_share import Outstanding
 from fairq_server.scheduling.ticket import Ticket, TicketState
 
 __all__ = ["UNHELD_LOOKS", "ModelQueue", "TierQueue"]
@@ -53,8 +65,12 @@ class TierQueue:
         self._teams = fairness if isinstance(fairness, TeamFairness) else None
         if self._teams is not None:
             self._teams.report_to(self.counters)
+        self._tracker = fairness if isinstance(fairness, TracksRunning) else None
         self._ordering = ordering
         self._flows: dict[str, _Flow] = {}
+        #: Each user's and team's requests queued or running (handed out by this tier and not
+        #: ended), for the fairness standing and slot shares.
+        self.outstanding = Outstanding()
         self._front: deque[Ticket] = deque()
         self._removed: set[int] = set()
         self._len = 0
@@ -82,6 +98,9 @@ class TierQueue:
         flow = self._flows.get(ticket.user)
         if flow is None:
             flow = self._flows[ticket.user] = _Flow()
+            # A user with requests running was never idle (a policy that hears of running
+            # requests knows that itself; for any other, it is a resumption).
+            resume = resume or (self._tracker is None and self.outstanding.running(ticket.user) > 0)
             if self._teams is not None:
                 self._teams.activate_in(
                     ticket.user, ticket.weight, ticket.team, ticket.team_weight, resume=resume
@@ -99,15 +118,24 @@ class TierQueue:
         heapq.heappush(flow.heap, (self._ordering.key(ticket), ticket.seq, ticket))
         flow.live += 1
         self._len += 1
+        self.outstanding.add(ticket.user, ticket.weight, ticket.team, ticket.team_weight)
 
     def push_front(self, ticket: Ticket) -> None:
         """Queue ``ticket`` ahead of every other ticket in the tier (a retry)."""
         self._front.append(ticket)
         self._len += 1
+        self.outstanding.add(ticket.user, ticket.weight, ticket.team, ticket.team_weight)
 
-    def remove(self, ticket: Ticket) -> None:
-        """Remove a queued ``ticket`` (it must be in this tier)."""
+    def remove(self, ticket: Ticket, *, start: bool = False) -> None:
+        """Remove a queued ``ticket`` (it must be in this tier).
+
+        ``start``: it is removed to run now (see :meth:`started`).
+        """
         self._len -= 1
+        if start:
+            self.started(ticket)
+        else:
+            self.outstanding.dropped(ticket.user)
         if ticket in self._front:
             self._front.remove(ticket)
             return
@@ -129,13 +157,15 @@ class TierQueue:
         """True while retried tickets wait at the front of the tier."""
         return bool(self._front)
 
-    def pop(self, user: str | None = None) -> Ticket:
+    def pop(self, user: str | None = None, *, start: bool = True) -> Ticket:
         """Remove and return the next ticket: a retry first, if any, else the fair choice.
 
         Args:
             user: pop this user's next ticket instead, passing over any retries (they may be
                 waiting for a backend the caller is not dispatching to). It must have queued
                 tickets in this tier.
+            start: the ticket leaves to run (counted as running until its
+                :meth:`~.ticket.Ticket.stopped_running`); False when the queue is emptied.
 
         Raises:
             IndexError: the tier is empty.
@@ -146,7 +176,12 @@ class TierQueue:
         self._len -= 1
         if user is None:
             if self._front:
-                return self._front.popleft()
+                ticket = self._front.popleft()
+                if start:
+                    self.started(ticket)
+                else:
+                    self.outstanding.dropped(ticket.user)
+                return ticket
             user = self.fairness.select()
         flow = self._flows[user]
         while True:
@@ -157,12 +192,35 @@ class TierQueue:
             break
         flow.live -= 1
         self.charge(ticket, Cost(requests=1, prompt_tokens=ticket.prompt_tokens))
+        if start:
+            self.started(ticket)  # before the user may go idle: it is not idle
+        else:
+            self.outstanding.dropped(ticket.user)
         if flow.live == 0:
             for _, seq, _ in flow.heap:
                 self._removed.discard(seq)
             del self._flows[user]
             self._deactivate(user)
         return ticket
+
+    def started(self, ticket: Ticket) -> None:
+        """Count ``ticket`` as running for its user until its ``stopped_running()``."""
+        if ticket.stop_running is not None:
+            return  # already counted (a preempted request taken again, say)
+        user, team = ticket.user, ticket.team
+        self.outstanding.started(user)
+        if self._teams is not None:
+            self._teams.started_in(user, team)
+        elif self._tracker is not None:
+            self._tracker.started(user)
+        ticket.stop_running = lambda: self._stopped(user, team, ticket)
+
+    def _stopped(self, user: str, team: str | None, ticket: Ticket) -> None:
+        self.outstanding.stopped(user, finishing=ticket.finishing)
+        if self._teams is not None:
+            self._teams.stopped_in(user, team)
+        elif self._tracker is not None:
+            self._tracker.stopped(user)
 
     def _deactivate(self, user: str) -> None:
         self.fairness.deactivate(user)
@@ -290,14 +348,17 @@ class ModelQueue:
         rounds = own_ahead + 1
         return higher + own_ahead + min(others, rounds * (tier.active_users - 1))
 
-    def remove(self, ticket: Ticket) -> None:
-        """Remove a queued ticket."""
-        self.tiers[ticket.tier].remove(ticket)
+    def remove(self, ticket: Ticket, *, start: bool = False) -> None:
+        """Remove a queued ticket (``start``: to run it now; see :meth:`TierQueue.remove`)."""
+        self.tiers[ticket.tier].remove(ticket, start=start)
         self._forget(ticket)
 
-    def pop(self, tier: int, user: str | None = None) -> Ticket:
-        """Remove and return the next ticket of ``tier`` (of ``user``, if given)."""
-        ticket = self.tiers[tier].pop(user)
+    def pop(self, tier: int, user: str | None = None, *, start: bool = True) -> Ticket:
+        """Remove and return the next ticket of ``tier`` (of ``user``, if given).
+
+        ``start``: see :meth:`TierQueue.pop`.
+        """
+        ticket = self.tiers[tier].pop(user, start=start)
         self._forget(ticket)
         return ticket
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -92,10 +93,20 @@ class Ticket:
     charged_prompt: float = 0.0
     charged_completion: int = 0
     refused: bool = False  # counted once in the gate refusals
+    finishing: bool = False  # counted in its backend's ``finishing`` (lookahead)
     progress: Progress | None = None  # the output so far, kept where it may be preempted
     claim: Claim | None = None  # the current attempt's reservation against quotas and budgets
     # The request this one preempted: its slot goes back to it when this one ends.
     lender: Ticket | None = None
+    # Set while the ticket counts as running in its tier's fairness (see TierQueue.started);
+    # calling it ends that, once.
+    stop_running: Callable[[], None] | None = None
+
+    def stopped_running(self) -> None:
+        """Tell the tier's fairness this request no longer runs (harmless if it did not)."""
+        stop, self.stop_running = self.stop_running, None
+        if stop is not None:
+            stop()
 
     def tokens_left(self, generated: int) -> int | None:
         """Return the tokens the request may still produce after ``generated``.

@@ -79,6 +79,7 @@ class Harness:
         *,
         tiers: Sequence[TierConfig] = TIERS,
         fairness: str = "round-robin",
+        max_in_flight: int = 0,
         **config: object,
     ) -> None:
         self.clock = Clock()
@@ -86,6 +87,7 @@ class Harness:
         self.config = replace(CONFIG, fairness=fairness, **config)  # type: ignore[arg-type]
         self.tiers = tuple(tiers)
         self._backends = backends
+        self._max_in_flight = max_in_flight
         self.entries: list[BackendState] = []
         self.order: list[Ticket] = []  # tickets in the order they were started on a backend
         self.assigned: dict[Ticket, BackendState] = {}
@@ -110,7 +112,10 @@ class Harness:
         self.d.start()
         for i in range(self._backends):
             # Never contacted: the launcher above stands in for the stream reader.
-            state = await self.d.add_backend(VllmBackend(f"b{i}", "http://127.0.0.1:9", ["m"]))
+            backend = VllmBackend(
+                f"b{i}", "http://127.0.0.1:9", ["m"], max_in_flight=self._max_in_flight
+            )
+            state = await self.d.add_backend(backend)
             self.entries.append(state)
             self.scrape(state)
         await settle()

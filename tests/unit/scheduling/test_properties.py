@@ -9,6 +9,10 @@ Terms: a user is *backlogged* in a tier while it has tickets queued there (its f
 non-empty); U is the largest weighted cost one request can be charged,
 ``max((prompt + 2 * output) / weight)``; Q is the prefix-grouping quantum, i.e. a pop may serve
 any user returned by ``fairness.candidates(Q, k)`` instead of ``fairness.select()``.
+
+A pop here models a request that ends as soon as it is dispatched (``start=False``: it never
+counts as running), so a user with nothing queued is idle; what changes while requests run
+(no lift for a user with requests outstanding) is tested in ``test_running.py``.
 """
 
 from __future__ import annotations
@@ -245,12 +249,12 @@ async def test_no_ticket_is_lost_or_served_twice(
         tier = q.first_tier()
         if tier is None:
             with pytest.raises(IndexError):
-                q.pop(0)
+                q.pop(0, start=False)
             return
         assert all(m.tier_len(i) == 0 for i in range(tier))
         tq = q.tiers[tier]
         if m.front[tier]:
-            got = q.pop(tier)
+            got = q.pop(tier, start=False)
             assert got is m.front[tier][0]
         else:
             fair = tq.fairness
@@ -264,7 +268,7 @@ async def test_no_ticket_is_lost_or_served_twice(
                 assert set(cands) <= within
                 if len(cands) < CANDIDATES:
                     assert set(cands) == within
-            got = q.pop(tier, user)
+            got = q.pop(tier, user, start=False)
             assert counters[got.user] <= low + (quantum or 0.0) + EPS
             flow = m.flows[(tier, got.user)]
             assert got is min(flow, key=lambda t: (order.key(t), t.seq))
@@ -336,7 +340,7 @@ async def test_round_robin_serves_nobody_twice_between_two_turns_of_a_backlogged
         elif isinstance(op, Pop):
             tier = q.first_tier()
             if tier is not None:
-                got = q.pop(tier)
+                got = q.pop(tier, start=False)
                 served[tier].append((got.user, epoch[(tier, got.user)]))
                 m.discard(got)
         elif isinstance(op, Remove):
@@ -422,7 +426,7 @@ async def test_vtc_service_difference_is_bounded(
         elif isinstance(op, Pop):
             if not len(q):
                 continue
-            got = q.pop(0, pick_user(q, 0, quantum, op.pick))
+            got = q.pop(0, pick_user(q, 0, quantum, op.pick), start=False)
             output = int(got.max_tokens * op.output)
             fair.charge(
                 got.user, Cost(prompt_tokens=0, completion_tokens=output)
@@ -448,7 +452,7 @@ async def test_vtc_grouping_bound_2u_plus_2q_is_reached() -> None:
 
     def serve(user: str, cost: int) -> None:
         assert user in fair.candidates(5.0, CANDIDATES)
-        got = q.pop(0, user)
+        got = q.pop(0, user, start=False)
         fair.charge(got.user, Cost(prompt_tokens=cost, completion_tokens=0))
 
     for _ in range(4):
@@ -472,7 +476,7 @@ async def test_vtc_tokens_streaming_after_the_queue_emptied_are_weighted() -> No
     fair = q.tiers[0].fairness
     q.push(ticket("x"))  # someone stays backlogged: charges matter relative to x
     q.push(ticket("w", weight=2.0))
-    q.pop(0, "w")
+    q.pop(0, "w", start=False)
     before = fair.counter("w")
     fair.charge("w", Cost(prompt_tokens=100, completion_tokens=50), 2.0)
     assert fair.counter("w") - before == (100 + 2 * 50) / 2.0
@@ -520,7 +524,7 @@ async def test_returning_user_is_lifted_and_counters_never_decrease(
                 continue
             fair = q.tiers[tier].fairness
             last_min[tier] = fair.min_counter()
-            got = q.pop(tier, pick_user(q, tier, quantum, op.pick))
+            got = q.pop(tier, pick_user(q, tier, quantum, op.pick), start=False)
             m.discard(got)
         elif isinstance(op, Remove):
             queued = m.queued()
@@ -550,7 +554,7 @@ async def test_new_user_after_a_grouped_drain_starts_at_the_last_dispatch() -> N
     for _ in range(5):
         q.push(ticket("a"))
     while len(q):
-        q.pop(0, fair.candidates(1.0, CANDIDATES)[0])
+        q.pop(0, fair.candidates(1.0, CANDIDATES)[0], start=False)
     # a was served at counters 0..4 and now holds 5; with the tier empty, history is dropped
     # and n starts at the highest counter seen, not below anyone served before.
     q.push(ticket("n"))
@@ -558,5 +562,5 @@ async def test_new_user_after_a_grouped_drain_starts_at_the_last_dispatch() -> N
     for _ in range(2):
         q.push(ticket("n"))
         q.push(ticket("a"))
-    order = [q.pop(0, fair.candidates(1.0, CANDIDATES)[0]).user for _ in range(5)]
+    order = [q.pop(0, fair.candidates(1.0, CANDIDATES)[0], start=False).user for _ in range(5)]
     assert order == ["n", "a", "n", "a", "n"]

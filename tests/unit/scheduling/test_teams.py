@@ -201,11 +201,19 @@ def test_tier_queue_charges_team_and_user_and_empties_cleanly() -> None:
         t = ticket(user, prompt="x" * 10)
         t.team, t.team_weight = team, 2.0 if team == "A" else 1.0
         queue.push(t)
+    running = []
     while len(queue):
-        served.append(queue.pop().user)
+        running.append(queue.pop())
+        served.append(running[-1].user)
     assert served == ["a1", "b1", "a2", "b1", "a1"]
     assert queue.active_users == 0
-    assert counters._values == {}  # one process, nobody backlogged: the history goes
+    # Nothing queued, but requests run: nobody is idle, the standing stays.
+    assert counters._values != {}
+    for t in running:
+        t.stopped_running()
+        t.stopped_running()  # once only
+    assert len(queue.outstanding) == 0
+    assert counters._values == {}  # one process, nobody backlogged or running: history goes
 
 
 def test_in_a_cluster_a_member_waits_for_its_team_mates_further_behind_elsewhere() -> None:

@@ -7,9 +7,14 @@ than its user's current counter is simply re-pushed when it surfaces. What lower
 refund, a cluster's sync) re-pushes the user at once: an entry above its counter would keep a
 user that is furthest behind from ever surfacing. Every operation is O(log n) amortised.
 
-A user whose queue goes from empty to non-empty is lifted to the smallest counter among
-backlogged users (or, with none backlogged, to the counter of the last user served): idle time
-cannot be banked as credit and spent later in a burst (Sheng et al., OSDI 2024).
+A user who becomes backlogged with nothing outstanding (nothing queued and nothing running) is
+lifted to the smallest counter among backlogged users (or, with none backlogged, to the counter
+of the last user served): idle time cannot be banked as credit and spent later in a burst
+(Sheng et al., OSDI 2024). A user with requests running is not idle: a closed-loop caller
+(a chat app, an agent) whose queue empties each time its request is dispatched, and refills a
+moment after it ends, keeps its counter, and with it whatever standing it has built. The queue
+says which users run something (:meth:`CounterFairness.started`, :meth:`CounterFairness.stopped`);
+their records are kept while they do.
 
 The counters themselves live in the tier's :class:`~fairq_server.scheduling.interfaces.
 ServiceCounters` (given at construction; a local table if none): in a cluster they are shared
@@ -36,6 +41,7 @@ class _UserState:
     weight: float = 1.0
     active: bool = False
     stamp: int = -1  # the stamp of this user's one valid heap entry
+    running: int = 0  # requests dispatched and not ended: the user is not idle
 
 
 class CounterFairness:
@@ -67,6 +73,7 @@ class CounterFairness:
         self._next_stamp = 0  # an int, not itertools.count: policies are deep-copied
         self._virtual_time = 0.0
         self._active = 0
+        self._running = 0  # users with requests running
         # Idle users whose counter was above the virtual time when they went idle: forgotten
         # once the virtual time passes them (a returning user is lifted that far anyway), so
         # memory follows active users, not every user name ever seen.
@@ -113,9 +120,11 @@ class CounterFairness:
         if state.active:
             return
         state.weight = weight if weight > 0 else 1.0
-        if not self._lift or resume:
+        if not self._lift or resume or state.running:
             # Resumed: a lift would take away the standing a refused dispatch just gave back,
-            # and with refusals at random, users' service would drift apart.
+            # and with refusals at random, users' service would drift apart. Running: the user
+            # was never idle, only between requests (a closed loop's next request arrives a
+            # moment after its last one ended); a lift would erase the standing it built.
             state.active = True
             self._active += 1
             self._push(user, state)
@@ -141,20 +150,53 @@ class CounterFairness:
         self._active -= 1
         if not self._lift:
             return  # the record, and its low counter, stay: that is the baseline's point
-        if self._active == 0 and not self._counters.shared:
-            # Nobody is backlogged: counters only matter relative to backlogged users, so the
-            # history can go. Everyone who comes back is lifted to the highest counter seen,
-            # which takes credit away from no one and keeps memory at zero between bursts.
-            # Not in a cluster: users are backlogged on the other replicas, and a user whose
-            # requests are all in flight here is still being charged. Dropped, it would come
-            # back at the old counter (the charges since only journaled), be served at once
-            # as if behind, until the next sync; kept, it is parked like any idle user.
+        self._settle_idle(user, state)
+
+    def started(self, user: str) -> None:
+        """Note that a request of ``user`` was dispatched (it runs until :meth:`stopped`).
+
+        Called before the queue reports the user idle, so its record is never forgotten
+        between its request leaving the queue and starting.
+        """
+        state = self._users.get(user)
+        if state is None:
+            state = self._users[user] = _UserState()
+            self._counters.lift(user, self._virtual_time if self._lift else 0.0)
+        state.running += 1
+        if state.running == 1:
+            self._running += 1
+
+    def stopped(self, user: str) -> None:
+        """Note that a request of ``user`` ended (or went back to the queue)."""
+        state = self._users.get(user)
+        if state is None or state.running == 0:
+            return  # counted before a rebuild or a drop of the history: nothing to undo
+        state.running -= 1
+        if state.running:
+            return
+        self._running -= 1
+        if not state.active and self._lift:
+            self._settle_idle(user, state)
+
+    def _settle_idle(self, user: str, state: _UserState) -> None:
+        """Forget or park ``user``, who has nothing queued; or drop all history."""
+        if self._active == 0 and self._running == 0 and not self._counters.shared:
+            # Nobody is backlogged or running: counters only matter relative to those who
+            # are, so the history can go. Everyone who comes back is lifted to the highest
+            # counter seen, which takes credit away from no one and keeps memory at zero
+            # between bursts. Not in a cluster: users are backlogged on the other replicas,
+            # and a user whose requests are all in flight here is still being charged.
+            # Dropped, it would come back at the old counter (the charges since only
+            # journaled), be served at once as if behind, until the next sync; kept, it is
+            # parked like any idle user.
             self._virtual_time = max(self._virtual_time, *map(self._value, self._users))
             for name in self._users:
                 self._counters.forget(name)
             self._users.clear()
             self._idle.clear()
             return
+        if state.running:
+            return  # not idle: its record stays until its last request ends
         self._forget_or_park(user, state)
 
     def _forget_or_park(self, user: str, state: _UserState) -> None:
@@ -172,7 +214,8 @@ class CounterFairness:
         while idle and idle[0][0] <= self._virtual_time:
             _, user = heapq.heappop(idle)
             state = self._users.get(user)
-            if state is not None and not state.active:
+            if state is not None and not state.active and not state.running:
+                # A running user left the idle list here; stopped() settles it at its end.
                 self._forget_or_park(user, state)
 
     def select(self) -> str:

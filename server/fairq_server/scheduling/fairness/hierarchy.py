@@ -27,7 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fairq_server.scheduling.counters import LocalCounters
-from fairq_server.scheduling.interfaces import Cost, FairnessPolicy, ServiceCounters
+from fairq_server.scheduling.interfaces import (
+    Cost,
+    FairnessPolicy,
+    ServiceCounters,
+    TracksRunning,
+)
 
 __all__ = ["TEAM_TAG", "TeamFairness", "team_key"]
 
@@ -83,6 +88,17 @@ class _Team:
     view: _WithinTeam
     policy: FairnessPolicy
     active: int = 0  # backlogged users
+    running: int = 0  # requests of its users running
+
+
+def _started(policy: FairnessPolicy, name: str) -> None:
+    if isinstance(policy, TracksRunning):
+        policy.started(name)
+
+
+def _stopped(policy: FairnessPolicy, name: str) -> None:
+    if isinstance(policy, TracksRunning):
+        policy.stopped(name)
 
 
 class TeamFairness:
@@ -157,6 +173,50 @@ class TeamFairness:
         """See :meth:`FairnessPolicy.activate` (``user`` is its own team)."""
         self.activate_in(user, weight, None, 1.0, resume=resume)
 
+    def _team(self, key: str) -> _Team:
+        entry = self._teams.get(key)
+        if entry is None:
+            view = _WithinTeam(self._counters, key)
+            entry = self._teams[key] = _Team(view, self._make(view))
+        return entry
+
+    def started(self, user: str) -> None:
+        """See :class:`TracksRunning` (``user`` is its own team)."""
+        self.started_in(user, None)
+
+    def stopped(self, user: str) -> None:
+        """See :class:`TracksRunning` (``user`` is its own team)."""
+        self.stopped_in(user, None)
+
+    def started_in(self, user: str, team: str | None) -> None:
+        """Note that a request of ``user`` of ``team`` was dispatched (see :class:`TracksRunning`).
+
+        Both levels hear it: the team is not idle while any of its users runs something.
+        """
+        if team is None:
+            _started(self._top, user)
+            return
+        key = team_key(team)
+        entry = self._team(key)
+        entry.running += 1
+        _started(entry.policy, user)
+        _started(self._top, key)
+
+    def stopped_in(self, user: str, team: str | None) -> None:
+        """Note that a request of ``user`` of ``team`` ended or went back to the queue."""
+        if team is None:
+            _stopped(self._top, user)
+            return
+        key = team_key(team)
+        entry = self._teams.get(key)
+        if entry is None or entry.running == 0:
+            return  # counted before a rebuild: nothing to undo
+        entry.running -= 1
+        _stopped(entry.policy, user)
+        _stopped(self._top, key)
+        if entry.running == 0 and entry.active == 0 and not self._counters.shared:
+            del self._teams[key]  # idle on one process: see deactivate()
+
     def activate_in(
         self, user: str, weight: float, team: str | None, team_weight: float, *,
         resume: bool = False,
@@ -175,10 +235,7 @@ class TeamFairness:
                 side.backlogged(user, True)
             return
         key = team_key(team)
-        entry = self._teams.get(key)
-        if entry is None:
-            view = _WithinTeam(self._counters, key)
-            entry = self._teams[key] = _Team(view, self._make(view))
+        entry = self._team(key)
         self._active[user] = key
         entry.active += 1
         entry.policy.activate(user, weight, resume=resume)
@@ -209,10 +266,11 @@ class TeamFairness:
             self._top.deactivate(key)
             if side is not None:
                 side.backlogged(key, False)
-            if not self._counters.shared:
+            if not self._counters.shared and entry.running == 0:
                 # One process: the user level forgot its users when the last went idle (see
                 # CounterFairness.deactivate); the team level keeps the team's standing. In a
                 # cluster the user level is kept: its idle users are still charged elsewhere.
+                # While its users run requests the team is not idle: kept until they end.
                 del self._teams[key]
 
     def select(self) -> str:
