@@ -149,7 +149,8 @@ async def test_without_metrics_the_gate_holds_at_the_slot_count(
     done.set()
     await watcher
     assert all(r[-1].finished.usage.completion_tokens == 12 for r in results)
-    assert 1 <= peak <= 2
+    # Two slots, and at most one request sent ahead for a slot about to free (lookahead).
+    assert 1 <= peak <= 3
 
 
 async def test_backend_api_key_from_env(

@@ -107,8 +107,10 @@ end
 return out
 """.replace("_TRIM", "1000")
 
-#: How long a user's shared counter outlives its last use.
-IDLE_SECONDS = 3600.0
+#: How long a user's shared counter outlives its last use: a user back after that starts at
+#: the others' level, as a new one does, whatever it was served before (an hour held a user
+#: who had run alone below its share for as long as it had run; issue 33).
+IDLE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)

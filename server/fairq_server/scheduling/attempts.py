@@ -28,7 +28,7 @@ from fairq_server.scheduling.anticipation import Anticipation
 from fairq_server.scheduling.attempt_stream import Launcher, StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import Cost
-from fairq_server.scheduling.lookahead import near_end
+from fairq_server.scheduling.lookahead import MAX_AHEAD, near_end
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.outbox import Finished, Started
 from fairq_server.scheduling.settings import Settings
@@ -169,19 +169,34 @@ class AttemptBook:
             case ev.StreamFailed(error=error):
                 self._failed(ticket, error)
 
-    def _look_ahead(self, ticket: Ticket) -> None:
-        """Count ``ticket``'s slot as free once its end is near (:mod:`.lookahead`)."""
+    def _look_ahead(self, ticket: Ticket) -> bool:
+        """Count ``ticket``'s slot as free once its end is near (:mod:`.lookahead`).
+
+        Returns True if it now counts as finishing.
+        """
         backend = ticket.backend
-        if ticket.finishing or backend is None or not near_end(ticket, backend):
-            return
+        if (
+            ticket.finishing
+            or backend is None
+            or backend.finishing >= MAX_AHEAD
+            or not near_end(ticket, backend)
+        ):
+            return False
         model = self._models.get(ticket.request.model)
         if model is None or (
             self._anticipation is not None and self._anticipation.may_hold(model, ticket)
         ):
-            return  # its slot waits for its own user's next request
+            return False  # its slot waits for its own user's next request
         ticket.finishing = True
         backend.finishing += 1
         model.queue.tiers[ticket.tier].outstanding.finishing(ticket.user)
+        return True
+
+    def _look_ahead_again(self, backend: BackendState) -> None:
+        """A finishing request ended: another near its end may count its slot free now."""
+        for other in self.on_backend.get(backend.id, ()):
+            if other.generating and self._look_ahead(other):
+                return
 
     def refused(self, event: ev.Refused) -> None:
         """Queue again an attempt the cluster's shared gate refused (among its user's requests)."""
@@ -306,7 +321,8 @@ class AttemptBook:
         ticket.backend = None
         ticket.handle = None
         ticket.stopped_running()
-        if ticket.finishing:
+        ahead = ticket.finishing
+        if ahead:
             ticket.finishing = False
             backend.finishing -= 1
         self.running -= 1
@@ -322,6 +338,8 @@ class AttemptBook:
             self.loans.append((ticket.lender, backend, ticket))
             ticket.lender = None
         self._telemetry.in_flight_of(backend.id).set(backend.in_flight)
+        if ahead:
+            self._look_ahead_again(backend)
         # Ended otherwise than by its stream's end: what it used so far (nothing before its
         # first token; a retry or a resumed preemption reserves again when it starts).
         if ticket.generating:

@@ -187,11 +187,17 @@ class JournaledCounters(LocalCounters):
         self._held_sync = 0.0  # when a held dispatch last asked for a sync
 
     def lift(self, user: str, floor: float) -> None:
-        """Raise ``user`` to ``floor``; a raise is journaled (a new record is not)."""
-        current = self._values.get(user)
+        """Raise ``user`` to ``floor``; journaled as "at least", whatever the value here.
+
+        The shared counter is the truth, and this replica's value may be ahead of it: a new
+        record's start (the shared counter of a user new to the cluster is 0, and adopting
+        ``0 + charges`` put a newcomer far below a user who had run alone, which then got
+        nothing until the newcomer caught up: 20 s for 20 s alone), or a record kept here
+        for a user whose shared counter was forgotten (idle in the whole cluster). Redis
+        takes the larger of the two, so a lift never lowers anyone.
+        """
         super().lift(user, floor)
-        if current is not None and current < floor:
-            self.journal.floors[user] = max(self.journal.floors.get(user, 0.0), floor)
+        self.journal.floors[user] = max(self.journal.floors.get(user, floor), floor)
 
     def add(self, user: str, amount: float) -> None:
         """Charge ``user``; journaled even without a record here (it may be queued elsewhere)."""

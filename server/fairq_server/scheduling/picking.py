@@ -163,9 +163,7 @@ class Picker:
             return None
         for hold in list(held.values()):
             tier_queue = model.queue.tiers[hold.tier]
-            if tier_queue.user_len(hold.user) and self._held_in_band(
-                model, tier_queue, hold.user
-            ):
+            if tier_queue.user_len(hold.user) and self._held_in_band(model, tier_queue, hold.user):
                 # Over a soft limit: the idle-only band's order decides, not the hold.
                 anticipation.take(model.name, hold.user, lapsed=True)
                 continue

@@ -176,9 +176,7 @@ class Outstanding:
             return False
         user_share, unit_share = owed
         unit = self._units[state.unit]
-        return (
-            self._holding(state) >= user_share - EPSILON or unit.running >= unit_share - EPSILON
-        )
+        return self._holding(state) >= user_share - EPSILON or unit.running >= unit_share - EPSILON
 
     def __len__(self) -> int:
         return len(self._users)

@@ -35,10 +35,54 @@ def test_charges_and_lifts_are_journaled_weighted() -> None:
     activate(policy, counters, "b", 1.0)  # lifted to a's counter, 10
     journal, active, heads, _members = counters.take_journal()
     assert journal.deltas == {"a": 10.0}
-    assert journal.floors == {"b": 10.0}
+    assert journal.floors == {"a": 0.0, "b": 10.0}  # every lift, a new record's start too
     assert sorted(active) == ["a", "b"]
     assert heads == (("a", 10.0), ("b", 10.0))
     assert counters.journal == Journal()  # a fresh one
+
+
+def test_a_newcomer_lifted_to_the_last_user_served_reaches_the_cluster() -> None:
+    """Issue 33: a's requests all run in the backend (a is not backlogged) when b arrives.
+
+    b starts at the virtual time, a's counter. That start was not journaled (a new record),
+    so Redis kept b at 0 plus its charges, adopted back: a got nothing until b caught up.
+    """
+    counters = JournaledCounters()
+    policy = VtcFairness(counters)
+    activate(policy, counters, "a", 1.0)
+    assert policy.select() == "a"
+    policy.charge("a", Cost(prompt_tokens=5000))
+    assert policy.select() == "a"  # the virtual time reaches a's counter
+    policy.deactivate("a")
+    counters.backlogged("a", False)
+    counters.take_journal()
+    activate(policy, counters, "b", 1.0)
+    journal, *_ = counters.take_journal()
+    assert journal.floors == {"b": 5000.0}
+    # Redis keeps the larger of its value and the floor, plus the charges since: b stays
+    # level with a instead of falling to its own charges.
+    counters.adopt({"b": max(0.0, journal.floors["b"]) + 48.0}, PeerHeads())
+    assert counters.get("b") == 5048.0
+
+
+def test_a_forgotten_shared_counter_is_not_brought_back_by_a_stale_record() -> None:
+    """A record kept here for a user Redis forgot (idle in the whole cluster) is no standing:
+    the user's lift is journaled as a floor, and what Redis answers is what it has."""
+    counters = JournaledCounters()
+    policy = VtcFairness(counters)
+    activate(policy, counters, "a", 1.0)
+    policy.charge("a", Cost(prompt_tokens=900))
+    activate(policy, counters, "b", 1.0)  # lifted to a's 900
+    policy.charge("b", Cost(prompt_tokens=100))
+    policy.charge("a", Cost(prompt_tokens=500))
+    policy.deactivate("a")  # parked here at 1400, above b's 1000
+    counters.backlogged("a", False)
+    counters.take_journal()
+    activate(policy, counters, "a", 1.0)
+    journal, *_ = counters.take_journal()
+    assert journal.floors["a"] == 1000.0  # the floor: b's counter
+    counters.adopt({"a": max(0.0, journal.floors["a"])}, PeerHeads())  # Redis forgot a
+    assert counters.get("a") == 1000.0
 
 
 def test_adopted_counters_add_what_was_journaled_since_and_reorder() -> None:
