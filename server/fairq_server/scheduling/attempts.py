@@ -193,7 +193,7 @@ class AttemptBook:
         return True
 
     def _look_ahead_again(self, backend: BackendState) -> None:
-        """A finishing request ended: another near its end may count its slot free now."""
+        """Let another request near its end count its slot free (a finishing one ended)."""
         for other in self.on_backend.get(backend.id, ()):
             if other.generating and self._look_ahead(other):
                 return
