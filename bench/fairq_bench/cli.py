@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+from fairq_bench.closed_loop.scenario import closed_loop
 from fairq_bench.flood import compare_flood, flood_workload
 from fairq_bench.hot_path.scenario import hot_path
 from fairq_bench.processes import sim_process
@@ -68,8 +69,14 @@ async def _flood(args: argparse.Namespace, url: str, out: Path) -> bool:
     return ratios["light_ttft_p50"] < 0.5 and ratios["power_makespan"] < 1.25
 
 
-SCENARIOS: dict[str, Scenario] = {"flood": _flood, **MORE_SCENARIOS, "hot-path": hot_path}
+SCENARIOS: dict[str, Scenario] = {
+    "flood": _flood,
+    **MORE_SCENARIOS,
+    "hot-path": hot_path,
+    "closed-loop": closed_loop,
+}
 HOT_PATH_TITLE = "12. The hot path (tokens per fairq core-second, added TTFT, Redis replicas)"
+CLOSED_LOOP_TITLE = "18. Closed-loop callers (fair shares at 1-12 in flight, joins, replicas)"
 
 
 def _write_readme(args: argparse.Namespace) -> None:
@@ -78,6 +85,7 @@ def _write_readme(args: argparse.Namespace) -> None:
     pages = [(f"1. Power-user flood ({page[6:-3]})", page) for page in floods]
     pages += [(TITLES[name], f"{name}.md") for name in MORE_SCENARIOS]
     pages.append((HOT_PATH_TITLE, "hot-path.md"))
+    pages.append((CLOSED_LOOP_TITLE, "closed-loop.md"))
     write_readme(args.out, pages)
 
 
@@ -116,6 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=0,
         help="preemption: interleaved rounds (default 2 on a backend, 3 on the sim, 1 quick)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--later", type=float, default=0.0,
+        help="closed-loop: also run the join again this many seconds later, on fresh replicas "
+        "sharing the same Redis (e.g. 960)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cluster", action="store_true",
+        help="closed-loop: also run three replicas on Redis (always on the simulator's vllm mode)",
     )  # fmt: skip
     parser.add_argument("--describe", default="", help="backend description for the report")
     parser.add_argument("--reproduce", default="", help="command shown in the report")

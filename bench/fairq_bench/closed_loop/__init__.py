@@ -1,0 +1,1 @@
+"""Closed-loop callers: fair shares at any concurrency (``fairq bench closed-loop``)."""
