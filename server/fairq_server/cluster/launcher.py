@@ -25,6 +25,13 @@ A preemption hands the victim's slot to the request it starts (:meth:`ClusterLau
 the victim's member is not released, and the new attempt takes it over in Redis (one script;
 the member never leaves the shared count), past the gate, so no other replica's request can
 take the slot in between. Only if its lease ran out meanwhile does it reserve anew.
+
+A slot held for a caller's next request (:mod:`fairq_server.scheduling.anticipation`) is
+handed over the same way: when an attempt ends and the dispatcher says its slot may be held
+(:attr:`may_hold`), its member is kept (parked) instead of released, so the other replicas see
+the slot taken; the user's next request takes it over, or the member is released when the
+dispatcher decides against the hold or it lapses (:meth:`ClusterLauncher.let_go`), and at the
+latest after ``anticipation_seconds`` and a margin.
 """
 
 from __future__ import annotations
@@ -128,18 +135,39 @@ class ClusterLauncher(StreamLauncher):
         self._holding: dict[Ticket, tuple[str, str]] = {}
         self._kept: set[str] = set()
         self._handed: dict[Ticket, tuple[str, str]] = {}
+        # Ended attempts' slots kept for their user's next request, with their safety timers.
+        self._parked: dict[Ticket, tuple[str, str, asyncio.TimerHandle]] = {}
         #: Idle slots claimed ahead in the shared gate, spent by dispatches with no round trip.
         self.credit = Credit(node, node.config.credit_slots, self._room)
 
     def hand_over(self, victim: Ticket, to: Ticket) -> None:
-        """Give the slot ``victim`` holds (about to be aborted) to ``to``'s next attempt.
+        """Give the slot ``victim`` holds (about to be aborted, or ended and parked) to ``to``.
 
         Without a slot held yet (still reserving), ``to`` reserves one as usual.
         """
+        parked = self._parked.pop(victim, None)
+        if parked is not None:
+            parked[2].cancel()
+            self._handed[to] = (parked[0], parked[1])
+            return
         slot = self._holding.pop(victim, None)
         if slot is not None:
             self._kept.add(slot[1])
             self._handed[to] = slot
+
+    def let_go(self, ended: Ticket) -> None:
+        """Release the slot parked for ``ended``'s user (no hold, or it lapsed)."""
+        parked = self._parked.pop(ended, None)
+        if parked is not None:
+            parked[2].cancel()
+            self._node.release(parked[0], parked[1])
+
+    def _park(self, ticket: Ticket, backend_id: str, member: str) -> None:
+        """Keep ``member`` claimed for ``ticket``'s user's next request (see :meth:`let_go`)."""
+        bound = self._settings().config.anticipation_seconds
+        # The dispatcher lets it go when its hold lapses; this only bounds a lost decision.
+        timer = asyncio.get_running_loop().call_later(2 * bound + 1.0, self.let_go, ticket)
+        self._parked[ticket] = (backend_id, member, timer)
 
     def __call__(self, ticket: Ticket) -> AttemptHandle:
         """Start ``ticket``'s attempt: reserve, then read (a task; cancel it to abort)."""
@@ -161,7 +189,9 @@ class ClusterLauncher(StreamLauncher):
             if credit is not None:  # counted in the shared gate already: no round trip
                 self._node.metrics.reservations.labels(backend.id, "credit").inc()
                 reader = self._read(ticket, backend, credit)
-                reader.add_done_callback(lambda _: self._done(ticket, backend.id, credit))
+                reader.add_done_callback(
+                    lambda task: self._done(ticket, backend.id, credit, aborted=task.cancelled())
+                )
                 return reader
         return asyncio.create_task(
             self._run(ticket, ticket.attempt, backend, member, ride, handed=handed is not None)
@@ -231,13 +261,26 @@ class ClusterLauncher(StreamLauncher):
         stream = backend.backend.stream(ticket.request, ticket.priority)
         return start_reading(stream, sink, self.window)
 
-    def _done(self, ticket: Ticket, backend_id: str, member: str) -> None:
-        """Release ``member``, its attempt ended (unless kept for a hand-over)."""
+    def _done(self, ticket: Ticket, backend_id: str, member: str, *, aborted: bool) -> None:
+        """Release ``member``, its attempt ended (unless kept for a hand-over, or parked).
+
+        ``aborted``: cancelled (the caller left, or a preemption): never parked.
+        """
         if self._holding.get(ticket) == (backend_id, member):
             del self._holding[ticket]
-        if member not in self._kept:
+        if member in self._kept:
+            self._kept.discard(member)
+        elif not aborted and ticket.generating and self._may_park(ticket):
+            self._park(ticket, backend_id, member)
+        else:
             self._node.release(backend_id, member)
-        self._kept.discard(member)
+
+    def _may_park(self, ticket: Ticket) -> bool:
+        try:
+            return self.may_hold(ticket)
+        except Exception:  # never let a slot leak for a failed check
+            log.exception("anticipation check of request %s failed", ticket.request.request_id)
+            return False
 
     async def _run(
         self, ticket: Ticket, attempt: int, backend: BackendState, member: str,
@@ -246,6 +289,7 @@ class ClusterLauncher(StreamLauncher):
         node = self._node
         backend_id = backend.id
         held = False
+        aborted = True  # until its stream has been read to its end
         try:
             if node.reserving:
                 started = time.perf_counter()
@@ -280,8 +324,9 @@ class ClusterLauncher(StreamLauncher):
                 return  # aborted while reserving
             # Awaiting the reader: cancelling this task (an abort) cancels the reader too.
             await self._read(ticket, backend, member)
+            aborted = False
         finally:
             if held:
-                self._done(ticket, backend_id, member)
+                self._done(ticket, backend_id, member, aborted=aborted)
             else:
                 self._kept.discard(member)

@@ -77,6 +77,7 @@ class Hold:
     tier: int
     until: float
     release: Callable[[], None] | None = None
+    ended: Ticket | None = None  # the request whose slot it is (its slot is handed over)
 
     def end(self) -> None:
         """Stop counting the ended request as running (once the next one has started)."""
@@ -116,6 +117,10 @@ class Anticipation:
         self._settings = settings
         self._backends = backends
         self._telemetry = telemetry
+        #: Hands a held slot's claim to the request taking it, or frees it (the attempt
+        #: book's; a cluster keeps the slot claimed in the shared gate meanwhile).
+        self.hand_over: Callable[[Ticket, Ticket], None] = lambda ended, to: None
+        self.let_go: Callable[[Ticket], None] = lambda ended: None
         self._think: OrderedDict[str, _Think] = OrderedDict()
         self._holds: dict[str, dict[str, Hold]] = {}  # model -> user -> hold
         self.held = 0  # holds given, for telemetry and tests
@@ -175,7 +180,7 @@ class Anticipation:
             return 0.0
         if others and tier.active_users:
             for other in tier.fairness.candidates(float("inf"), LOOKS):
-                if tier.outstanding.below(other, slots):
+                if tier.outstanding.below(other, slots, ending=user):
                     return 0.0  # a queued user below its share takes the slot anyway
         return self._hold_for(think if think is not None else _Think())
 
@@ -189,8 +194,13 @@ class Anticipation:
         think = self._think.get(ticket.user)
         return self._hold_seconds(model, ticket, think, others=False) > 0
 
-    def ended(self, model: ModelState, ticket: Ticket, now: float) -> None:
-        """Decide whether the slot of ``ticket``, ending now, waits for its user.
+    def holding(self, model: str, ticket: Ticket) -> bool:
+        """Whether a hold keeps the slot of ``ticket``, which has ended."""
+        hold = self._holds.get(model, {}).get(ticket.user)
+        return hold is not None and hold.ended is ticket
+
+    def ended(self, model: ModelState, ticket: Ticket, now: float) -> bool:
+        """Decide whether the slot of ``ticket``, ending now, waits for its user (True if so).
 
         Called before the request stops counting as running.
         """
@@ -198,19 +208,37 @@ class Anticipation:
         think = self._user(user)
         think.ended_at = now
         if ticket.finishing:
-            return  # its slot was filled ahead of its end (lookahead): nothing to hold
+            return False  # its slot was filled ahead of its end (lookahead): nothing to hold
         seconds = self._hold_seconds(model, ticket, think)
         if seconds <= 0:
-            return
+            return False
+        tier = model.queue.tiers[ticket.tier]
         # The ended request stays the user's until the hold ends: the user is not idle
-        # between its requests, and its slot share counts the held slot.
-        release, ticket.stop_running = ticket.stop_running, None
+        # between its requests, and its slot share counts the held slot. The other replicas
+        # see the user among the heads meanwhile, as if its next request were queued: a
+        # replica that does not know it would otherwise serve its own users past it.
+        stop, ticket.stop_running = ticket.stop_running, None
+        team = ticket.team
+        tier.report_held(user, team, True)
+
+        def release() -> None:
+            tier.report_held(user, team, False)
+            if stop is not None:
+                stop()
+
         holds = self._holds.setdefault(model.name, {})
         old = holds.get(user)
-        holds[user] = Hold(user, ticket.tier, now + seconds, release)
+        holds[user] = Hold(user, ticket.tier, now + seconds, release, ticket)
         if old is not None:
-            old.end()
+            self._end(old)
         self.held += 1
+        return True
+
+    def _end(self, hold: Hold) -> None:
+        """End a hold nobody took: its slot is free for anyone."""
+        if hold.ended is not None:
+            self.let_go(hold.ended)
+        hold.end()
 
     def live(self, model: str, now: float) -> dict[str, Hold]:
         """Return ``model``'s holds still running at ``now`` (lapsed ones are dropped)."""
@@ -218,7 +246,7 @@ class Anticipation:
         if not holds:
             return {}
         for user in [u for u, h in holds.items() if h.until <= now]:
-            holds.pop(user).end()
+            self._end(holds.pop(user))
             self.lapsed += 1
             self._telemetry.anticipation.labels(model, "lapsed").inc()
             think = self._think.get(user)
@@ -229,15 +257,28 @@ class Anticipation:
             return {}
         return holds
 
+    def claim(self, model: str, user: str, to: Ticket) -> Hold | None:
+        """``to``, about to start, takes the slot held for its user: its claim goes to ``to``.
+
+        Returns the hold, to :meth:`Hold.end` once ``to`` has started (None: no hold).
+        """
+        hold = self._holds.get(model, {}).get(user)
+        if hold is not None and hold.ended is not None:
+            self.hand_over(hold.ended, to)
+        return hold
+
     def take(self, model: str, user: str, *, lapsed: bool = False) -> None:
-        """``user``'s next request has started in the slot held for it.
+        """``user``'s next request has started in the slot held for it (see :meth:`claim`).
 
         ``lapsed``: the hold ends without its user taking it (counted as lapsed).
         """
         holds = self._holds.get(model)
         hold = holds.pop(user, None) if holds is not None else None
         if hold is not None:
-            hold.end()
+            if lapsed:
+                self._end(hold)
+            else:
+                hold.end()
             if lapsed:
                 self.lapsed += 1
             else:
@@ -251,7 +292,16 @@ class Anticipation:
         holds = self._holds.get(model)
         if holds:
             for user in [u for u, h in holds.items() if h.tier > below_tier]:
-                holds.pop(user).end()
+                self._end(holds.pop(user))
+
+    def expire(self, now: float) -> None:
+        """Let every hold past its time lapse, whether or not anything waits for its slot.
+
+        A hold must end on time even with nothing queued: until it does, its user counts as
+        running (and, in a cluster, as backlogged to the other replicas, which wait for it).
+        """
+        for model in list(self._holds):
+            self.live(model, now)
 
     def next_deadline(self) -> float | None:
         """Return when the earliest hold lapses (None: no hold), so the loop wakes then."""

@@ -103,6 +103,9 @@ class StreamLauncher:
     def __init__(self, post: Callable[[ev.Event], None], window: float) -> None:
         self._post = post
         self.window = window
+        #: Whether the slot of an attempt ending now may be held for its user's next request
+        #: (the dispatcher's anticipation; set once the dispatcher exists).
+        self.may_hold: Callable[[Ticket], bool] = lambda ticket: False
 
     def __call__(self, ticket: Ticket) -> AttemptHandle:
         """Start reading ``ticket``'s current attempt."""
@@ -110,9 +113,17 @@ class StreamLauncher:
         stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
         return start_reading(stream, AttemptSink(self._post, ticket), self.window)
 
-    def hand_over(self, victim: Ticket, to: Ticket) -> None:
-        """Give the slot ``victim`` holds to ``to``'s next attempt (a preemption).
+    def let_go(self, ended: Ticket) -> None:
+        """Free the slot kept for the user of ``ended`` after its end (no hold, or it lapsed).
 
+        Nothing to do for one process. A cluster's launcher keeps an ended attempt's slot
+        claimed in the shared gate while :attr:`may_hold` says it may be held.
+        """
+
+    def hand_over(self, victim: Ticket, to: Ticket) -> None:
+        """Give the slot ``victim`` holds to ``to``'s next attempt (preemption, anticipation).
+
+        ``victim`` is about to be aborted, or has ended with its slot held for ``to``'s user.
         Nothing to do for one process: its slot count is its own. A cluster's launcher keeps
         the slot claimed in the shared gate for ``to``.
         """

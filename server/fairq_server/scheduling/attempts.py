@@ -226,9 +226,14 @@ class AttemptBook:
         completion = end.completion_tokens or tokens
         self._settle(ticket, prompt, completion)
         model = self._models.get(ticket.request.model)
-        if self._anticipation is not None and model is not None:
-            # Before the release: the request still counts as its user's.
-            self._anticipation.ended(model, ticket, self._clock())
+        # Before the release: the request still counts as its user's.
+        held = (
+            self._anticipation is not None
+            and model is not None
+            and self._anticipation.ended(model, ticket, self._clock())
+        )
+        if not held:
+            self.let_go(ticket)
         self._release(ticket)
         ticket.state = TicketState.DONE
         self._charge(
@@ -258,6 +263,7 @@ class AttemptBook:
 
     def _failed(self, ticket: Ticket, error: Exception) -> None:
         backend = self._release(ticket)
+        self.let_go(ticket)  # a failed attempt's slot is never held
         if (
             isinstance(error, BackendError)
             and error.retryable
@@ -295,9 +301,17 @@ class AttemptBook:
             model.resume(ticket, ttl=ttl)
 
     def hand_over(self, victim: Ticket, to: Ticket) -> None:
-        """Let ``to``, started next, take the slot of ``victim``, aborted next (preemption)."""
+        """Let ``to``, started next, take the slot of ``victim`` (preemption, anticipation).
+
+        ``victim`` is aborted next, or has ended with its slot held for ``to``'s user.
+        """
         if isinstance(self._launcher, StreamLauncher):
             self._launcher.hand_over(victim, to)
+
+    def let_go(self, ended: Ticket) -> None:
+        """Free the slot kept after ``ended`` for its user (no hold after all, or it lapsed)."""
+        if isinstance(self._launcher, StreamLauncher):
+            self._launcher.let_go(ended)
 
     def abort(self, ticket: Ticket) -> None:
         """Abort a running attempt at the backend (the caller is gone)."""

@@ -106,6 +106,10 @@ class Dispatcher:
         self.attempts = AttemptBook(
             read, self._models, telemetry, launcher, clock, entitlement, self.anticipation
         )
+        self.anticipation.hand_over = self.attempts.hand_over
+        self.anticipation.let_go = self.attempts.let_go
+        if isinstance(launcher, StreamLauncher):
+            launcher.may_hold = self._may_hold
         self._picker = Picker(
             read, self._models, self._backends, self.attempts.start, telemetry, entitlement,
             self.anticipation,
@@ -184,6 +188,20 @@ class Dispatcher:
     def settings(self) -> Settings:
         """The tiers, scheduler settings and plugins in use (the one copy at run time)."""
         return self._settings
+
+    def _may_hold(self, ticket: Ticket) -> bool:
+        """Whether the slot of ``ticket``, whose stream just ended, may be held for its user.
+
+        Asked by a launcher that keeps slots claimed elsewhere (a cluster's shared gate). If
+        the loop has not applied the end yet, whether it may decide to hold it (it then lets
+        the slot go or hands it over); if it has, whether it did.
+        """
+        model = self._models.get(ticket.request.model)
+        if model is None:
+            return False
+        if ticket.state is TicketState.RUNNING and ticket.backend is not None:
+            return self.anticipation.may_hold(model, ticket)
+        return self.anticipation.holding(model.name, ticket)
 
     def _read_settings(self) -> Settings:
         return self._settings
@@ -278,6 +296,7 @@ class Dispatcher:
                 self._next_sweep = now + _SWEEP_EVERY
                 grace = self.config.no_backend_grace_seconds
                 sweep_unserved(self._models, self._backends.of, self.attempts, grace, now)
+            self.anticipation.expire(now)
             self._preemptor.repay(now)  # before any pick: a preempted request's slot is its own
             more = self._picker.dispatch(now, DISPATCH_BATCH)
             more |= self._preemptor.run(now) > 0

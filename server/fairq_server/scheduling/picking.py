@@ -174,6 +174,7 @@ class Picker:
                 ticket = model.queue.pop(hold.tier, hold.user)
                 model.last_served[hold.tier] = now
                 ticket.priority_tier = first
+                anticipation.claim(model.name, hold.user, ticket)  # its claim goes along
                 self._start(ticket, route.backend, now)
                 anticipation.take(model.name, hold.user)  # after: the user never went idle
                 return True

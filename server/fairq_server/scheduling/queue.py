@@ -222,6 +222,15 @@ class TierQueue:
         elif self._tracker is not None:
             self._tracker.stopped(user)
 
+    def report_held(self, user: str, team: str | None, held: bool) -> None:
+        """Count ``user`` as backlogged for the cluster's heads while a slot is held for it."""
+        if user in self._flows:
+            return  # backlogged anyway
+        if self._teams is not None:
+            self._teams.report_held(user, team, held)
+        else:
+            self.counters.backlogged(user, held)
+
     def _deactivate(self, user: str) -> None:
         self.fairness.deactivate(user)
         if self._teams is None:

@@ -147,10 +147,14 @@ class Outstanding:
         user_share = unit_share * state.weight / unit.member_weight
         return user_share, unit_share
 
-    def below(self, user: str, slots: int, *, giving_back: int = 0) -> bool:
+    def below(
+        self, user: str, slots: int, *, giving_back: int = 0, ending: str | None = None
+    ) -> bool:
         """Whether ``user`` and its team run fewer requests than they are owed.
 
         ``giving_back``: count that many of the user's running requests as ended already.
+        ``ending``: a user one of whose requests is ending: it counts as ended already for
+        ``user``'s team if they share it (a team mate's slot is the team's to hand on).
         """
         state = self._users.get(user)
         owed = self.owed(user, slots)
@@ -158,9 +162,13 @@ class Outstanding:
             return False
         user_share, unit_share = owed
         unit = self._units[state.unit]
+        freed = giving_back
+        if ending is not None and ending != user:
+            other = self._users.get(ending)
+            freed += 1 if other is not None and other.unit == state.unit else 0
         return (
             self._holding(state) - giving_back < user_share - EPSILON
-            and unit.running - giving_back < unit_share - EPSILON
+            and unit.running - freed < unit_share - EPSILON
         )
 
     def at_share(self, user: str, slots: int) -> bool:

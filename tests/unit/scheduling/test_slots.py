@@ -261,3 +261,28 @@ async def test_no_slot_idles_longer_than_the_bound_while_a_request_waits(
 def test_the_bound_is_the_configured_one() -> None:
     assert dataclasses.fields(harness().config)  # the harness builds a SchedulerConfig
     assert harness().config.anticipation_seconds == BOUND
+
+
+async def test_a_team_mate_below_its_share_gets_the_slot_not_a_hold() -> None:
+    """Teams 3:1 at two in flight each: red's three slots go round its two users.
+
+    When red2's request ends, red1 (one running, one queued) is below its share once that
+    slot is counted as ended; a hold for red2 kept red1 at one slot for good (0.74 of its
+    owed share against red2's 1.19 on the simulator).
+    """
+    async with harness() as h:
+
+        def of(user: str, team: str, weight: float) -> Ticket:
+            t = h.ticket(user)
+            t.team, t.team_weight, t.max_tokens = team, weight, 48
+            return t
+
+        red2 = [of("red2", "red", 3.0), of("red2", "red", 3.0)]
+        await h.submit(*red2, of("blue1", "blue", 1.0))
+        await started(h)
+        await h.submit(of("red1", "red", 3.0), of("red1", "red", 3.0))
+        await started(h)
+        assert sorted(users(h.running())) == ["blue1", "red1", "red2", "red2"]
+        await end(h, red2[0])
+        assert sorted(users(h.running())) == ["blue1", "red1", "red1", "red2"]
+        assert h.d.anticipation.held == 0

@@ -180,6 +180,24 @@ class TeamFairness:
             entry = self._teams[key] = _Team(view, self._make(view))
         return entry
 
+    def report_held(self, user: str, team: str | None, held: bool) -> None:
+        """Report ``user`` (of ``team``) to the counters as backlogged while a slot is held for it.
+
+        A cluster's other replicas then see it among the heads, as if its next request were
+        queued already (:mod:`..anticipation`). A user backlogged anyway is left alone.
+        """
+        side = self._queue_side
+        if side is None or user in self._active:
+            return
+        if team is None:
+            side.backlogged(user, held)
+            return
+        key = team_key(team)
+        entry = self._teams.get(key)
+        side.tracked(key + "\x1f" + user, held, key)
+        if entry is None or entry.active == 0:
+            side.backlogged(key, held)
+
     def started(self, user: str) -> None:
         """See :class:`TracksRunning` (``user`` is its own team)."""
         self.started_in(user, None)
