@@ -18,6 +18,7 @@ import grpc
 from fairq.v1 import admin_pb2
 from fairq_server.api.status import status_for
 from fairq_server.errors import SchedulerError
+from fairq_server.store.engine import short_error, unreachable
 from fairq_server.store.keys import StoredKey
 from fairq_server.store.reports import GROUPINGS
 from fairq_server.store.service import Store
@@ -75,13 +76,19 @@ class StoreAdmin:
             return await call
         except SchedulerError as exc:
             await context.abort(*status_for(exc))
-        except (OSError, ValueError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)[:500])
-        except Exception as exc:  # the database down or refusing: say so, not INTERNAL
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, f"the store did not answer: {str(exc)[:300]}"
-            )
+        except Exception as exc:
+            # The database down or dropping connections is an outage, not a bad request
+            # (a refused connect is an OSError, which once answered INVALID_ARGUMENT).
+            if not unreachable(exc) and isinstance(exc, ValueError):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)[:500])
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self._unavailable(exc))
         raise AssertionError("unreachable")  # abort raises
+
+    def _unavailable(self, exc: Exception) -> str:
+        """Say which store failed, and how, in one line."""
+        where = self._store.described if self._store is not None else "?"
+        how = "is unavailable" if unreachable(exc) else "did not answer"
+        return f"the store ({where}) {how}: {short_error(exc)}"
 
     async def _need_store(self, context: Context[object, object]) -> tuple[Store, str]:
         """Return the store and the calling admin's identity."""

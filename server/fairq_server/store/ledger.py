@@ -125,6 +125,7 @@ class Ledger:
         self._writer = OwnedTask("usage-ledger")
         self._failures = Throttled(LOG_INTERVAL_SECONDS)
         self._overflow = Throttled(LOG_INTERVAL_SECONDS)
+        self._failing_since: float | None = None  # monotonic time of the first failed write
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._insert = dialect.insert(usage).on_conflict_do_nothing(index_elements=["id"])
 
@@ -240,6 +241,8 @@ class Ledger:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
             self.metrics.write_errors.inc()
             self.metrics.rows_unwritten.inc(len(rows))
             self._failures.warning(
@@ -250,6 +253,12 @@ class Ledger:
         # Rows are only ever appended at the right, so the first len(rows) are these.
         for _ in rows:
             self._buffer.popleft()
+        if self._failing_since is not None:  # the failures were logged: say they ended
+            log.info(
+                "usage ledger: writes go through again after %.1f s of failures (%d rows "
+                "still buffered)", time.monotonic() - self._failing_since, len(self._buffer),
+            )  # fmt: skip
+            self._failing_since = None
         self.metrics.written.inc(len(rows))
         self.metrics.pending.set(len(self._buffer))
         return True

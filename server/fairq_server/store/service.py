@@ -69,6 +69,11 @@ class Store:
         self._watch: VersionWatch | None = None
 
     @property
+    def described(self) -> str:
+        """The database's URL, fit for a message (the password hidden)."""
+        return describe(engine_url(self.config, self._state_file))
+
+    @property
     def ledger(self) -> Ledger:
         """The usage ledger (once started)."""
         assert self._ledger is not None, "Store.start() first"
