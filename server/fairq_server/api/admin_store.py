@@ -17,6 +17,7 @@ import grpc
 
 from fairq.v1 import admin_pb2
 from fairq_server.api.status import status_for
+from fairq_server.auth import Authenticator
 from fairq_server.errors import SchedulerError
 from fairq_server.store.engine import short_error, unreachable
 from fairq_server.store.keys import StoredKey
@@ -48,9 +49,10 @@ def stored_key_message(key: StoredKey) -> admin_pb2.StoredKey:
 
 
 class StoreAdmin:
-    """Admin RPCs backed by the store; the servicer sets ``_store`` and ``_authorize``."""
+    """Admin RPCs backed by the store; the servicer sets ``_store``, ``_auth``, ``_authorize``."""
 
     _store: Store | None
+    _auth: Authenticator
 
     async def _authorize(self, context: Context[object, object]) -> str:
         raise NotImplementedError  # provided by AdminServicer
@@ -120,6 +122,7 @@ class StoreAdmin:
                 tiers=tuple(request.tiers),
                 admin=request.admin,
                 expires_at=time.time() + expires if expires else None,
+                open_mode=self._auth.open_mode,
             ),
         )
         detail = f"user {key.user}, team {key.team or '-'}, tiers {','.join(key.tiers) or 'all'}"

@@ -28,13 +28,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fairq_server.log_throttle import Throttled
 from fairq_server.store.engine import short_error
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.schema import usage
 from fairq_server.store.settings import PriceConfig, StoreConfig
 from fairq_server.supervisor import OwnedTask, stop_asked
 
-__all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics", "Throttled"]
+__all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics"]
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +76,6 @@ class LedgerMetrics:
         )
 
 
-class Throttled:
-    """Logs a recurring problem at most once per interval, with how often it happened."""
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._last = -float("inf")
-        self._suppressed = 0
-
-    def warning(self, message: str, *args: object) -> None:
-        """Log ``message`` unless one went out less than an interval ago (then count it)."""
-        now = time.monotonic()
-        if now - self._last < self._interval:
-            self._suppressed += 1
-            return
-        extra = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
-        log.warning(message + extra, *args)
-        self._last, self._suppressed = now, 0
-
-
 class Ledger:
     """Buffers usage rows and writes them to ``engine`` in batches.
 
@@ -123,8 +105,8 @@ class Ledger:
         self._wake = asyncio.Event()
         self._writing = asyncio.Lock()
         self._writer = OwnedTask("usage-ledger")
-        self._failures = Throttled(LOG_INTERVAL_SECONDS)
-        self._overflow = Throttled(LOG_INTERVAL_SECONDS)
+        self._failures = Throttled(LOG_INTERVAL_SECONDS, log)
+        self._overflow = Throttled(LOG_INTERVAL_SECONDS, log)
         self._failing_since: float | None = None  # monotonic time of the first failed write
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._insert = dialect.insert(usage).on_conflict_do_nothing(index_elements=["id"])

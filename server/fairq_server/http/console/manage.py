@@ -113,14 +113,19 @@ class ManageRoutes:
             )
         return ""
 
-    async def create(self, form: dict[str, str], who: str) -> str:
-        """Create a key from ``form``; return the notice showing its secret (once)."""
+    async def create(self, form: dict[str, str], who: str, *, open_mode: bool = False) -> str:
+        """Create a key from ``form``; return the notice showing its secret (once).
+
+        ``open_mode``: no key exists yet, so this one must be an admin's (see
+        :meth:`~fairq_server.store.keys.KeyStore.create`).
+        """
         tiers = tuple(t.strip() for t in form.get("tiers", "").split(",") if t.strip())
         key, secret = await self._store.keys.create(
             form.get("user", "").strip(),
             team=form.get("team", "").strip() or None,
             tiers=tiers,
             admin=form.get("admin") == "1",
+            open_mode=open_mode,
         )
         log.info("console: '%s' created key %s for user '%s'", who, key.id, key.user)
         detail = f"user {key.user}, team {key.team or '-'}, tiers {','.join(key.tiers) or 'all'}"

@@ -252,7 +252,9 @@ class ConsoleRoutes:
             elif verb == "rotate":
                 notice = await self._manage.rotate(key_id, principal.user)
             else:
-                notice = await self._manage.create(form, principal.user)
+                notice = await self._manage.create(
+                    form, principal.user, open_mode=self._auth.open_mode
+                )
         except Exception as exc:  # a refusal or the database down: said on the page
             notice = store_error(exc)
         body = await self._manage.keys_page(session.csrf, notice)
