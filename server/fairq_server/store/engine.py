@@ -113,7 +113,7 @@ def unreachable(exc: BaseException) -> bool:
     lost mid-query); asyncpg raises its own unwrapped at connect (the server starting or
     shutting down, too many connections).
     """
-    from asyncpg.exceptions import (
+    from asyncpg.exceptions import (  # type: ignore[import-untyped]  # asyncpg ships no types
         InsufficientResourcesError,
         OperatorInterventionError,
         PostgresConnectionError,
