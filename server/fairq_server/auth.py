@@ -21,10 +21,12 @@ from fairq_server.identity.jwks import source_for
 from fairq_server.identity.jwt import JwtVerifier, looks_like_jwt
 from fairq_server.identity.keyset import JwksError
 from fairq_server.identity.settings import JwtConfig, KeyConfig
+from fairq_server.log_throttle import Throttled
 
 __all__ = [
     "ANONYMOUS_USER",
     "KEY_PREFIX",
+    "REFUSAL_LOG_SECONDS",
     "Authenticator",
     "KeySource",
     "Principal",
@@ -36,6 +38,9 @@ ANONYMOUS_USER = "anonymous"
 _MAX_USER_CHARS = 128
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two log lines of refused API keys (the rest are counted in the next).
+REFUSAL_LOG_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,13 @@ class KeySource(Protocol):
 
     def lookup(self, digest: bytes) -> Principal | None:
         """Return the principal of the key with SHA-256 ``digest``, None if unknown."""
+        ...
+
+    def refused(self, digest: bytes) -> str | None:
+        """Say which key ``digest`` is and why it is refused (revoked, expired); None if unknown.
+
+        For the server's log only: the caller is told "invalid API key" either way.
+        """
         ...
 
 
@@ -114,6 +126,9 @@ class Authenticator:
         self._jwt: JwtVerifier | None = None
         self._warned_ignored_key = False
         self._sources: list[KeySource] = []
+        # Refused keys come with every request of a misconfigured client: one line per
+        # interval, with the count of the rest.
+        self._refusals = Throttled(REFUSAL_LOG_SECONDS, log)
         self.update(keys)
         self._jwt = self.prepare_jwt(jwt)
 
@@ -256,6 +271,10 @@ class Authenticator:
         for source in self._sources:
             found = found or source.lookup(digest)
         if found is None:
+            # The operator can tell a revoked or expired key (a client to update) from an
+            # unknown one (a typo, or someone guessing); the caller is not told which.
+            why = next((w for s in self._sources if (w := s.refused(digest))), None)
+            self._refusals.log(logging.INFO, "API key refused: %s", why or "not a known key")
             raise UnauthenticatedError("invalid API key")
         return found
 

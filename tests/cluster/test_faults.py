@@ -49,5 +49,12 @@ async def test_sigstop_a_replica_longer_than_a_lease() -> None:
     assert r.survivor_errors == 0 and r.target_errors == 0, r  # it finishes after SIGCONT
     assert r.slots_freed_seconds <= 2 * r.lease_seconds, r
     assert not math.isnan(r.recovered_seconds), r
-    assert r.peak_waiting <= THRESHOLD + 1, r
+    # The stop comes as the target holds its first slots: requests it reserved but had not
+    # sent go out on SIGCONT, after their leases ran out and the other replica reused the
+    # slots (measured on a busy machine: 3 + 1 and 3 + 2, each time that many sent within
+    # a few ms before the stop). A lease cannot hold them back; they are bounded by the
+    # target's reservations at the stop (+ 1: the survivor's scrape lagging the expiry).
+    assert r.peak_waiting <= THRESHOLD + 1 + r.held_at_fault, r
+    # Once they have started, the gate holds the threshold again.
+    assert r.settled_seconds < 10 * r.lease_seconds, r
     assert r.started_after > 0 and r.peak_after <= THRESHOLD, r

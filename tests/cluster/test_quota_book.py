@@ -98,6 +98,26 @@ async def test_the_rolling_minute_lets_go_of_each_second_sixty_seconds_on(
         assert await book.used([key], 0) == [0]
 
 
+async def test_the_retry_hint_is_when_a_reservation_is_granted_again(redis_url: str) -> None:
+    # A grant needs the total below the limit, whatever the amount asked: the hint is when
+    # that happens (the hint once waited for the amount to fit, 20 s late here).
+    async with books(redis_url, 1) as [(book, _, _)]:
+        key = tpm("erin")
+        start = await _redis_ms(book)
+        book.clock_offset_ms = 1300 - start % 1000
+        assert isinstance(await book.reserve([LimitUse(key, 60, 100)], 0), Grant)  # second s
+        book.clock_offset_ms += 20_000
+        assert isinstance(await book.reserve([LimitUse(key, 50, 100)], 0), Grant)  # s + 20
+        refusal = await book.reserve([LimitUse(key, 60, 100)], 0)
+        assert isinstance(refusal, Refusal) and refusal.used == 110
+        assert 39.5 < refusal.retry_after <= 40.8  # at s + 60 only the 50 are left
+        hinted = book.clock_offset_ms + round(refusal.retry_after * 1000)
+        book.clock_offset_ms = hinted - 500
+        assert isinstance(await book.reserve([LimitUse(key, 60, 100)], 0), Refusal)
+        book.clock_offset_ms = hinted + 100
+        assert isinstance(await book.reserve([LimitUse(key, 60, 100)], 0), Grant)
+
+
 def _at(when: datetime) -> float:
     return calendar.timegm(when.utctimetuple()) + when.microsecond / 1e6
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
 from fairq_server.cluster_config import ClusterConfig
-from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
+from fairq_server.entitlement.book import LimitKey, LimitUse, Measure, Refusal, Scope, Window
 from fairq_server.entitlement_config import QuotaConfig
 from fairq_server.store.settings import StoreConfig
 from fairq_sim import SimServer
@@ -104,3 +105,66 @@ async def test_with_redis_down_a_replica_grants_its_local_share(
     assert registry.get_sample_value("fairq_cluster_quota_reservations_total", local) == 14 - len(
         refusals
     )
+
+
+async def _hint(server: FairqServer, user: str) -> float | None:
+    """Send one request of ``user``: None if served, else the refusal's retry hint (s)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        request = gen_request(max_tokens=MAX_TOKENS)
+        try:
+            async for _ in stub.Generate(request, metadata=(("x-fairq-user", user),)):
+                pass
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+            trailers = dict(error.trailing_metadata() or ())
+            return int(trailers["grpc-retry-pushback-ms"]) / 1000
+    return None
+
+
+@pytest.mark.parametrize(
+    ("quota", "key"),
+    [
+        (
+            # Reached by the first request's grant (its tokens are more than 10).
+            QuotaConfig(user="ann", tokens_per_day=10),
+            LimitKey(Scope.USER, "ann", None, Measure.TOKENS, Window.DAY),
+        ),
+        (
+            QuotaConfig(user="ann", requests_per_minute=3),
+            LimitKey(Scope.USER, "ann", None, Measure.REQUESTS, Window.MINUTE),
+        ),
+    ],
+    ids=["tokens-per-day", "requests-per-minute"],
+)
+async def test_every_replica_hints_when_the_shared_book_grants_again(
+    redis_url: str, sim: SimServer, fairq_factory: FairqFactory, quota: QuotaConfig,
+    key: LimitKey,
+) -> None:  # fmt: skip
+    # Once had: the replica whose own grant reached the limit answered "retry in 1 s" on
+    # every request (a daily quota: all day), the other the true time.
+    replicas = []
+    for name in ("r0", "r1"):
+        cluster = ClusterConfig(redis_url, replica_id=name, lease_seconds=2.0)
+        config = replace(make_config([sim_backend(sim)]), quotas=(quota,), cluster=cluster)
+        replicas.append(await fairq_factory(config))
+    entitlement = replicas[0].core.dispatcher.entitlement
+    assert entitlement is not None
+    shared = entitlement.book.shared  # type: ignore[attr-defined]
+    limit = float(quota.tokens_per_day or quota.requests_per_minute or 0)
+    hints: list[tuple[str, float]] = []
+    for turn in range(40):  # alternately, until each replica refused three times
+        replica = replicas[turn % 2]
+        sent = time.monotonic()
+        hint = await _hint(replica, "ann")
+        if hint is None:
+            continue
+        # The shared book's own answer now: when a reservation is granted again.
+        truth = await shared.reserve([LimitUse(key, 0.0, limit)], 0)
+        assert isinstance(truth, Refusal), truth
+        elapsed = time.monotonic() - sent
+        assert abs(hint - truth.retry_after) <= 1.0 + elapsed, (turn, hint, truth)
+        hints.append((f"r{turn % 2}", hint))
+        if min(sum(1 for r, _ in hints if r == n) for n in ("r0", "r1")) >= 3:
+            break
+    assert {r for r, _ in hints} == {"r0", "r1"}, hints

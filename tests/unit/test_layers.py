@@ -42,7 +42,7 @@ _LAYERS = (
     ("errors.py", "names.py", "pace.py", "loop_share.py",
      "collector.py", "listening.py", "door_config.py", "console_config.py",
      "preempt_config.py", "team_labels.py", "teams.py"),
-    ("supervisor.py",),
+    ("supervisor.py", "log_throttle.py"),
 )  # fmt: skip
 
 # Folder (or module) -> packages of fairq_server it must never import.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -117,6 +118,14 @@ class QueueWatcher:
                 await self._task
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as s:
                 await self._sample(s)
+
+    def settled(self, since: float, threshold: float) -> float:
+        """The first sample time at or after ``since`` with the queue at or below ``threshold``.
+
+        ``inf`` if it never came back there (then :meth:`peak` from it finds nothing, so a
+        caller must check).
+        """
+        return next((t for t, w, _ in self.samples if t >= since and w <= threshold), math.inf)
 
     def peak(self, since: float = 0.0) -> float:
         """The longest waiting queue at or after ``since`` (monotonic).

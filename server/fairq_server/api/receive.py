@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeAlias, cast
 
 import grpc
+
+from fairq_server.log_throttle import Throttled
 
 __all__ = ["LOG_EVERY_SECONDS", "RequestGuard"]
 
@@ -45,25 +46,6 @@ def _handler(handler: Any) -> Handler:
     return handler  # type: ignore[no-any-return]
 
 
-class _Throttled:
-    """Counts events; logs the first, then at most one summary line per interval."""
-
-    def __init__(self, every: float) -> None:
-        self._every = every
-        self._next = 0.0
-        self._unlogged = 0
-
-    def warn(self, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._unlogged += 1
-            return
-        suffix = f" ({self._unlogged} more since the last such line)" if self._unlogged else ""
-        log.warning(message + suffix, *args)
-        self._unlogged = 0
-        self._next = now + self._every
-
-
 class RequestGuard:
     """Reads and decodes the request of every unary-request method itself (see module doc).
 
@@ -78,7 +60,7 @@ class RequestGuard:
 
     def __init__(self, receive_seconds: float) -> None:
         self.receive_seconds = receive_seconds
-        self._throttled = _Throttled(LOG_EVERY_SECONDS)
+        self._throttled = Throttled(LOG_EVERY_SECONDS, log)
 
     def registrar(self, server: grpc.aio.Server) -> grpc.aio.Server:
         """Return what to pass as ``server`` to a generated ``add_*Servicer_to_server``.
@@ -138,7 +120,7 @@ class RequestGuard:
             return decode(raw)
         except Exception as exc:  # protobuf's DecodeError, or whatever a decoder raises
             name = method.rpartition("/")[2]
-            self._throttled.warn(
+            self._throttled.warning(
                 "undecodable request to %s from %s: %s", method, context.peer(), type(exc).__name__
             )
             await context.abort(

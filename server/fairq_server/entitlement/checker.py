@@ -132,10 +132,14 @@ class Entitlement:
         for i, used in zip(found.hard, self.book.used_now(keys, now), strict=True):
             limit = found.limits[i]
             if used >= limit.limit:
-                # The book says when; a reservation of nothing asks it without granting.
+                # The book says when; a reservation of nothing asks it without granting. A
+                # book that cannot say (a replica that only learnt the amount from its own
+                # grants, with no refusal of the shared book on record) does not refuse here:
+                # the request is reserved at dispatch, where the shared book decides and says
+                # when. A guessed time would be wrong on that replica for every request.
                 answer = self.book.reserve_now([LimitUse(found.keys[i], 0.0, limit.limit)], now)
-                retry = answer.retry_after if isinstance(answer, Refusal) else 1.0
-                return self._refused(limit, found.keys[i].subject, used, retry)
+                if isinstance(answer, Refusal):
+                    return self._refused(limit, found.keys[i].subject, used, answer.retry_after)
         return None
 
     def reserve(

@@ -111,7 +111,6 @@ local n = #KEYS - 1
 local fields, used = {}, {}
 for i = 1, n do
   local w = ARGV[2 + (i - 1) * 3]
-  local amount = tonumber(ARGV[3 + (i - 1) * 3])
   local limit = tonumber(ARGV[4 + (i - 1) * 3])
   local field, ends = bucket(w)
   local total, live = usage(KEYS[i + 1], w, field, true)
@@ -120,12 +119,13 @@ for i = 1, n do
     if w ~= 'm' then
       retry = ends - now
     else
-      -- Until enough buckets left the window for the amount to fit (for an amount above
-      -- the limit: for the total to drop below it, when a reservation is granted again).
+      -- Until enough buckets left the window for the total to drop below the limit: a
+      -- reservation is granted then, whatever its amount (the limit plus one request's
+      -- amount is the bound), so that is when a retry succeeds (the one-process book's rule).
       local left = total
       for _, b in ipairs(live) do
         left = left - b[2]
-        if left + amount <= limit or (amount > limit and left < limit) then
+        if left < limit then
           retry = (b[1] + 60) * 1000 - now
           break
         end

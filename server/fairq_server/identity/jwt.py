@@ -32,11 +32,15 @@ from fairq_server.errors import UnauthenticatedError
 from fairq_server.identity.jwks import JwksSource
 from fairq_server.identity.keyset import JwksError, KeyMismatchError
 from fairq_server.identity.settings import JwtConfig, audiences, check_name
+from fairq_server.log_throttle import Throttled
 from fairq_server.names import escape
 
 __all__ = ["JwtVerifier", "TokenIdentity", "looks_like_jwt"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two log lines of tokens refused for an unknown key id (the rest counted).
+UNKNOWN_KID_LOG_SECONDS = 10.0
 
 # Three base64url parts; the signature is empty in an unsigned (alg: none) token, which must
 # still reach this path to be refused as such. fairq's own API keys hold no dots.
@@ -94,6 +98,9 @@ class JwtVerifier:
         self._clock = clock
         # SHA-256 of a token -> (its identity, its key id, its exp).
         self._verified: OrderedDict[bytes, tuple[TokenIdentity, str, float]] = OrderedDict()
+        # A client stuck on a retired key id sends it with every request: a line per
+        # request (thousands a minute) would drown the log.
+        self._unknown_kid = Throttled(UNKNOWN_KID_LOG_SECONDS, log)
         self.source = source
         self._tier_names = frozenset(tier_names)
         self._default_tiers = frozenset(config.default_tiers or tier_names)
@@ -143,7 +150,7 @@ class JwtVerifier:
         except KeyMismatchError as exc:
             raise UnauthenticatedError(str(exc)) from None
         if key is None:
-            log.info("JWT refused: unknown key id %s", escape(kid, 100))
+            self._unknown_kid.log(logging.INFO, "JWT refused: unknown key id %s", escape(kid, 100))
             raise UnauthenticatedError(
                 "JWT key id (kid) is unknown: not in the identity provider's JWKS"
             )

@@ -32,6 +32,7 @@ __all__ = [
     "head_revision",
     "open_engine",
     "short_error",
+    "unreachable",
     "upgrade",
 ]
 
@@ -100,6 +101,32 @@ def short_error(exc: BaseException) -> str:
     message = str(exc).strip().splitlines()
     first = message[0] if message else type(exc).__name__
     return first[:300]
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached or dropped the connection.
+
+    As opposed to a refusal of what was asked (a constraint, bad input): the caller's request
+    was fine and may succeed later, so it is an outage (UNAVAILABLE / 503), not a bad request.
+    OSError covers a refused or failed connect and timeouts (TimeoutError is one); SQLAlchemy's
+    OperationalError and InterfaceError the DBAPI's own (a server shutting down, a connection
+    lost mid-query); asyncpg raises its own unwrapped at connect (the server starting or
+    shutting down, too many connections).
+    """
+    from asyncpg.exceptions import (  # type: ignore[import-untyped]  # asyncpg ships no types
+        InsufficientResourcesError,
+        OperatorInterventionError,
+        PostgresConnectionError,
+    )
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+    outage = (
+        OSError, OperationalError, InterfaceError, PostgresConnectionError,
+        OperatorInterventionError, InsufficientResourcesError,
+    )  # fmt: skip
+    if isinstance(exc, outage):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 # Alembic is imported where it is used: it is most of the store's import time, and a

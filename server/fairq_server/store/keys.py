@@ -28,9 +28,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fairq_server.auth import Principal, hash_key, new_key
 from fairq_server.errors import InvalidRequestError
+from fairq_server.names import escape
 from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
 
-__all__ = ["MAX_NAME_CHARS", "KeyStore", "StoredKey"]
+__all__ = ["FIRST_KEY_ADMIN", "MAX_NAME_CHARS", "KeyStore", "StoredKey"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,17 @@ def _from_row(row: Any) -> StoredKey:
     )
 
 
+#: Why a first key that is not an admin's is refused (see :meth:`KeyStore.create`).
+FIRST_KEY_ADMIN = (
+    "fairq runs in open mode (no keys): the first key ends it, so it must be an admin key "
+    "(fairq keys create --admin; the console's Admin box), or nobody could administer fairq"
+)
+
+
+def _utc(unix: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
+
+
 class KeyStore:
     """The stored keys: changes through the store, lookups from memory (a ``KeySource``).
 
@@ -107,6 +119,10 @@ class KeyStore:
         self._tier_names = tuple(tier_names)
         self._version: int | None = None
         self._by_digest: dict[bytes, tuple[Principal, float | None]] = {}
+        # Revoked keys' digests -> who they were: for the server's log only (a caller is
+        # told "invalid API key" whatever the reason).
+        self._revoked: dict[bytes, str] = {}
+        self._expired: dict[bytes, str] = {}
 
     # -- KeySource ------------------------------------------------------------------------
 
@@ -126,6 +142,16 @@ class KeyStore:
             return None
         return principal
 
+    def refused(self, digest: bytes) -> str | None:
+        """Say which stored key ``digest`` is and why it is refused (None: not a stored key)."""
+        revoked = self._revoked.get(digest)
+        if revoked is not None:
+            return revoked
+        found = self._by_digest.get(digest)
+        if found is not None and found[1] is not None and time.time() >= found[1]:
+            return self._expired.get(digest, "an expired stored key")
+        return None
+
     # -- life -----------------------------------------------------------------------------
 
     @property
@@ -144,16 +170,24 @@ class KeyStore:
             version = await _version(conn)
             if version == self._version:
                 return False
-            rows = (
-                await conn.execute(select(api_keys).where(api_keys.c.revoked_at.is_(None)))
-            ).all()
+            rows = (await conn.execute(select(api_keys))).all()
         table: dict[bytes, tuple[Principal, float | None]] = {}
+        revoked: dict[bytes, str] = {}
+        expired: dict[bytes, str] = {}
         for row in rows:
             key = _from_row(row)
+            digest = bytes.fromhex(row.sha256)
+            who = f"stored key {key.id} of user '{escape(key.user, 100)}'"
+            if key.revoked_at is not None:
+                revoked[digest] = f"{who}, revoked at {_utc(key.revoked_at)}"
+                continue
             principal = Principal(key.user, frozenset(key.tiers or self._tier_names), key.admin,
                                   team=key.team)  # fmt: skip
-            table[bytes.fromhex(row.sha256)] = (principal, key.expires_at)
-        self._by_digest, self._version = table, version
+            table[digest] = (principal, key.expires_at)
+            if key.expires_at is not None:
+                expired[digest] = f"{who}, expired at {_utc(key.expires_at)}"
+        self._by_digest, self._revoked, self._expired = table, revoked, expired
+        self._version = version
         return True
 
     def unreadable(self, error: str) -> None:
@@ -184,13 +218,21 @@ class KeyStore:
         tiers: Sequence[str] = (),
         admin: bool = False,
         expires_at: float | None = None,
+        open_mode: bool = False,
     ) -> tuple[StoredKey, str]:
         """Make a key; return its description and the key itself (shown once).
 
+        ``open_mode``: the server trusts every caller now (no key of any kind). The first
+        key ends that, so it must be an admin's: with a user's key alone nobody could use
+        the Admin API or the console's management any more.
+
         Raises:
-            InvalidRequestError: a name out of bounds, an unknown tier, an expiry in the past.
+            InvalidRequestError: a name out of bounds, an unknown tier, an expiry in the
+                past, or a key that is not an admin's while ``open_mode``.
 
         """
+        if open_mode and not admin:
+            raise InvalidRequestError(FIRST_KEY_ADMIN)
         self._check(user, team, tiers)
         now = time.time()
         if expires_at is not None and expires_at <= now:

@@ -28,13 +28,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fairq_server.log_throttle import Throttled
 from fairq_server.store.engine import short_error
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.schema import usage
 from fairq_server.store.settings import PriceConfig, StoreConfig
 from fairq_server.supervisor import OwnedTask, stop_asked
 
-__all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics", "Throttled"]
+__all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics"]
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +76,6 @@ class LedgerMetrics:
         )
 
 
-class Throttled:
-    """Logs a recurring problem at most once per interval, with how often it happened."""
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._last = -float("inf")
-        self._suppressed = 0
-
-    def warning(self, message: str, *args: object) -> None:
-        """Log ``message`` unless one went out less than an interval ago (then count it)."""
-        now = time.monotonic()
-        if now - self._last < self._interval:
-            self._suppressed += 1
-            return
-        extra = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
-        log.warning(message + extra, *args)
-        self._last, self._suppressed = now, 0
-
-
 class Ledger:
     """Buffers usage rows and writes them to ``engine`` in batches.
 
@@ -123,8 +105,9 @@ class Ledger:
         self._wake = asyncio.Event()
         self._writing = asyncio.Lock()
         self._writer = OwnedTask("usage-ledger")
-        self._failures = Throttled(LOG_INTERVAL_SECONDS)
-        self._overflow = Throttled(LOG_INTERVAL_SECONDS)
+        self._failures = Throttled(LOG_INTERVAL_SECONDS, log)
+        self._overflow = Throttled(LOG_INTERVAL_SECONDS, log)
+        self._failing_since: float | None = None  # monotonic time of the first failed write
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._insert = dialect.insert(usage).on_conflict_do_nothing(index_elements=["id"])
 
@@ -240,6 +223,8 @@ class Ledger:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
             self.metrics.write_errors.inc()
             self.metrics.rows_unwritten.inc(len(rows))
             self._failures.warning(
@@ -250,6 +235,12 @@ class Ledger:
         # Rows are only ever appended at the right, so the first len(rows) are these.
         for _ in rows:
             self._buffer.popleft()
+        if self._failing_since is not None:  # the failures were logged: say they ended
+            log.info(
+                "usage ledger: writes go through again after %.1f s of failures (%d rows "
+                "still buffered)", time.monotonic() - self._failing_since, len(self._buffer),
+            )  # fmt: skip
+            self._failing_since = None
         self.metrics.written.inc(len(rows))
         self.metrics.pending.set(len(self._buffer))
         return True

@@ -27,8 +27,9 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fairq_server.log_throttle import Throttled
 from fairq_server.store.engine import short_error
-from fairq_server.store.ledger import LOG_INTERVAL_SECONDS, MAX_RETRY_SECONDS, Throttled
+from fairq_server.store.ledger import LOG_INTERVAL_SECONDS, MAX_RETRY_SECONDS
 from fairq_server.store.schema import limit_usage
 from fairq_server.store.settings import StoreConfig
 from fairq_server.supervisor import OwnedTask, stop_asked
@@ -76,8 +77,8 @@ class LimitState:
         self._pending: dict[tuple[CounterName, str], float] = {}
         self._writing = asyncio.Lock()
         self._writer = OwnedTask("limit-state")
-        self._failures = Throttled(LOG_INTERVAL_SECONDS)
-        self._overflow = Throttled(LOG_INTERVAL_SECONDS)
+        self._failures = Throttled(LOG_INTERVAL_SECONDS, log)
+        self._overflow = Throttled(LOG_INTERVAL_SECONDS, log)
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
         insert = dialect.insert(limit_usage)
         self._upsert = insert.on_conflict_do_update(

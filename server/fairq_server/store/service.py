@@ -69,6 +69,19 @@ class Store:
         self._watch: VersionWatch | None = None
 
     @property
+    def described(self) -> str:
+        """The database's URL, fit for a message (the password hidden)."""
+        return describe(engine_url(self.config, self._state_file))
+
+    def silent_seconds(self) -> float:
+        """Return the seconds since the database last answered a poll.
+
+        The replica polls it every ``key_poll_seconds``: a store silent for long is down or
+        hung.
+        """
+        return self._watch.silent_seconds if self._watch is not None else 0.0
+
+    @property
     def ledger(self) -> Ledger:
         """The usage ledger (once started)."""
         assert self._ledger is not None, "Store.start() first"

@@ -11,6 +11,7 @@ a change made on any replica still holds on every replica within one poll and on
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -60,6 +61,12 @@ class VersionWatch:
         self._seconds = seconds
         self._followers = dict(followers)
         self._task: asyncio.Task[None] | None = None
+        self._answered = time.monotonic()  # the followers have just read the store
+
+    @property
+    def silent_seconds(self) -> float:
+        """Seconds since the database last answered a poll (about 0 while it answers)."""
+        return time.monotonic() - self._answered
 
     def start(self) -> None:
         """Start polling (the followers have read the store once already)."""
@@ -84,6 +91,7 @@ class VersionWatch:
         """
         async with self._engine.connect() as conn:
             rows = (await conn.execute(_VERSIONS)).all()
+        self._answered = time.monotonic()
         versions = {str(name): int(version) for name, version in rows}
         failure: Exception | None = None
         for name, follower in self._followers.items():

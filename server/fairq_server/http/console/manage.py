@@ -18,6 +18,7 @@ from html import escape
 from fairq_server.errors import SchedulerError
 from fairq_server.http.console.plot import usage_plot
 from fairq_server.store.audit import ACTIONS
+from fairq_server.store.engine import short_error, unreachable
 from fairq_server.store.reports import GROUPINGS
 from fairq_server.store.series import MEASURES, STEPS, Series
 from fairq_server.store.service import Store
@@ -52,6 +53,11 @@ class ManageRoutes:
 
     def __init__(self, store: Store) -> None:
         self._store = store
+
+    @property
+    def where(self) -> str:
+        """The store's database, fit for a message (the password hidden)."""
+        return self._store.described
 
     async def keys_page(self, csrf: str, notice: str = "") -> str:
         """Return the keys view's body: the create form and every stored key."""
@@ -113,14 +119,19 @@ class ManageRoutes:
             )
         return ""
 
-    async def create(self, form: dict[str, str], who: str) -> str:
-        """Create a key from ``form``; return the notice showing its secret (once)."""
+    async def create(self, form: dict[str, str], who: str, *, open_mode: bool = False) -> str:
+        """Create a key from ``form``; return the notice showing its secret (once).
+
+        ``open_mode``: no key exists yet, so this one must be an admin's (see
+        :meth:`~fairq_server.store.keys.KeyStore.create`).
+        """
         tiers = tuple(t.strip() for t in form.get("tiers", "").split(",") if t.strip())
         key, secret = await self._store.keys.create(
             form.get("user", "").strip(),
             team=form.get("team", "").strip() or None,
             tiers=tiers,
             admin=form.get("admin") == "1",
+            open_mode=open_mode,
         )
         log.info("console: '%s' created key %s for user '%s'", who, key.id, key.user)
         detail = f"user {key.user}, team {key.team or '-'}, tiers {','.join(key.tiers) or 'all'}"
@@ -330,8 +341,14 @@ def _audit_form(action: str) -> str:
     )
 
 
-def store_error(exc: Exception) -> str:
-    """Return the notice for an operation the store refused or could not do."""
-    if isinstance(exc, SchedulerError | ValueError):
-        return f'<p class="error" role="alert">{_e(str(exc)[:300])}</p>'
-    return f'<p class="error" role="alert">The store did not answer: {_e(str(exc)[:300])}</p>'
+def store_error(exc: Exception, where: str = "") -> tuple[str, int]:
+    """Return the notice for an operation the store refused or could not do, and the status.
+
+    The database down (``where`` names it) is 503, as the Admin API's ``UNAVAILABLE``; a
+    refusal of the input is said on the page as before.
+    """
+    if not unreachable(exc) and isinstance(exc, SchedulerError | ValueError):
+        return f'<p class="error" role="alert">{_e(str(exc)[:300])}</p>', 200
+    how = "is unavailable" if unreachable(exc) else "did not answer"
+    named = f"The store ({where})" if where else "The store"
+    return f'<p class="error" role="alert">{named} {how}: {_e(short_error(exc))}</p>', 503

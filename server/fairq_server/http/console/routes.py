@@ -36,6 +36,7 @@ from fairq_server.http.console.entitlement_forms import ACTIONS, EntitlementForm
 from fairq_server.http.console.feed import LiveFeed
 from fairq_server.http.console.manage import ManageRoutes, store_error
 from fairq_server.http.console.session import Session, Sessions, csrf_ok, same_origin
+from fairq_server.store.engine import short_error, unreachable
 
 __all__ = ["ConsoleRoutes"]
 
@@ -206,12 +207,19 @@ class ConsoleRoutes:
 
     # -- the store's views ----------------------------------------------------------------
 
-    async def _store_page(self, request: web.Request, view: str, body: str) -> web.Response:
+    async def _store_page(
+        self, request: web.Request, view: str, body: str, code: int = 200
+    ) -> web.Response:
         principal, session, status = await self._caller(request)
         if principal is None:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         csrf = session.csrf if session is not None else ""
-        return _html(render.page(view, principal.user, csrf, body, store=True))
+        return _html(render.page(view, principal.user, csrf, body, store=True), code)
+
+    def _store_error(self, exc: Exception) -> tuple[str, int]:
+        """Return the notice and status of a failed store operation (503: the store is down)."""
+        assert self._manage is not None
+        return store_error(exc, self._manage.where)
 
     async def _keys(self, request: web.Request) -> web.StreamResponse:
         principal, session, status = await self._caller(request)
@@ -219,11 +227,12 @@ class ConsoleRoutes:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         assert self._manage is not None
         csrf = session.csrf if session is not None else ""
+        code = 200
         try:
             body = await self._manage.keys_page(csrf)
         except Exception as exc:  # the database down or refusing: said on the page
-            body = store_error(exc)
-        return await self._store_page(request, "keys", body)
+            body, code = self._store_error(exc)
+        return await self._store_page(request, "keys", body, code)
 
     async def _posted(
         self, request: web.Request
@@ -252,11 +261,18 @@ class ConsoleRoutes:
             elif verb == "rotate":
                 notice = await self._manage.rotate(key_id, principal.user)
             else:
-                notice = await self._manage.create(form, principal.user)
+                notice = await self._manage.create(
+                    form, principal.user, open_mode=self._auth.open_mode
+                )
         except Exception as exc:  # a refusal or the database down: said on the page
-            notice = store_error(exc)
-        body = await self._manage.keys_page(session.csrf, notice)
-        return _html(render.page("keys", principal.user, session.csrf, body, store=True))
+            notice, _ = self._store_error(exc)
+        code = 200
+        try:
+            body = await self._manage.keys_page(session.csrf, notice)
+        except Exception as exc:  # the keys cannot be listed either (the database down)
+            body, code = self._store_error(exc)
+            body = notice + body if notice != body else body
+        return _html(render.page("keys", principal.user, session.csrf, body, store=True), code)
 
     async def _teams(self, request: web.Request) -> web.StreamResponse:
         """Show team weights, quotas and budgets; apply a change posted from this page."""
@@ -283,22 +299,24 @@ class ConsoleRoutes:
         if principal is None:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         step, measure = request.query.get("step", "auto"), request.query.get("measure", "")
+        code = 200
         try:
             body = await self._manage.usage_page(by, since, step, measure or "output_tokens")
         except Exception as exc:  # the database down or refusing: said on the page
-            body = store_error(exc)
-        return await self._store_page(request, "usage", body)
+            body, code = self._store_error(exc)
+        return await self._store_page(request, "usage", body, code)
 
     async def _audit(self, request: web.Request) -> web.StreamResponse:
         principal, _, status = await self._caller(request)
         if principal is None:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         assert self._manage is not None
+        code = 200
         try:
             body = await self._manage.audit_page(request.query.get("action", ""))
         except Exception as exc:  # the database down or refusing: said on the page
-            body = store_error(exc)
-        return await self._store_page(request, "audit", body)
+            body, code = self._store_error(exc)
+        return await self._store_page(request, "audit", body, code)
 
     async def _usage_csv(self, request: web.Request) -> web.StreamResponse:
         principal, _, status = await self._caller(request)
@@ -317,7 +335,8 @@ class ConsoleRoutes:
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400, headers=_HEADERS)
         except Exception as exc:  # the database down or refusing: said, not a 500
-            error = f"the store did not answer: {str(exc)[:300]}"
+            how = "is unavailable" if unreachable(exc) else "did not answer"
+            error = f"the store ({self._manage.where}) {how}: {short_error(exc)}"
             return web.json_response({"error": error}, status=503, headers=_HEADERS)
         name = f"usage-{by}{'-series' if per_bucket else ''}.csv"
         headers = {**_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
