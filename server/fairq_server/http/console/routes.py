@@ -341,16 +341,19 @@ class ConsoleRoutes:
             headers={**_HEADERS, "Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
         )
         await response.prepare(request)
+        credential = request.headers.get("Authorization", "")
         self._feed.watchers += 1
         try:
             seq = self._feed.seq
             while True:
-                seq = await self._feed.wait(seq)
-                # The credential is checked again at every push: a revoked key stops here.
-                if session is not None and await self._admin(session.credential) is None:
-                    self._sessions.close(session)
+                last, seq = seq, await self._feed.wait(seq, self._feed.period)
+                # Checked at every refresh, and at least once a period without one: a stream
+                # ends with its session (logged out in any tab, expired) and its credential.
+                if not await self._still_admin(session, credential):
                     await response.write(b"event: logout\ndata: {}\n\n")
                     break
+                if seq == last:
+                    continue  # no new view in this period
                 frame = json.dumps({"html": self._feed.html(view)}, separators=(",", ":"))
                 await response.write(f"data: {frame}\n\n".encode())
         except ConnectionResetError:
@@ -358,6 +361,21 @@ class ConsoleRoutes:
         finally:
             self._feed.watchers -= 1
         return response
+
+    async def _still_admin(self, session: Session | None, header: str) -> bool:
+        """Whether a live stream's caller is still an admin: its session, else its header."""
+        if session is not None:
+            if not self._sessions.live(session):
+                return False
+            if await self._admin(session.credential) is None:  # revoked, expired, demoted
+                self._sessions.close(session)
+                return False
+            return True
+        try:
+            principal = await self._auth.authenticate([("authorization", header)])
+        except SchedulerError:
+            return False
+        return principal.admin
 
     async def _static_file(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

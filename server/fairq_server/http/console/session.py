@@ -84,6 +84,19 @@ class Sessions:
         """End ``session``."""
         self._by_id.pop(session.id, None)
 
+    def live(self, session: Session) -> bool:
+        """Whether ``session`` still holds: not logged out, not expired, not pushed out.
+
+        A live stream holds its session object from the request that opened it; this is how
+        it learns that the session ended since (in this tab, another one, or by expiry).
+        """
+        if self._by_id.get(session.id) is not session:
+            return False
+        if time.monotonic() >= session.expires:
+            del self._by_id[session.id]
+            return False
+        return True
+
     def set_cookie(self, response: web.StreamResponse, session: Session, secure: bool) -> None:
         """Give the browser ``session``'s cookie (unreadable to scripts, this site only)."""
         response.set_cookie(
