@@ -110,6 +110,17 @@ async def test_the_cookie_is_secure_behind_a_trusted_tls_proxy_only(
         resp = await _login(http, trusting.url, https)
         assert resp.status == 303
         assert resp.cookies["fairq_console"]["secure"]
+        # A Secure cookie is not sent over plain HTTP by a client: the proxy would send it.
+        cookie = {"Cookie": f"fairq_console={resp.cookies['fairq_console'].value}"}
+        async with http.get(f"{trusting.url}/console/queues", headers=cookie) as page:
+            csrf = (await page.text()).split('name="csrf" value="')[1].split('"')[0]
+        async with http.post(
+            f"{trusting.url}/console/logout", data={"csrf": csrf}, headers={**https, **cookie},
+            allow_redirects=False,
+        ) as out:  # fmt: skip
+            assert out.status == 303
+            cleared = out.cookies["fairq_console"]
+            assert cleared.value == "" and cleared["secure"] and cleared["max-age"] == "0"
         # Through the trusted proxy the scheme is known: an http:// page is another origin.
         resp = await _login(http, trusting.url, {**https, "Origin": f"http://{host}"})
         assert resp.status == 403

@@ -244,7 +244,7 @@ class ConsoleRoutes:
         self._sessions.close(session)
         log.info("console: '%s' logged out", session.user)
         response = _redirect("/console/login")
-        Sessions.clear_cookie(response)
+        Sessions.clear_cookie(response, secure=self._asked(request).scheme == "https")
         return response
 
     # -- pages and data -------------------------------------------------------------------

@@ -113,9 +113,11 @@ class Sessions:
         )
 
     @staticmethod
-    def clear_cookie(response: web.StreamResponse) -> None:
-        """Make the browser forget its session cookie."""
-        response.del_cookie(COOKIE, path="/console")
+    def clear_cookie(response: web.StreamResponse, secure: bool) -> None:
+        """Make the browser forget its session cookie (with the flags it was set with)."""
+        response.del_cookie(
+            COOKIE, path="/console", secure=secure, httponly=True, samesite="Strict"
+        )
 
 
 def csrf_ok(session: Session, presented: str) -> bool:
