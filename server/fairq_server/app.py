@@ -65,8 +65,10 @@ class FairqServer:
         if config.store is not None:
             replica = config.cluster.replica_id if config.cluster else _process_name()
             registry = self.core.telemetry.registry
+            # The teams in force: the file's merged with the store's (core.use_teams).
             self.store = Store(config.store, config.state_file, config.prices,
-                               self.core.tier_names, replica, registry)  # fmt: skip
+                               self.core.tier_names, replica, registry,
+                               lambda: [t.name for t in self.core.config.teams])  # fmt: skip
         self.managed: ManagedEntitlement | None = None  # teams and limits set live (a store)
         self.request_log = RequestLog(config.access_log, usage=self.store)
         self.port = 0

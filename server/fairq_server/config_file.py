@@ -18,8 +18,15 @@ from typing import Any
 from fairq_server.backends.spec import check_backend_config
 from fairq_server.config import Config, ConfigError, SchedulerConfig
 from fairq_server.config_reader import read_table
+from fairq_server.console_config import check_allowed_hosts
+from fairq_server.door_config import parse_networks
 from fairq_server.entitlement_config import check_entitlement
-from fairq_server.identity.settings import MAX_NAME_CHARS, check_jwt, check_name
+from fairq_server.identity.settings import (
+    MAX_KEY_USER_CHARS,
+    MAX_NAME_CHARS,
+    check_jwt,
+    check_name,
+)
 from fairq_server.store.settings import PriceConfig, StoreConfig, StoreError, check_prices
 from fairq_server.teams import check_teams
 
@@ -94,8 +101,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
         except ValueError as exc:
             raise ConfigError(f"backends[{i}]: {exc}") from None
     for i, key in enumerate(config.keys):
-        if not key.user or len(key.user) > 128:
-            raise ConfigError(f"keys[{i}].user must be 1-128 characters")
+        if not key.user or len(key.user) > MAX_KEY_USER_CHARS:
+            raise ConfigError(f"keys[{i}].user must be 1-{MAX_KEY_USER_CHARS} characters")
         if _SHA256_HEX.fullmatch(key.sha256) is None:
             raise ConfigError(f"keys[{i}].sha256 must be 64 hexadecimal digits (the key's SHA-256)")
         _check_team(key.team, f"keys[{i}].team")
@@ -116,6 +123,14 @@ def parse_config(raw: dict[str, Any]) -> Config:
         raise ConfigError(str(exc)) from None
     if config.console.enabled and not config.http.listen:
         raise ConfigError("console.enabled needs the HTTP door: set http.listen")
+    try:
+        check_allowed_hosts(config.console.allowed_hosts)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        parse_networks(config.http.trusted_proxies)
+    except ValueError as exc:
+        raise ConfigError(f"http.trusted_proxies: {exc}") from None
     _check_policies(config.scheduler)
     if config.jwt is not None:
         try:

@@ -6,9 +6,13 @@ module stays one concept of a readable size.
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 from dataclasses import dataclass
 
-__all__ = ["HttpConfig", "Limits", "TlsConfig"]
+__all__ = ["HttpConfig", "Limits", "Network", "TlsConfig", "parse_networks"]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,10 @@ class HttpConfig:
             this many characters of it the request is aborted and answered 400
             (``answer_too_large``). A streamed answer is bounded by
             ``limits.max_unread_chars`` instead (text the caller has not read).
+        trusted_proxies: IP addresses and networks (``10.0.0.0/8``) of reverse proxies in
+            front of the door whose ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are
+            believed (the console's ``Secure`` cookie, its origin and host checks); empty:
+            nobody's, forwarded headers are ignored.
 
     """
 
@@ -109,3 +117,23 @@ class HttpConfig:
     max_connections: int = 1024
     max_connections_per_peer: int = 256
     max_answer_chars: int = 16_777_216
+    trusted_proxies: tuple[str, ...] = ()
+
+
+@functools.lru_cache(maxsize=8)
+def parse_networks(entries: tuple[str, ...]) -> tuple[Network, ...]:
+    """Return the networks of ``entries`` (an address is a network of one).
+
+    Raises:
+        ValueError: an entry is neither an IP address nor a network, naming it.
+
+    """
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{entry[:100]!r} is not an IP address or network (like 10.0.0.0/8)"
+            ) from None
+    return tuple(networks)

@@ -12,15 +12,16 @@ Configuration::
     weight = 2
 
 A team named by a key or a token but not configured has weight 1; when ``[[teams]]`` is given,
-a key naming a team not in it is refused at start and at reload (a typo would otherwise put
-the key's user in a team of its own at weight 1, silently).
+a key naming a team not in it is refused at start and at reload, and a stored key at its
+creation (a typo would otherwise put the key's user in a team of its own at weight 1, outside
+the team's quotas and budgets, silently).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "TeamConfig",
     "TeamError",
     "TeamWeights",
+    "check_team_known",
     "check_teams",
     "team_weights",
 ]
@@ -117,11 +119,29 @@ def check_teams(teams: Iterable[TeamConfig], key_teams: Iterable[tuple[str, str]
         if team.name in seen:
             raise TeamError(f"teams[{i}]: team {team.name!r} is configured twice")
         seen.add(team.name)
-    if not seen:
-        return
     for what, name in key_teams:
-        if name not in seen:
-            raise TeamError(
-                f"{what}: team {name!r} is not configured in [[teams]] "
-                f"(configured: {', '.join(sorted(map(repr, seen)))})"
-            )
+        check_team_known(what, name, seen)
+
+
+def check_team_known(what: str, name: str, known: Collection[str]) -> None:
+    """Refuse a key's team ``name`` when teams are configured and it is not one of ``known``.
+
+    A file key, a stored key (at its creation) and a quota are held to the same rule.
+
+    Args:
+        what: names the key in the error (``keys[3].team``, ``team``).
+        name: the team the key names.
+        known: the teams in force (the file's, and in a store the ones set live); empty:
+            no team is configured, and any name is a team of weight 1.
+
+    Raises:
+        TeamError: naming ``what`` and the configured teams.
+
+    """
+    if not known or name in known:
+        return
+    shown = sorted(map(repr, known))
+    listed = ", ".join(shown[:20]) + (f" and {len(shown) - 20} more" if len(shown) > 20 else "")
+    raise TeamError(
+        f"{what}: team {name[:64]!r} is not configured in [[teams]] (configured: {listed})"
+    )

@@ -161,3 +161,30 @@ async def test_key_forms_need_the_session_its_csrf_token_and_this_origin(
             assert resp.status == 200 and "shown this once" in await resp.text()
         [key] = await server.store.keys.list()
         assert key.user == "mallory"
+
+
+async def test_a_live_stream_of_a_revoked_stored_bearer_key_ends(
+    sim: SimServer, fairq_factory: FairqFactory, tmp_path: Path
+) -> None:
+    """A script reading the live views with a stored admin key loses them when it is revoked."""
+    url_db = f"sqlite:///{tmp_path / 'fairq.db'}"
+    config = store_config(url_db, [sim_backend(sim)], keys=tuple(KEYS.values()))
+    console = ConsoleConfig(enabled=True, refresh_seconds=0.2)
+    server = await fairq_factory(replace(config, console=console))
+    assert server.store is not None
+    key, secret = await server.store.keys.create("ops", admin=True)
+    url = f"http://127.0.0.1:{server.http_port}"
+    bearer = {"Authorization": f"Bearer {secret}"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/console/events?view=queues", headers=bearer) as events,
+    ):
+        assert events.status == 200
+        async with asyncio.timeout(20):
+            assert (await events.content.readline()).startswith(b"data: ")
+        assert await server.store.keys.revoke(key.id) is not None
+        lines = []
+        async with asyncio.timeout(20):
+            while line := await events.content.readline():
+                lines.append(line.strip())
+        assert [line for line in lines if line][-2:] == [b"event: logout", b"data: {}"]

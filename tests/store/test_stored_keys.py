@@ -67,7 +67,9 @@ async def test_admin_rpcs_create_list_revoke_rotate(
         for bad, needle in [
             (admin_pb2.CreateKeyRequest(user=""), "user must be 1-128"),
             (admin_pb2.CreateKeyRequest(user="x", tiers=["gold"]), "unknown tiers ['gold']"),
-            (admin_pb2.CreateKeyRequest(user="x", team="t" * 129), "team must be 1-128"),
+            (admin_pb2.CreateKeyRequest(user="x" * 129), "user must be 1-128"),
+            (admin_pb2.CreateKeyRequest(user="x", team="t" * 257), "team is longer than 256"),
+            (admin_pb2.CreateKeyRequest(user="x", team="a\nb"), "team contains control"),
             (admin_pb2.CreateKeyRequest(user="x", expires_in_seconds=-1), "expires_in_seconds"),
         ]:
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -81,6 +83,12 @@ async def test_admin_rpcs_create_list_revoke_rotate(
         )
         secret = made.secret
         assert secret.startswith("fq_") and made.key.user == odd and made.key.team == "red"
+        # A team name is up to 256 characters, as in the file, quotas and budgets.
+        long_team = await admin.CreateKey(
+            admin_pb2.CreateKeyRequest(user="y", team="t" * 256), metadata=ROOT
+        )
+        assert long_team.key.team == "t" * 256
+        await admin.RevokeKey(admin_pb2.RevokeKeyRequest(id=long_team.key.id), metadata=ROOT)
         assert await generate(target, secret) == grpc.StatusCode.OK
         assert server.store is not None
         await server.store.ledger.flush()
@@ -105,7 +113,7 @@ async def test_admin_rpcs_create_list_revoke_rotate(
         everything = await admin.ListKeys(
             admin_pb2.ListKeysRequest(include_revoked=True), metadata=ROOT
         )
-        assert len(everything.keys) == 2 and all(k.revoked_at_unix_seconds for k in everything.keys)
+        assert len(everything.keys) == 3 and all(k.revoked_at_unix_seconds for k in everything.keys)
         # The config file's keys keep working beside the store's.
         assert await generate(target, "alice-key") == grpc.StatusCode.OK
 

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 __all__ = [
     "ALGORITHMS",
     "MAX_CLAIM_NAME_CHARS",
+    "MAX_KEY_USER_CHARS",
     "MAX_NAME_CHARS",
     "JwtConfig",
     "KeyConfig",
@@ -38,9 +39,12 @@ __all__ = [
 #: Asymmetric algorithms fairq verifies. HS* (a shared secret) and ``none`` never are: a
 #: JWKS publishes public keys, and a public key used as an HMAC secret forges any token.
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512")
-#: Longest user or team name fairq accepts from a key or a token (OpenID Connect bounds
-#: ``sub`` at 255 characters).
+#: Longest team name, wherever one is given (``[[teams]]``, a key's team in the file or the
+#: store, a quota's or budget's team, a token's team claim), and longest user name of a token
+#: or a quota (OpenID Connect bounds ``sub`` at 255 characters).
 MAX_NAME_CHARS = 256
+#: Longest user name of an API key, in the file or the store.
+MAX_KEY_USER_CHARS = 128
 MAX_CLAIM_NAME_CHARS = 256
 _MAX_LEEWAY_SECONDS = 300.0
 # C0 and C1 controls, DEL, and the Unicode line/paragraph separators: never in a name, so a

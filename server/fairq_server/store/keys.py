@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -28,14 +28,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fairq_server.auth import Principal, hash_key, new_key
 from fairq_server.errors import InvalidRequestError
+from fairq_server.identity.settings import MAX_KEY_USER_CHARS, MAX_NAME_CHARS, check_name
 from fairq_server.names import escape
 from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
+from fairq_server.teams import check_team_known
 
-__all__ = ["FIRST_KEY_ADMIN", "MAX_NAME_CHARS", "KeyStore", "StoredKey"]
+__all__ = ["FIRST_KEY_ADMIN", "KeyStore", "StoredKey"]
 
 log = logging.getLogger(__name__)
-
-MAX_NAME_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -110,13 +110,20 @@ class KeyStore:
     Args:
         engine: the store's engine (its schema current).
         tier_names: the configured tiers, in order.
-        poll_seconds: how often to check for changes made by any replica.
+        teams: returns the teams in force (the file's and the ones set live); when there are
+            any, a key is made only for one of them, as the file's keys and quotas are.
 
     """
 
-    def __init__(self, engine: AsyncEngine, tier_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        tier_names: Sequence[str],
+        teams: Callable[[], Collection[str]] = lambda: (),
+    ) -> None:
         self._engine = engine
         self._tier_names = tuple(tier_names)
+        self._teams = teams
         self._version: int | None = None
         self._by_digest: dict[bytes, tuple[Principal, float | None]] = {}
         # Revoked keys' digests -> who they were: for the server's log only (a caller is
@@ -200,10 +207,16 @@ class KeyStore:
     # -- changes --------------------------------------------------------------------------
 
     def _check(self, user: str, team: str | None, tiers: Sequence[str]) -> None:
-        if not user or len(user) > MAX_NAME_CHARS:
-            raise InvalidRequestError(f"user must be 1-{MAX_NAME_CHARS} characters")
-        if team is not None and (not team or len(team) > MAX_NAME_CHARS):
-            raise InvalidRequestError(f"team must be 1-{MAX_NAME_CHARS} characters")
+        if not user or len(user) > MAX_KEY_USER_CHARS:
+            raise InvalidRequestError(f"user must be 1-{MAX_KEY_USER_CHARS} characters")
+        if team is not None:
+            # The rules of a file key's team: a typo would otherwise escape the team's
+            # weight, quotas and budgets silently.
+            try:
+                check_name(team, "team", MAX_NAME_CHARS)
+                check_team_known("team", team, set(self._teams()))
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from None
         unknown = sorted(set(tiers) - set(self._tier_names))
         if unknown:
             raise InvalidRequestError(
@@ -227,8 +240,9 @@ class KeyStore:
         the Admin API or the console's management any more.
 
         Raises:
-            InvalidRequestError: a name out of bounds, an unknown tier, an expiry in the
-                past, or a key that is not an admin's while ``open_mode``.
+            InvalidRequestError: a name out of bounds, a team that is not configured (while
+                some are), an unknown tier, an expiry in the past, or a key that is not an
+                admin's while ``open_mode``.
 
         """
         if open_mode and not admin:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -42,6 +42,7 @@ class Store:
         tier_names: the configured tiers, in order.
         replica: this process's name, stored with each usage row.
         registry: where the ledger's metrics go.
+        teams: returns the teams in force (a stored key's team must be one of them, if any).
 
     """
 
@@ -53,8 +54,10 @@ class Store:
         tier_names: Sequence[str],
         replica: str,
         registry: CollectorRegistry,
+        teams: Callable[[], Collection[str]] = lambda: (),
     ) -> None:
         self.config = config
+        self._teams = teams
         self._state_file = state_file
         self._prices = prices
         self._tier_names = tuple(tier_names)
@@ -119,7 +122,7 @@ class Store:
 
         """
         engine = await open_engine(self.config, self._state_file)
-        keys = KeyStore(engine, self._tier_names)
+        keys = KeyStore(engine, self._tier_names, self._teams)
         entitlement = StoredEntitlement(engine)
         try:
             await upgrade(engine)

@@ -12,6 +12,7 @@ import sys
 from fairq_server.auth import KEY_PREFIX, hash_key, new_key
 from fairq_server.config import DEFAULT_TIERS, ConfigError
 from fairq_server.config_file import load_config
+from fairq_server.identity.settings import MAX_KEY_USER_CHARS
 
 __all__ = ["KEY_PREFIX", "key_entry", "main", "new_key"]
 
@@ -101,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     new.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     args = parser.parse_args(argv)
     user = args.user.strip()
-    if not user or len(user) > 128:
-        parser.error("--user must be 1-128 characters")
+    if not user or len(user) > MAX_KEY_USER_CHARS:
+        parser.error(f"--user must be 1-{MAX_KEY_USER_CHARS} characters")
     if args.max_tier is not None and args.tiers:
         parser.error("give --max-tier or --tiers, not both")
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]

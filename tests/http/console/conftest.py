@@ -17,11 +17,19 @@ from ...conftest import KEYS, FairqFactory, make_config, sim_backend
 from ..conftest import Door
 
 
-async def start_console(fairq_factory: FairqFactory, sim: SimServer, **console: object) -> Door:
-    config = make_config([sim_backend(sim)], keys=list(KEYS.values()))
+async def start_console(
+    fairq_factory: FairqFactory,
+    sim: SimServer,
+    *,
+    keys: bool = True,
+    http: dict[str, object] | None = None,
+    **console: object,
+) -> Door:
+    """fairq with the console (and the test keys unless ``keys`` is False: open mode)."""
+    config = make_config([sim_backend(sim)], keys=list(KEYS.values()) if keys else ())
     config = replace(
         config,
-        http=HttpConfig(listen="127.0.0.1:0"),
+        http=HttpConfig(listen="127.0.0.1:0", **(http or {})),  # type: ignore[arg-type]
         console=ConsoleConfig(enabled=True, **{"refresh_seconds": 0.2, **console}),  # type: ignore[arg-type]
     )
     return Door(await fairq_factory(config), sim)

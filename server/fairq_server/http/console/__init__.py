@@ -53,4 +53,12 @@ def build_console(
     feed = LiveFeed(read, lambda: core.config.console.refresh_seconds, replicas, here)
     manage = ManageRoutes(store) if store is not None else None
     forms = EntitlementForms(managed) if managed is not None else None
-    return ConsoleRoutes(auth, feed, core.config.console.session_seconds, manage, forms)
+    return ConsoleRoutes(
+        auth,
+        feed,
+        core.config.console.session_seconds,
+        manage,
+        forms,
+        allowed_hosts=lambda: core.config.console.allowed_hosts,
+        trusted_proxies=lambda: core.config.http.trusted_proxies,
+    )

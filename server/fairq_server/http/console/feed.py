@@ -10,6 +10,7 @@ no page open and no cluster, a refresh reads nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -65,11 +66,23 @@ class LiveFeed:
         """Return the views now (read afresh, for a page being loaded)."""
         return await self._views(everyone=True)
 
-    async def wait(self, after: int) -> int:
-        """Wait for a refresh later than ``after``; return its number."""
-        async with self._tick:
-            await self._tick.wait_for(lambda: self.seq > after)
-            return self.seq
+    @property
+    def period(self) -> float:
+        """Seconds between refreshes now."""
+        return self._every()
+
+    async def wait(self, after: int, timeout: float) -> int:
+        """Wait for a refresh later than ``after``, at most ``timeout`` seconds.
+
+        Returns:
+            the last refresh's number: ``after`` itself when none came in time (a failing
+            read publishes nothing, and an open stream must still check its credential).
+
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout), self._tick:
+                await self._tick.wait_for(lambda: self.seq > after)
+        return self.seq
 
     def html(self, view: str) -> str:
         """Return the last refresh's fragment of ``view`` (rendered once per refresh)."""

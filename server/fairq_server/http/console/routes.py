@@ -24,23 +24,28 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import parse_qsl
 
 from aiohttp import web
 
 from fairq_server.auth import Authenticator, Principal
+from fairq_server.console_config import LOOPBACK_HOSTS
 from fairq_server.errors import SchedulerError
 from fairq_server.http.console import render
 from fairq_server.http.console.entitlement_forms import ACTIONS, EntitlementForms
 from fairq_server.http.console.feed import LiveFeed
 from fairq_server.http.console.manage import ManageRoutes, store_error
 from fairq_server.http.console.session import Session, Sessions, csrf_ok, same_origin
+from fairq_server.http.origin import Asked, asked_for, host_allowed
 from fairq_server.store.engine import short_error, unreachable
 
 __all__ = ["ConsoleRoutes"]
 
 log = logging.getLogger("fairq_server.console")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {"console.js": "text/javascript", "console.css": "text/css"}
@@ -66,6 +71,12 @@ class ConsoleRoutes:
         auth: the authenticator both doors share (keys, JWTs).
         feed: the live views.
         session_seconds: how long a login lasts.
+        manage: the store's keys and usage views (None: no store).
+        forms: the teams, quotas and budgets forms (None: no store).
+        allowed_hosts: returns the host names the console answers to now
+            (``console.allowed_hosts``).
+        trusted_proxies: returns the proxies whose forwarded headers are believed now
+            (``http.trusted_proxies``).
 
     """
 
@@ -76,8 +87,12 @@ class ConsoleRoutes:
         session_seconds: float,
         manage: ManageRoutes | None = None,
         forms: EntitlementForms | None = None,
+        allowed_hosts: Callable[[], Sequence[str]] = lambda: LOOPBACK_HOSTS,
+        trusted_proxies: Callable[[], Sequence[str]] = lambda: (),
     ) -> None:
         self._auth = auth
+        self._allowed_hosts = allowed_hosts
+        self._trusted_proxies = trusted_proxies
         self._manage = manage
         self._forms = forms
         self._feed = feed
@@ -85,29 +100,36 @@ class ConsoleRoutes:
         self._static = {name: (_STATIC / name).read_bytes() for name in _STATIC_TYPES}
 
     def add_to(self, router: web.UrlDispatcher) -> None:
-        """Add the console's routes to ``router``."""
-        router.add_get("/console", self._index)
-        router.add_get("/console/", self._index)
-        router.add_get("/console/login", self._login_form)
-        router.add_post("/console/login", self._login)
-        router.add_post("/console/logout", self._logout)
-        router.add_get("/console/events", self._events)
-        router.add_get("/console/api/live", self._live_json)
-        router.add_get("/console/static/{name}", self._static_file)
-        for view in render.VIEWS:
-            router.add_get(f"/console/{view}", self._page)
+        """Add the console's routes to ``router`` (each answers only the allowed hosts)."""
+        routes: list[tuple[str, str, Handler]] = [
+            ("GET", "/console", self._index),
+            ("GET", "/console/", self._index),
+            ("GET", "/console/login", self._login_form),
+            ("POST", "/console/login", self._login),
+            ("POST", "/console/logout", self._logout),
+            ("GET", "/console/events", self._events),
+            ("GET", "/console/api/live", self._live_json),
+            ("GET", "/console/static/{name}", self._static_file),
+        ]
+        routes += [("GET", f"/console/{view}", self._page) for view in render.VIEWS]
         if self._manage is not None:
-            router.add_get("/console/keys", self._keys)
-            router.add_post("/console/keys", self._keys_change)
-            router.add_post("/console/keys/{id}/{verb:rotate|revoke}", self._keys_change)
-            router.add_get("/console/usage", self._usage)
-            router.add_get("/console/usage.csv", self._usage_csv)
-            router.add_get("/console/usage-series.csv", self._usage_csv)
-            router.add_get("/console/audit", self._audit)
+            routes += [
+                ("GET", "/console/keys", self._keys),
+                ("POST", "/console/keys", self._keys_change),
+                ("POST", "/console/keys/{id}/{verb:rotate|revoke}", self._keys_change),
+                ("GET", "/console/usage", self._usage),
+                ("GET", "/console/usage.csv", self._usage_csv),
+                ("GET", "/console/usage-series.csv", self._usage_csv),
+                ("GET", "/console/audit", self._audit),
+            ]
         if self._forms is not None:
-            router.add_get("/console/teams", self._teams)
             actions = "|".join(ACTIONS)
-            router.add_post(f"/console/teams/{{action:{actions}}}", self._teams)
+            routes += [
+                ("GET", "/console/teams", self._teams),
+                ("POST", f"/console/teams/{{action:{actions}}}", self._teams),
+            ]
+        for method, path, handler in routes:
+            router.add_route(method, path, self._for_allowed_hosts(handler))
 
     async def start(self) -> None:
         """Start the live feed."""
@@ -118,6 +140,42 @@ class ConsoleRoutes:
         await self._feed.stop()
 
     # -- who is asking --------------------------------------------------------------------
+
+    def _asked(self, request: web.Request) -> Asked:
+        """Return what the browser asked for (a trusted proxy's forwarded headers believed)."""
+        return asked_for(request, self._trusted_proxies())
+
+    def _form_ok(self, request: web.Request, session: Session, form: dict[str, str] | None) -> bool:
+        """Whether a form was posted from this console's page of ``session``."""
+        return (
+            same_origin(request, self._asked(request))
+            and form is not None
+            and csrf_ok(session, form.get("csrf", ""))
+        )
+
+    def _for_allowed_hosts(self, handler: Handler) -> Handler:
+        """Wrap ``handler``: a request for a host the console does not answer to gets 421.
+
+        Checked before anything else (a login, a session), in every mode: in open mode a
+        page of another name resolving to this address could otherwise log in and post.
+        """
+
+        async def checked(request: web.Request) -> web.StreamResponse:
+            host = self._asked(request).host
+            allowed = self._allowed_hosts()
+            if host_allowed(host, allowed):
+                return await handler(request)
+            text = (
+                f"This console does not answer to the host {host[:200]!r}; it answers to "
+                f"{', '.join(allowed)} (console.allowed_hosts)."
+            )
+            if request.path.startswith(("/console/api/", "/console/events")) or (
+                request.path.endswith(".csv")
+            ):
+                return web.json_response({"error": text}, status=421, headers=_HEADERS)
+            return _html(render.message_page("Wrong host", text), 421)
+
+        return checked
 
     async def _admin(self, credential: str) -> Principal | None:
         """Return the admin behind ``credential``; None if it is not one (or not valid)."""
@@ -151,7 +209,8 @@ class ConsoleRoutes:
         return _html(render.login_page())
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
-        if not same_origin(request):
+        asked = self._asked(request)
+        if not same_origin(request, asked):
             return _html(render.message_page("Refused", "The form came from another site."), 403)
         form = await _form(request)
         if form is None:
@@ -173,7 +232,7 @@ class ConsoleRoutes:
                 principal.user, "console.login", "console", str(request.remote)
             )
         response = _redirect("/console/queues")
-        self._sessions.set_cookie(response, session, secure=request.secure)
+        self._sessions.set_cookie(response, session, secure=asked.scheme == "https")
         return response
 
     async def _logout(self, request: web.Request) -> web.StreamResponse:
@@ -181,12 +240,12 @@ class ConsoleRoutes:
         form = await _form(request)
         if session is None:
             return _redirect("/console/login")
-        if not same_origin(request) or form is None or not csrf_ok(session, form.get("csrf", "")):
+        if not self._form_ok(request, session, form):
             return _html(render.message_page("Refused", "The form came from another site."), 403)
         self._sessions.close(session)
         log.info("console: '%s' logged out", session.user)
         response = _redirect("/console/login")
-        Sessions.clear_cookie(response)
+        Sessions.clear_cookie(response, secure=self._asked(request).scheme == "https")
         return response
 
     # -- pages and data -------------------------------------------------------------------
@@ -243,7 +302,7 @@ class ConsoleRoutes:
         principal = await self._admin(session.credential) if session is not None else None
         if session is None or principal is None:
             return _refusal(401)
-        if not same_origin(request) or form is None or not csrf_ok(session, form.get("csrf", "")):
+        if form is None or not self._form_ok(request, session, form):
             return _html(render.message_page("Refused", "The form came from another site."), 403)
         return principal, session, form
 
@@ -360,16 +419,19 @@ class ConsoleRoutes:
             headers={**_HEADERS, "Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
         )
         await response.prepare(request)
+        credential = request.headers.get("Authorization", "")
         self._feed.watchers += 1
         try:
             seq = self._feed.seq
             while True:
-                seq = await self._feed.wait(seq)
-                # The credential is checked again at every push: a revoked key stops here.
-                if session is not None and await self._admin(session.credential) is None:
-                    self._sessions.close(session)
+                last, seq = seq, await self._feed.wait(seq, self._feed.period)
+                # Checked at every refresh, and at least once a period without one: a stream
+                # ends with its session (logged out in any tab, expired) and its credential.
+                if not await self._still_admin(session, credential):
                     await response.write(b"event: logout\ndata: {}\n\n")
                     break
+                if seq == last:
+                    continue  # no new view in this period
                 frame = json.dumps({"html": self._feed.html(view)}, separators=(",", ":"))
                 await response.write(f"data: {frame}\n\n".encode())
         except ConnectionResetError:
@@ -377,6 +439,21 @@ class ConsoleRoutes:
         finally:
             self._feed.watchers -= 1
         return response
+
+    async def _still_admin(self, session: Session | None, header: str) -> bool:
+        """Whether a live stream's caller is still an admin: its session, else its header."""
+        if session is not None:
+            if not self._sessions.live(session):
+                return False
+            if await self._admin(session.credential) is None:  # revoked, expired, demoted
+                self._sessions.close(session)
+                return False
+            return True
+        try:
+            principal = await self._auth.authenticate([("authorization", header)])
+        except SchedulerError:
+            return False
+        return principal.admin
 
     async def _static_file(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

@@ -5,7 +5,8 @@ API key or a JWT) stays in this process's memory, and is authenticated again on 
 and every push of a live view: a revoked key or an expired token ends its sessions at once.
 Forms that change something carry a per-session CSRF token, and every POST must come from
 the console's own origin (``Origin``, else ``Referer``), so another site can neither post to
-the console nor log a browser in under its own key.
+the console nor log a browser in under its own key. The cookie is ``Secure`` when the browser
+used HTTPS (the connection's TLS, or a trusted proxy's ``X-Forwarded-Proto``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+from fairq_server.http.origin import Asked
 
 __all__ = ["COOKIE", "Session", "Sessions", "same_origin"]
 
@@ -84,6 +87,19 @@ class Sessions:
         """End ``session``."""
         self._by_id.pop(session.id, None)
 
+    def live(self, session: Session) -> bool:
+        """Whether ``session`` still holds: not logged out, not expired, not pushed out.
+
+        A live stream holds its session object from the request that opened it; this is how
+        it learns that the session ended since (in this tab, another one, or by expiry).
+        """
+        if self._by_id.get(session.id) is not session:
+            return False
+        if time.monotonic() >= session.expires:
+            del self._by_id[session.id]
+            return False
+        return True
+
     def set_cookie(self, response: web.StreamResponse, session: Session, secure: bool) -> None:
         """Give the browser ``session``'s cookie (unreadable to scripts, this site only)."""
         response.set_cookie(
@@ -97,9 +113,11 @@ class Sessions:
         )
 
     @staticmethod
-    def clear_cookie(response: web.StreamResponse) -> None:
-        """Make the browser forget its session cookie."""
-        response.del_cookie(COOKIE, path="/console")
+    def clear_cookie(response: web.StreamResponse, secure: bool) -> None:
+        """Make the browser forget its session cookie (with the flags it was set with)."""
+        response.del_cookie(
+            COOKIE, path="/console", secure=secure, httponly=True, samesite="Strict"
+        )
 
 
 def csrf_ok(session: Session, presented: str) -> bool:
@@ -107,16 +125,20 @@ def csrf_ok(session: Session, presented: str) -> bool:
     return hmac.compare_digest(session.csrf.encode(), presented.encode())
 
 
-def same_origin(request: web.Request) -> bool:
-    """Whether a POST comes from a page of this host (its ``Origin``, else ``Referer``).
+def same_origin(request: web.Request, asked: Asked) -> bool:
+    """Whether a POST comes from a page of the host the browser asked for.
 
-    The host and port are compared with the request's ``Host``, not the scheme: behind a
-    proxy that terminates TLS the browser's origin is ``https`` while fairq sees plain HTTP.
-    A request with neither header is refused: browsers send ``Origin`` with every form POST,
-    so only a non-browser client lacks both, and it has no reason to use the forms.
+    The page is named by ``Origin``, else ``Referer``; its host and port are compared with
+    what the browser asked for (``Host``, or a trusted proxy's ``X-Forwarded-Host``). The
+    scheme is compared only when it is known: behind a proxy that terminates TLS and is not
+    trusted, the browser's origin is ``https`` while fairq sees plain HTTP. A request with
+    neither header is refused: browsers send ``Origin`` with every form POST, so only a
+    non-browser client lacks both, and it has no reason to use the forms.
     """
     source = request.headers.get("Origin") or request.headers.get("Referer") or ""
     if not source or source == "null":
         return False
     parts = urlsplit(source)
-    return parts.scheme in ("http", "https") and parts.netloc == request.host
+    if parts.scheme not in ("http", "https") or parts.netloc.lower() != asked.host:
+        return False
+    return not asked.scheme_known or parts.scheme == asked.scheme
