@@ -254,6 +254,6 @@ def _warn_open_mode(config: Config, open_mode: bool) -> None:
         "OPEN MODE: no [[keys]] are configured, so fairq trusts every caller: the "
         "x-fairq-user metadata names the user, every tier is allowed, every caller may call "
         "Admin (register, deregister backends), and API keys sent are ignored. Add [[keys]] "
-        "(`fairq keys new --user NAME`) before exposing %s beyond this machine.",
+        "(`fairq keys create --file --user NAME`) before exposing %s beyond this machine.",
         config.listen,
     )

@@ -40,7 +40,12 @@ def check(
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``fairq health``: 0 when SERVING, 1 otherwise (the reason on stderr)."""
-    parser = argparse.ArgumentParser(prog="fairq health", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fairq health",
+        description="Ask a fairq for its gRPC health status; print it and exit 0 when "
+        "SERVING, 1 otherwise. For container health checks and probes: nothing else to "
+        "install.",
+    )
     parser.add_argument("--target", default="127.0.0.1:50051", help="host:port of fairq")
     parser.add_argument("--service", default="", help="'' (the server) or e.g. fairq.v1.Scheduler")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds")
