@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         package = _PLUGIN_PACKAGES[args.command]
         print(
             f"fairq {args.command} comes with the {package} package, which is not installed: "
-            f"pip install {package} (a checkout's `make sync` installs it)",
+            f"from a checkout, pip install {_PLUGIN_FOLDERS[package]} (or `make sync`)",
             file=sys.stderr,
         )
         return 2
@@ -223,6 +223,8 @@ _TOOLS = {
 # Commands other distributions bring (entry points in group ``fairq.commands``): the service
 # never imports the simulator or the benchmarks.
 _PLUGIN_PACKAGES = {"sim": "fairq-sim", "demo": "fairq-bench", "bench": "fairq-bench"}
+# Where each lives in a checkout (they are not on PyPI), with what pip cannot fetch for it.
+_PLUGIN_FOLDERS = {"fairq-sim": "./sim", "fairq-bench": "./sim ./bench"}
 
 
 if __name__ == "__main__":
