@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -184,14 +185,25 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return _serve(args)
-    if args.command in _TOOLS:
-        module = importlib.import_module(_TOOLS[args.command])
+    try:
+        return _run_tool(args.command, rest)
+    except BrokenPipeError:
+        # The reader left early (`fairq top --once | head -3`): not fairq's failure, and no
+        # traceback. Python's own advice: point stdout at /dev/null so the exit's flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run_tool(name: str, rest: list[str]) -> int:
+    """Run operator tool or plugin command ``name`` with its arguments."""
+    if name in _TOOLS:
+        module = importlib.import_module(_TOOLS[name])
         return int(module.main(rest))
-    command = _plugin_command(args.command)
+    command = _plugin_command(name)
     if command is None:
-        package = _PLUGIN_PACKAGES[args.command]
+        package = _PLUGIN_PACKAGES[name]
         print(
-            f"fairq {args.command} comes with the {package} package, which is not installed: "
+            f"fairq {name} comes with the {package} package, which is not installed: "
             f"from a checkout, pip install {_PLUGIN_FOLDERS[package]} (or `make sync`)",
             file=sys.stderr,
         )

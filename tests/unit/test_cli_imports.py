@@ -8,6 +8,7 @@ time bound would be flaky on a loaded machine; which modules a run imported is n
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,21 @@ def test_tools_that_call_fairq_import_grpc_and_nothing_of_the_service(
     modules = imported(tmp_path, *argv)
     assert "grpc" in modules
     assert heavy(modules, _SERVICE) == []
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    """`fairq keys create --file | head -1`: the write meets a closed pipe."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fairq_server", "keys", "create", "--file", "--user", "a"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1
+    assert b"Traceback" not in done.stderr and b"BrokenPipeError" not in done.stderr
