@@ -30,4 +30,10 @@ async def main(target: str, model: str) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    asyncio.run(main(args[0] if args else "127.0.0.1:50051", args[1] if len(args) > 1 else "sim"))
+    target = args[0] if args else "127.0.0.1:50051"
+    try:
+        asyncio.run(main(target, args[1] if len(args) > 1 else "sim"))
+    except fairq.FairqError as exc:
+        # fairq's answer in one line (a missing key, an unknown model, no backend up).
+        hint = " (set FAIRQ_API_KEY to your key)" if exc.code.name == "UNAUTHENTICATED" else ""
+        sys.exit(f"{sys.argv[0]}: {target}: {exc}{hint}")

@@ -69,6 +69,8 @@ async def _flood(args: argparse.Namespace, url: str, out: Path) -> bool:
     return ratios["light_ttft_p50"] < 0.5 and ratios["power_makespan"] < 1.25
 
 
+_KINDS = ("vllm", "tgi", "openai")
+_PRESETS = ("sglang", "llamacpp")
 SCENARIOS: dict[str, Scenario] = {
     "flood": _flood,
     **MORE_SCENARIOS,
@@ -91,10 +93,24 @@ def _write_readme(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the named scenarios (or all); exit 1 if a result points the wrong way."""
-    parser = argparse.ArgumentParser(prog="fairq bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fairq bench",
+        description="Run benchmark scenarios and write their tables and plots. Results go "
+        "to --out (default: bench-results/ in the working directory); --write-docs writes "
+        "them over the committed pages in docs/benchmarks/.",
+    )
     parser.add_argument("scenarios", nargs="*", default=["all"], help=", ".join(SCENARIOS))
     parser.add_argument("--backend", default="sim", help="'sim' or a backend base URL")
-    parser.add_argument("--kind", default="vllm", choices=("vllm", "tgi", "llamacpp"))
+    parser.add_argument(
+        "--kind",
+        default="vllm",
+        help="the backend's kind, as in [[backends]]: vllm, tgi or openai (default: vllm)",
+    )
+    parser.add_argument(
+        "--metrics-preset",
+        choices=_PRESETS,
+        help="with --kind openai: the engine's metric names, as in [[backends]]",
+    )
     parser.add_argument("--model", default="sim")
     parser.add_argument("--profile", default="tiny-cpu", help="simulator profile")
     parser.add_argument("--max-num-seqs", type=int, default=4, help="simulator batch size")
@@ -149,6 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         "(keep them off a local backend's cores, as on a real deployment)",
     )
     args = parser.parse_args(argv)
+    # Inside, a kind names the engine: the openai kind with a preset is the preset's name
+    # (what the simulator's --mode and the scenarios' configurations take). --kind sglang
+    # and --kind llamacpp are the older spellings of --kind openai --metrics-preset NAME.
+    if args.kind not in (*_KINDS, *_PRESETS):
+        parser.error(f"--kind {args.kind!r}: expected one of {', '.join(_KINDS)}")
+    if args.metrics_preset is not None:
+        if args.kind != "openai":
+            parser.error("--metrics-preset goes with --kind openai")
+        args.kind = args.metrics_preset
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     args.label = args.label or ("sim" if args.backend == "sim" else "backend")

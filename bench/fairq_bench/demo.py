@@ -50,7 +50,12 @@ async def _run(args: argparse.Namespace) -> FloodComparison:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo and print the comparison; returns a process exit code."""
-    parser = argparse.ArgumentParser(prog="fairq demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fairq demo",
+        description="The power-user story on a simulated backend: one user floods it, "
+        "another asks short questions; straight to the backend (first in, first out) and "
+        "through fairq, side by side.",
+    )
     parser.add_argument("--power-requests", type=int, default=60)
     parser.add_argument("--power-tokens", type=int, default=300)
     parser.add_argument("--light-requests", type=int, default=6)

@@ -74,6 +74,9 @@ class FairqServer:
         self.port = 0
         self.metrics_port = 0
         self.http_port = 0
+        # Serving requests (the HTTP door's /health; gRPC health keeps its own): from the
+        # core's start until the dispatcher loop crashes (it restarts) or the process stops.
+        self._serving = False
         self._grpc = GrpcDoor(config, self.core, self.auth, self.request_log, self.store)
         self._http: HttpDoor | None = None
         self._metrics_http: object | None = None
@@ -85,6 +88,7 @@ class FairqServer:
         )
 
     def _scheduling_health(self, serving: bool) -> None:
+        self._serving = serving
         self._grpc.scheduling_health(serving)
 
     async def __aenter__(self) -> FairqServer:
@@ -107,6 +111,7 @@ class FairqServer:
             self._apply_entitlement()
             await keep_state(self.core.dispatcher.entitlement, self.store.limits, time.time())
         await self.core.start()
+        self._serving = True
         await self.auth.start()
         await self._grpc.start()
         self.port = self._grpc.port
@@ -117,7 +122,12 @@ class FairqServer:
                     self.core, self.auth, self.request_log.recent, self.store, self.managed
                 )
             self._http = HttpDoor(
-                self.core, self.auth, self.config.http.listen, self.request_log, console
+                self.core,
+                self.auth,
+                self.config.http.listen,
+                self.request_log,
+                console,
+                serving=lambda: self._serving,
             )
             with listening("http.listen", self.config.http.listen):
                 await self._http.start()
@@ -205,6 +215,7 @@ class FairqServer:
 
         Running streams get ``grace`` seconds before they are cancelled.
         """
+        self._serving = False
         await self._grpc.not_serving()
         await asyncio.gather(
             self.core.close_queues(), self._grpc.stop(grace), self._stop_http(grace)
@@ -245,6 +256,6 @@ def _warn_open_mode(config: Config, open_mode: bool) -> None:
         "OPEN MODE: no [[keys]] are configured, so fairq trusts every caller: the "
         "x-fairq-user metadata names the user, every tier is allowed, every caller may call "
         "Admin (register, deregister backends), and API keys sent are ignored. Add [[keys]] "
-        "(`fairq keys new --user NAME`) before exposing %s beyond this machine.",
+        "(`fairq keys create --file --user NAME`) before exposing %s beyond this machine.",
         config.listen,
     )

@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from fairq_server.errors import ConfigError, PermissionDeniedError, UnauthenticatedError
+from fairq_server.identity.api_keys import KEY_PREFIX, hash_key, new_key
 from fairq_server.identity.jwks import source_for
 from fairq_server.identity.jwt import JwtVerifier, looks_like_jwt
 from fairq_server.identity.keyset import JwksError
@@ -86,19 +86,6 @@ class KeySource(Protocol):
         For the server's log only: the caller is told "invalid API key" either way.
         """
         ...
-
-
-def hash_key(api_key: str) -> str:
-    """Return the hex SHA-256 digest under which ``api_key`` is configured."""
-    return hashlib.sha256(api_key.encode()).hexdigest()
-
-
-KEY_PREFIX = "fq_"
-
-
-def new_key() -> str:
-    """Return a fresh API key: the prefix and 256 random bits, URL-safe base64."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 class Authenticator:

@@ -1,22 +1,31 @@
-"""The ``fairq`` command: ``serve`` and the operator tools (``keys``, ``teams``, ``usage``, ...)."""
+"""The ``fairq`` command: ``serve`` and the operator tools (``keys``, ``teams``, ``usage``, ...).
+
+Each subcommand imports what it needs when it runs: the service (SQLAlchemy, gRPC, both
+doors, the scheduler) takes seconds to import, and ``fairq --help``, ``fairq keys create
+--file`` or a container's ``fairq health`` need none of it
+(``tests/unit/test_cli_imports.py`` holds them to that).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import importlib
 import logging
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
 from fairq_server import logs
-from fairq_server.app import FairqServer
-from fairq_server.config_file import load_config
 from fairq_server.errors import ConfigError, SchedulerError
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from fairq_server.app import FairqServer
 
 __all__ = ["LOOPS", "event_loop_factory", "main"]
 
@@ -51,6 +60,11 @@ def event_loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEve
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from fairq_server.app import FairqServer
+    from fairq_server.config_file import load_config
+
     try:
         config = load_config(args.config)
         if args.access_log:
@@ -106,6 +120,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _reload(server: FairqServer, path: str, access_log: bool) -> None:
+    from fairq_server.config_file import load_config
+
     log = logging.getLogger("fairq")
     try:
         config = load_config(path)
@@ -120,6 +136,8 @@ async def _reload(server: FairqServer, path: str, access_log: bool) -> None:
 
 
 def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[None, None, None]) -> None:
+    import asyncio
+
     task = asyncio.create_task(coro)
     tasks.add(task)  # keep a reference until it is done
     task.add_done_callback(tasks.discard)
@@ -128,9 +146,11 @@ def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[None, None, None]) ->
 def main(argv: list[str] | None = None) -> int:
     """Run the ``fairq`` command line."""
     parser = argparse.ArgumentParser(prog="fairq", description="Fair scheduling for LLM backends.")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gRPC scheduling service")
+    serve = sub.add_parser("serve", help="run fairq (its gRPC and HTTP doors)")
     serve.add_argument("--config", required=True, help="TOML configuration file")
     serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
     serve.add_argument(
@@ -142,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="event loop: uvloop where installed (auto), or asyncio's own",
     )
-    sub.add_parser("health", help="exit 0 if a fairq reports SERVING", add_help=False)
+    sub.add_parser("health", help="exit 0 if a fairq reports serving", add_help=False)
     sub.add_parser(
-        "keys", help="API keys: new (file), create/list/revoke/rotate (store)", add_help=False
+        "keys",
+        help="API keys: create, list, revoke, rotate (create --file: for the configuration file)",
+        add_help=False,
     )
     sub.add_parser("teams", help="team weights kept in the store: set/delete/list", add_help=False)
     sub.add_parser("limits", help="quotas and budgets kept in the store", add_help=False)
@@ -163,15 +185,26 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return _serve(args)
-    if args.command in _TOOLS:
-        module = importlib.import_module(_TOOLS[args.command])
+    try:
+        return _run_tool(args.command, rest)
+    except BrokenPipeError:
+        # The reader left early (`fairq top --once | head -3`): not fairq's failure, and no
+        # traceback. Python's own advice: point stdout at /dev/null so the exit's flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run_tool(name: str, rest: list[str]) -> int:
+    """Run operator tool or plugin command ``name`` with its arguments."""
+    if name in _TOOLS:
+        module = importlib.import_module(_TOOLS[name])
         return int(module.main(rest))
-    command = _plugin_command(args.command)
+    command = _plugin_command(name)
     if command is None:
-        package = _PLUGIN_PACKAGES[args.command]
+        package = _PLUGIN_PACKAGES[name]
         print(
-            f"fairq {args.command} comes with the {package} package, which is not installed: "
-            f"pip install {package} (a checkout's `make sync` installs it)",
+            f"fairq {name} comes with the {package} package, which is not installed: "
+            f"from a checkout, pip install {_PLUGIN_FOLDERS[package]} (or `make sync`)",
             file=sys.stderr,
         )
         return 2
@@ -180,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _plugin_command(name: str) -> Callable[[list[str]], int] | None:
     """Find the ``main`` another distribution registers for ``fairq NAME``, if installed."""
+    from importlib.metadata import entry_points
+
     for entry in entry_points(group="fairq.commands", name=name):
         loaded: Callable[[list[str]], int] = entry.load()
         return loaded
@@ -200,6 +235,8 @@ _TOOLS = {
 # Commands other distributions bring (entry points in group ``fairq.commands``): the service
 # never imports the simulator or the benchmarks.
 _PLUGIN_PACKAGES = {"sim": "fairq-sim", "demo": "fairq-bench", "bench": "fairq-bench"}
+# Where each lives in a checkout (they are not on PyPI), with what pip cannot fetch for it.
+_PLUGIN_FOLDERS = {"fairq-sim": "./sim", "fairq-bench": "./sim ./bench"}
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from fairq_server.registrations import (
     backend_from_json,
     backend_to_json,
 )
-from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.backend_state import BackendState, Health
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
 from fairq_server.supervisor import stop_task, supervise
@@ -235,6 +235,16 @@ class FairqCore:
     def backends(self) -> list[BackendState]:
         """Return the states of every registered backend."""
         return self.dispatcher.backends()
+
+    def served_models(self) -> set[str]:
+        """Return the models some backend serves now: one registered for it and not down.
+
+        A backend that is down (its scrapes fail, or its ``/v1/models`` does not list a model
+        it is registered for) serves nothing; a request for a model whose every backend is
+        down is refused UNAVAILABLE, so such a model is not offered either. A backend not
+        yet scraped counts as serving (it has not failed).
+        """
+        return {m for b in self.backends() if b.health is not Health.DOWN for m in b.backend.models}
 
     async def _restore_registrations(self) -> None:
         """Register what earlier RPCs stored; in a cluster, follow the shared registry."""

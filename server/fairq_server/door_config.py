@@ -36,8 +36,12 @@ class Limits:
             long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
         default_max_tokens: the output bound sent for a request that gives none (0: the
             limit ``max_tokens`` itself), so a backend's own default never applies.
-        max_sequences: the largest ``n`` / ``best_of`` a request may ask for; each sequence
-            is generated in the one backend slot fairq admitted the request to.
+        max_sequences: the largest ``n`` / ``best_of`` passed through to the engine (the gRPC
+            door's ``extra``, HTTP's ``best_of``); those sequences are generated in the one
+            backend slot fairq admitted the request to.
+        max_choices: the largest ``n`` of an HTTP request; each choice is scheduled as its
+            own request (its own backend slot, charged to the caller), as vLLM runs ``n``
+            as ``n`` requests.
         max_prompts: the longest list of prompts one completions request may carry; each
             prompt is scheduled as its own request.
 
@@ -59,6 +63,7 @@ class Limits:
     default_max_tokens: int = 0
     max_sequences: int = 1
     max_prompts: int = 64
+    max_choices: int = 16
 
 
 @dataclass(frozen=True)

@@ -110,9 +110,20 @@ class RejectedError(SchedulerError):
 
 
 class InvalidRequestError(RejectedError):
-    """The request is malformed or a value is out of range."""
+    """The request is malformed or a value is out of range.
+
+    Args:
+        message: what is wrong, naming the field.
+        param: the offending field as the caller wrote it (``max_tokens``,
+            ``messages[2].role``), if one; the HTTP door sends it as OpenAI's ``param``.
+
+    """
 
     outcome = "invalid_argument"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class UnauthenticatedError(RejectedError):

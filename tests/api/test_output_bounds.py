@@ -85,14 +85,13 @@ async def test_a_default_bound_over_the_context_is_sent_as_the_context(
         usage = events[-1].finished.usage
         assert usage.prompt_tokens + usage.completion_tokens == 48
         chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
-        for path, body in (
-            ("/v1/chat/completions", chat),
-            ("/v1/completions", {"model": "sim", "prompt": "hi"}),
-        ):
-            status, doc = await http_post(server, path, body)
-            assert status == 200, doc
-            assert doc["choices"][0]["finish_reason"] == "length"
-            assert doc["usage"]["prompt_tokens"] + doc["usage"]["completion_tokens"] == 48
+        status, doc = await http_post(server, "/v1/chat/completions", chat)
+        assert status == 200, doc
+        assert doc["choices"][0]["finish_reason"] == "length"
+        assert doc["usage"]["prompt_tokens"] + doc["usage"]["completion_tokens"] == 48
+        # Completions without a bound get the API's own default, 16 (OpenAI's and vLLM's).
+        status, doc = await http_post(server, "/v1/completions", {"model": "sim", "prompt": "hi"})
+        assert status == 200 and doc["usage"]["completion_tokens"] == 16, doc
         status, doc = await http_post(
             server, "/v1/completions", {"model": "sim", "prompt": "hi", "max_tokens": 100}
         )
@@ -161,12 +160,17 @@ async def test_engine_token_names_refused(tgi: SimServer, fairq_factory: FairqFa
 
 async def test_sequences_bounded(sim: SimServer, fairq_factory: FairqFactory) -> None:
     server = await start(fairq_factory, sim)
+    # Over HTTP, n is fairq's (each choice its own request) up to limits.max_choices;
+    # best_of, like the gRPC door's extra, would run in one slot: limits.max_sequences.
+    status, doc = await http_post(
+        server, "/v1/completions", {"model": "sim", "prompt": "hi", "n": 17}
+    )
+    assert status == 400 and doc["error"]["message"].startswith("n is 17; the limit is 16")
+    status, doc = await http_post(
+        server, "/v1/completions", {"model": "sim", "prompt": "hi", "best_of": 8}
+    )
+    assert status == 400 and doc["error"]["message"].startswith("best_of is 8; the limit is 1")
     for key in ("n", "best_of"):
-        status, doc = await http_post(
-            server, "/v1/completions", {"model": "sim", "prompt": "hi", key: 8}
-        )
-        assert status == 400
-        assert doc["error"]["message"].startswith(f"{key} is 8; the limit is 1")
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await grpc_call(server.port, with_extra({key: 2}))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

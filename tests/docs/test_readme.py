@@ -4,6 +4,7 @@ README's own setup (model ``sim``, gRPC on 50051, the HTTP door on 8080, a key).
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sys
 from dataclasses import replace
@@ -77,8 +78,43 @@ async def test_each_snippet_runs_against_fairq_and_the_simulator(
         path.write_text(script)
         pipe = asyncio.subprocess.PIPE
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(path), stdout=pipe, stderr=pipe
-        )
+            sys.executable, str(path), stdout=pipe, stderr=pipe,
+            env={**os.environ, "FAIRQ_API_KEY": "bob-key"},
+        )  # fmt: skip
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0, (index, err.decode())
         assert out.strip(), (index, "printed nothing")
+    # Without the key the README's client ends in one line naming the refusal.
+    hello = ROOT / "examples" / "hello.py"
+    script = tmp_path / "hello.py"
+    script.write_text(hello.read_text().replace("127.0.0.1:50051", f"127.0.0.1:{server.port}"))
+    env = {k: v for k, v in os.environ.items() if k != "FAIRQ_API_KEY"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), stdout=pipe, stderr=pipe, env=env
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1
+    [line] = err.decode().splitlines()
+    assert line.startswith("hello.py: UNAUTHENTICATED: ")
+
+
+def test_the_readme_client_is_examples_hello_py_and_says_how_to_run_it() -> None:
+    """`python hello.py` needs the client package: the README runs the checkout's copy."""
+    [snippet] = [s for s in SNIPPETS if "fairq.AsyncClient" in s]
+    hello = (ROOT / "examples" / "hello.py").read_text()
+    assert hello.endswith(snippet)
+    text = README.read_text()
+    assert "uv run python examples/hello.py" in text
+    assert "python hello.py" not in text
+
+
+def test_no_page_tells_to_pip_install_a_package_that_is_not_published() -> None:
+    """fairq, fairq-client, fairq-sim and fairq-bench are not on PyPI: install from a folder."""
+    pages = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("*/README.md")),
+             *sorted(ROOT.glob("clients/*/README.md"))]  # fmt: skip
+    named = re.compile(r"pip install (?:'|\")?(fairq(?:-client|-sim|-bench)?)\b(?![-./])")
+    for page in pages:
+        for line in page.read_text().splitlines():
+            found = named.search(line)
+            if found and "on PyPI" not in line:
+                raise AssertionError(f"{page.relative_to(ROOT)}: {line.strip()}")

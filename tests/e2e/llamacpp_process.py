@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             version = _version(args.cache)
             command = [
                 sys.executable, "-m", "fairq_bench.cli", "preemption", "--backend", url,
-                "--kind", "llamacpp", "--model", "tiny", "--max-num-seqs", str(args.slots),
+                "--kind", "openai", "--metrics-preset", "llamacpp", "--model", "tiny",
+                "--max-num-seqs", str(args.slots),
                 "--per-user", str(PER_USER),
                 "--cpus", "1", "--out", str(args.out),
                 "--describe", f"real llama.cpp ({version}, cpu), tiny model, "

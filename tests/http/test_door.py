@@ -190,6 +190,8 @@ async def test_queue_cap_429_with_retry_after_and_shared_with_grpc(
         status, headers, doc = await post(url, CHAT, carol)
         assert status == 429 and headers["Retry-After"] == "3"
         assert doc["error"]["code"] == "queue_full"
+        # One type for every 429, a quota's (tests/http/test_quotas_http.py) as a queue's.
+        assert doc["error"]["type"] == "rate_limit_exceeded"
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Generate(
                 scheduler_pb2.GenerateRequest(model="sim", prompt="x"),

@@ -3,13 +3,18 @@ the store's settings refuse what cannot work, naming the key."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection
 
 from fairq_server.store.engine import current_revision, head_revision, open_engine, upgrade
 from fairq_server.store.schema import metadata
+from fairq_server.store.service import Store
 from fairq_server.store.settings import (
     PriceConfig,
     StoreConfig,
@@ -57,3 +62,19 @@ def test_prices_are_checked() -> None:
     with pytest.raises(StoreError, match=r"prices.x: no configured backend serves model 'x'"):
         check_prices({"x": PriceConfig()}, {"m"})
     assert PriceConfig(2.0, 10.0).cost(1_000_000, 500_000) == pytest.approx(7.0)
+
+
+async def test_the_default_sqlite_file_is_announced_with_its_full_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without [store] url fairq.db appears in the working directory: the log says where."""
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO, logger="fairq_server.store.service")
+    store = Store(StoreConfig(), "", {}, ("interactive",), "replica-a", CollectorRegistry())
+    await store.start()
+    try:
+        assert (tmp_path / "fairq.db").exists()
+        [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("store:")]
+        assert f"in the SQLite file {tmp_path / 'fairq.db'} (set [store] url" in line
+    finally:
+        await store.close()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -184,3 +186,119 @@ def test_render_fits_the_width_and_handles_an_empty_server() -> None:
     users = tuple(fairq.UserLoad(f"user-{i}-" + "x" * 40, i, 1e6) for i in range(3))
     snap = fairq.Snapshot(taken_at=0.0, models=(), users=users, backends=(), known_users=3)
     assert all(len(line) <= 30 for line in top.render(snap, "h:1", width=30))
+
+
+_COMMANDS_HELP = [
+    ("--help",), ("keys", "--help"), ("keys", "create", "--help"),
+    ("keys", "create", "--file", "--help"), ("keys", "list", "--help"), ("teams", "--help"),
+    ("limits", "--help"), ("audit", "--help"), ("usage", "--help"), ("db", "--help"),
+    ("top", "--help"), ("health", "--help"), ("serve", "--help"), ("demo", "--help"),
+    ("bench", "--help"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", _COMMANDS_HELP, ids=" ".join)
+def test_help_texts_are_plain_words_for_operators(
+    argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fairq_server.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: fairq")
+    # No docstring markup, no design notes meant for the code's readers.
+    for mark in ("``", ":mod:", ":class:", ":func:", "::", "library would", "Admin/Get"):
+        assert mark not in text, (mark, text)
+
+
+def test_keys_create_file_is_keys_new_with_the_same_options_as_a_stored_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "fairq.toml"
+    config.write_text('[[teams]]\nname = "red"\nweight = 2.0\n')
+    argv = ["--user", "ann", "--team", "red", "--max-tier", "standard", "--json"]
+    assert keys.main(["create", "--file", *argv, "--config", str(config)]) == 0
+    made = json.loads(capsys.readouterr().out)
+    [entry] = parse_config(tomllib.loads(made["toml"])).keys
+    assert (entry.user, entry.team, entry.tiers) == ("ann", "red", ("standard",))
+    assert keys.main(["new", *argv]) == 0  # the older spelling, kept for scripts
+    assert parse_config(tomllib.loads(json.loads(capsys.readouterr().out)["toml"])).keys[0].team
+    # A team the configuration does not have is refused now, not when the file is loaded.
+    with pytest.raises(SystemExit):
+        keys.main(["create", "--file", "--user", "ann", "--team", "blue", "--config", str(config)])
+    assert "unknown team 'blue': the teams of" in capsys.readouterr().err
+    # The same names on both kinds of key: --user, --team, --max-tier, --admin, --json.
+    from fairq_server.tools.stored_keys import _parser
+
+    stored = _parser().parse_args(
+        ["create", "--user", "ann", "--team", "red", "--max-tier", "standard", "--admin",
+         "--json", "--as-user", "ops"]
+    )  # fmt: skip
+    assert (stored.user, stored.team, stored.max_tier, stored.as_user) == (
+        "ann", "red", "standard", "ops"
+    )  # fmt: skip
+
+
+def test_top_takes_as_user_like_every_tool_that_calls_fairq() -> None:
+    from fairq_server.tools.admin_call import add_target_arguments
+
+    parser = argparse.ArgumentParser()
+    add_target_arguments(parser)
+    assert parser.parse_args(["--as-user", "ops"]).as_user == "ops"
+    assert top._parser().parse_args(["--as-user", "ops"]).as_user == "ops"
+    assert top._parser().parse_args(["--user", "ops"]).as_user == "ops"  # the older spelling
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--kind", "sgl"], "--kind 'sgl': expected one of vllm, tgi, openai"),
+        (["--kind", "vllm", "--metrics-preset", "llamacpp"], "goes with --kind openai"),
+    ],
+)
+def test_bench_kind_is_a_backend_kind(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fairq_bench.cli import main as bench
+
+    with pytest.raises(SystemExit):
+        bench(["flood", *argv])
+    assert message in capsys.readouterr().err
+
+
+async def test_the_example_client_without_a_key_says_so_in_one_line(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    server = await fairq_factory(make_config([sim_backend(sim)], keys=list(KEYS.values())))
+    example = Path(__file__).parents[2] / "examples" / "client.py"
+    env = {k: v for k, v in os.environ.items() if k != "FAIRQ_API_KEY"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(example), f"127.0.0.1:{server.port}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 1
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert "UNAUTHENTICATED" in lines[0] and "FAIRQ_API_KEY" in lines[0]
+
+
+@pytest.mark.parametrize("service", ["", "fairq.v1.Scheduler", "é" * 200])
+def test_health_encodes_its_messages_as_the_generated_classes_do(service: str) -> None:
+    """fairq health skips protobuf's import (half its run time) by encoding two tiny messages."""
+    from grpc_health.v1 import health_pb2
+
+    from fairq_server.tools import health
+
+    request = health_pb2.HealthCheckRequest(service=service)
+    assert health.encode_request(service) == request.SerializeToString()
+    for number, name in health.STATUSES.items():
+        answer = health_pb2.HealthCheckResponse(status=number)  # type: ignore[arg-type]
+        assert health.decode_status(answer.SerializeToString()) == name
+        assert health_pb2.HealthCheckResponse.ServingStatus.Name(number) == name
+    # Fields a later protocol version might add are skipped.
+    assert health.decode_status(b"\x08\x01\x12\x03abc\x18\x05") == "SERVING"
+    with pytest.raises(ValueError):
+        health.decode_status(b"\x08")

@@ -57,6 +57,24 @@ def test_unhealthy_after_failures_is_read() -> None:
             {"backends": [{"id": "x y", "kind": "vllm", "base_url": "http://h", "models": ["m"]}]},
             "backends[0]: backend id may contain only",
         ),
+        # An OpenAI client's base URL ends in /v1; a backend's must not (fairq adds it).
+        (
+            {
+                "backends": [
+                    {"id": "x", "kind": "vllm", "base_url": "http://h:8000/v1/", "models": ["m"]}
+                ]
+            },
+            "backends[0]: backend base_url must not end in /v1: fairq adds /v1/... and /metrics "
+            "itself; drop the /v1 ('http://h:8000', not 'http://h:8000/v1/')",
+        ),
+        (
+            {
+                "backends": [
+                    {"id": "x", "kind": "openai", "base_url": "http://h/llm/v1", "models": ["m"]}
+                ]
+            },
+            "drop the /v1 ('http://h/llm', not 'http://h/llm/v1')",
+        ),
         (
             {"backends": [{"id": "x", "kind": "vllm", "base_url": "http://h", "models": []}]},
             "backends[0]: backend must serve at least one named model",

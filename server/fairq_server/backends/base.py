@@ -280,9 +280,10 @@ class Backend(abc.ABC):
         :class:`BackendError`; leaving the context closes the stream (the backend aborts).
         """
         headers = STREAM_HEADERS
-        with stream_failures(self.id):
+        url = self.url(path)
+        with stream_failures(self.id, url):
             async with posted(
-                self._http(), self.url(path), self.read_timeout,
+                self._http(), url, self.read_timeout,
                 data=json_body(payload), headers=headers,
             ) as resp:  # fmt: skip
                 if resp.status != 200:

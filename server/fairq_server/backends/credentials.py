@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
-from fairq_server.backends.http_reading import read_at_most
+from fairq_server.backends.http_reading import describe_failure, read_at_most
 from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError
 from fairq_server.names import escape
 
@@ -166,7 +166,7 @@ async def check_served_models(backend: ListsModels, timeout: float) -> dict[str,
     except aiohttp.ClientError as exc:
         raise BackendError(
             f"backend {backend.id}: cannot list models at {escape(url, 300)}: "
-            f"{escape(repr(exc), 300)}",
+            f"{describe_failure(exc)}",
             BackendFailure.UNAVAILABLE,
         ) from exc
     if resp.status in (401, 403):

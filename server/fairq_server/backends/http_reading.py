@@ -11,6 +11,8 @@ import asyncio
 import codecs
 import contextlib
 import json
+import os
+import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,7 @@ from fairq_server.names import escape
 __all__ = [
     "FAILURE_BY_HTTP",
     "ReadLimits",
+    "describe_failure",
     "failure_for_http",
     "http_error",
     "posted",
@@ -254,8 +257,44 @@ async def posted(
         yield resp
 
 
+def describe_failure(exc: BaseException) -> str:
+    """Return why an HTTP exchange with a backend failed, in one line an operator can act on.
+
+    aiohttp's exceptions print as nested Python reprs (``ClientConnectorError(ConnectionKey(
+    host='127.0.0.1', port=1, is_ssl=False, ssl=True, proxy=None, ...``); what matters is
+    where fairq tried to go and what the system said: "cannot connect to 127.0.0.1:1:
+    Connection refused". Escaped and bounded, as everything fairq logs of a backend's.
+    """
+    return escape(_describe(exc), 300)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):  # fairq's own timeouts say which wait ran out
+        return " ".join(str(exc).split()) or "no answer in time"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate of {exc.host}:{exc.port} refused: {exc.certificate_error}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}:{exc.port}: {_os_reason(exc.os_error)}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the backend closed the connection"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"HTTP {exc.status} {exc.message}".strip()
+    text = " ".join(str(exc).split())  # one line, whatever the library put in it
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _os_reason(error: OSError) -> str:
+    """Return the system's words for ``error`` ("Connection refused", "Name or service ...")."""
+    if isinstance(error, socket.gaierror) and error.strerror:
+        return error.strerror
+    if error.errno is not None and error.errno > 0:
+        # asyncio words a refused connect "Connect call failed (...)"; the errno says which.
+        return os.strerror(error.errno)
+    return " ".join((error.strerror or str(error) or type(error).__name__).split())
+
+
 @contextlib.contextmanager
-def stream_failures(backend_id: str) -> Iterator[None]:
+def stream_failures(backend_id: str, url: object = None) -> Iterator[None]:
     """Translate what reading a generation stream inside raises into :class:`BackendError`.
 
     A failed connection (or a timeout) is retryable; an event over the reader's limit is a
@@ -265,8 +304,9 @@ def stream_failures(backend_id: str) -> Iterator[None]:
     try:
         yield
     except (aiohttp.ClientError, TimeoutError) as exc:
+        at = f" at {escape(str(url), 300)}" if url is not None else ""
         raise BackendError(
-            f"backend {backend_id}: connection failed: {exc!r}",
+            f"backend {backend_id}: request failed{at}: {describe_failure(exc)}",
             BackendFailure.UNAVAILABLE,
             retryable=True,
         ) from exc

@@ -12,7 +12,12 @@ import aiohttp
 import yarl
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq_server.backends.http_reading import ReadLimits, http_error, read_at_most
+from fairq_server.backends.http_reading import (
+    ReadLimits,
+    describe_failure,
+    http_error,
+    read_at_most,
+)
 from fairq_server.errors import BackendError, BackendFailure
 from fairq_server.names import escape
 
@@ -149,7 +154,8 @@ async def fetch_metrics(
                 )
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise BackendError(
-            f"backend {backend_id}: metrics unreachable: {escape(repr(exc), 300)}",
+            f"backend {backend_id}: metrics unreachable at {escape(str(url), 300)}: "
+            f"{describe_failure(exc)}",
             BackendFailure.UNAVAILABLE,
         ) from exc
     return body.decode("utf-8", "replace")

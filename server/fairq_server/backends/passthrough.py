@@ -107,9 +107,10 @@ async def openai_stream(
     rewrite = strip_ids or strip_timings or request.resume is not None
     finish = ""
     prompt_tokens = completion_tokens = 0
-    with stream_failures(backend.id):
+    url = backend.url(path)
+    with stream_failures(backend.id, url):
         async with posted(
-            backend.session(), backend.url(path), backend.read_timeout,
+            backend.session(), url, backend.read_timeout,
             data=json_body(body), headers=STREAM_HEADERS,
         ) as resp:  # fmt: skip
             if resp.status != 200:

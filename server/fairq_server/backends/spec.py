@@ -58,6 +58,15 @@ def check_base_url(base_url: str) -> SplitResult:
         raise ValueError(f"backend base_url must be http(s)://host[:port], not {base_url[:200]!r}")
     if url.query or url.fragment or url.username or url.password:
         raise ValueError("backend base_url must not carry credentials, query or fragment")
+    if url.path.rstrip("/").endswith("/v1"):
+        # fairq adds the API's paths itself (/v1/chat/completions, /v1/models, /metrics at
+        # the root): a base URL ending in /v1 made every request and scrape miss, and every
+        # caller got 503 "no healthy backend" with no word of why.
+        root = base_url.rstrip("/").removesuffix("/v1")
+        raise ValueError(
+            f"backend base_url must not end in /v1: fairq adds /v1/... and /metrics itself; "
+            f"drop the /v1 ({root[:200]!r}, not {base_url[:200]!r})"
+        )
     try:
         yarl.URL(base_url)  # what the HTTP client will make of it (e.g. an IDNA host)
     except ValueError as exc:

@@ -12,7 +12,7 @@ import aiohttp
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.continuation import continue_openai, continue_tgi
-from fairq_server.backends.http_reading import read_at_most, token_count
+from fairq_server.backends.http_reading import describe_failure, read_at_most, token_count
 from fairq_server.backends.metrics import sample_sums
 from fairq_server.backends.openai_wire import openai_body
 from fairq_server.backends.passthrough import openai_stream
@@ -99,7 +99,9 @@ class TgiBackend(Backend):
                 doc = json.loads(body) if resp.status == 200 and complete else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.info(
-                "backend %s: /info gave no context length: %s", self.id, escape(repr(exc), 300)
+                "backend %s: /info gave no context length: %s",
+                self.id,
+                escape(str(exc), 300) if isinstance(exc, ValueError) else describe_failure(exc),
             )
             return
         total = doc.get("max_total_tokens") if isinstance(doc, dict) else None

@@ -82,7 +82,7 @@ class OpenAIHandlers(DoorBase):
         return await self._generate(request, "completion")
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        """``GET /v1/models``: the models served here, if the caller may use any tier."""
+        """``GET /v1/models``: the models served now, if the caller may use any tier."""
         try:
             principal = await self._authenticate(request, None)
         except SchedulerError as exc:
@@ -102,10 +102,15 @@ class OpenAIHandlers(DoorBase):
         return web.json_response(self._model(name))
 
     def _models_for(self, principal: Principal) -> list[str]:
-        """Return the models served here if ``principal`` may use any tier, else none."""
+        """Return the models served now if ``principal`` may use any tier, else none.
+
+        Only models a backend serves (:meth:`FairqCore.served_models`): a model registered
+        for a backend that is down, or that does not list it, would be offered and then
+        refused with 503 on every request.
+        """
         if not principal.tiers & set(self._core.tier_names):
             return []
-        return sorted({m for b in self._core.backends() for m in b.backend.models})
+        return sorted(self._core.served_models())
 
     def _model(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self._created, "owned_by": "fairq"}

@@ -11,16 +11,19 @@ InvalidRequestError        400     invalid_request_error
 UnauthenticatedError       401     authentication_error        invalid_api_key
 PermissionDeniedError      403     permission_error
 ModelNotFoundError         404     not_found_error             model_not_found
-QueueFullError             429     rate_limit_error            queue_full
+QueueFullError             429     rate_limit_exceeded         queue_full
 QuotaExceededError         429     rate_limit_exceeded         rate_limit_exceeded
 NoBackendError             503     service_unavailable_error
 QueueTimeoutError          504     timeout_error               queue_timeout
 ShuttingDownError          503     service_unavailable_error
-SlowClientError            429     rate_limit_error
+SlowClientError            429     rate_limit_exceeded
 InternalError              500     internal_error
 BackendFailedError         by the backend's failure kind (``_BACKEND``)
 anything else              500     internal_error              ("internal error")
 =========================  ======  ==========================  ===============
+
+A 400's ``param`` names the offending field where one is known (``max_tokens``,
+``messages[2].role``).
 
 The gRPC door answers the same errors with the matching gRPC status
 (:mod:`fairq_server.api.status`), so both doors agree on what kind of failure a request met.
@@ -45,7 +48,11 @@ __all__ = ["HttpError", "error_body", "error_for", "error_response"]
 
 _BAD_REQUEST = (400, "invalid_request_error", None)
 _NOT_FOUND = (404, "not_found_error", "model_not_found")
-_TOO_MANY = (429, "rate_limit_error", None)
+# Every 429 has one type, whatever the limit (the code says which): OpenAI's API answers
+# its own limits with code ``rate_limit_exceeded``, and a client that tells refusals apart
+# by type must not need to know fairq's several causes.
+_RATE_LIMITED = "rate_limit_exceeded"
+_TOO_MANY = (429, _RATE_LIMITED, None)
 _UNAVAILABLE = (503, "service_unavailable_error", None)
 _INTERNAL = (500, "internal_error", None)
 
@@ -55,8 +62,8 @@ _HTTP: dict[type[domain.SchedulerError], tuple[int, str, str | None]] = {
     domain.UnauthenticatedError: (401, "authentication_error", "invalid_api_key"),
     domain.PermissionDeniedError: (403, "permission_error", None),
     domain.ModelNotFoundError: _NOT_FOUND,
-    domain.QueueFullError: (429, "rate_limit_error", "queue_full"),
-    domain.QuotaExceededError: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
+    domain.QueueFullError: (429, _RATE_LIMITED, "queue_full"),
+    domain.QuotaExceededError: (429, _RATE_LIMITED, "rate_limit_exceeded"),
     domain.NoBackendError: _UNAVAILABLE,
     domain.QueueTimeoutError: (504, "timeout_error", "queue_timeout"),
     domain.ShuttingDownError: _UNAVAILABLE,
@@ -122,7 +129,8 @@ def error_for(exc: Exception) -> HttpError:
     if status == 401:  # authentication names gRPC metadata; here they are headers
         message = message.replace(" metadata", " header")
     retry = math.ceil(exc.retry_after) if isinstance(exc, domain.QuotaExceededError) else None
-    return HttpError(status, message, type_, code=code, retry_after=retry)
+    param = exc.param if isinstance(exc, domain.InvalidRequestError) else None
+    return HttpError(status, message, type_, param=param, code=code, retry_after=retry)
 
 
 def error_response(error: HttpError, retry_after: int = 1) -> web.Response:

@@ -1,11 +1,14 @@
-"""A list of prompts on ``/v1/completions``: each prompt its own request, one answer.
+"""A list of prompts, or ``n`` choices: each prompt and choice its own request, one answer.
 
 OpenAI and vLLM take ``prompt`` as a list (LangChain's completions ``batch`` sends one) and
-answer with a choice per prompt. fairq schedules each prompt as its own request (its own
-ticket, charged to the caller, through the queue and the gate like any other) and joins what
-comes back: choice ``index`` is ``prompt * n + the engine's index`` (OpenAI's numbering), the
-usage is summed, and a stream carries every prompt's chunks as they come (each with its
-choice ``index``), one usage chunk if asked for, and one ``[DONE]``.
+answer with a choice per prompt; ``n`` asks for several choices of each prompt (or of a
+chat). vLLM runs each choice as a request of its own; fairq does the same, before the
+engine: each prompt and choice gets its own ticket, charged to the caller, through the queue
+and the gate like any other, so ``n`` choices take ``n`` backend slots and not one. What
+comes back is joined: choice ``index`` is ``prompt * n + choice`` (OpenAI's numbering), the
+usage is summed (each prompt's tokens counted once, as vLLM counts them for ``n``), and a
+stream carries every choice's chunks as they come (each with its ``index``), one usage chunk
+if asked for, and one ``[DONE]``.
 
 No half answers: if one prompt fails (its backend fails before the first token and no retry
 helps, the queue is full, the answer grows too large), the others are cancelled and the
@@ -57,7 +60,7 @@ async def answer_batch(
     arrival: float,
     not_found: Callable[[], HttpError],
 ) -> web.StreamResponse:
-    """Schedule each prompt of ``parsed.batch`` and answer with one response.
+    """Schedule each prompt and choice of ``parsed.batch`` and answer with one response.
 
     Returns:
         the merged answer, the stream, or the first prompt's error.
@@ -91,13 +94,13 @@ async def answer_batch(
             core.dispatcher.cancel(ticket)
         count_rejection(core, exc)
         return error_answer(exc, retry_after, not_found)
-    n = parsed.request.extra.get("n", 1)
-    joined = _Joined(n if isinstance(n, int) and n > 0 else 1)
+    joined = _Joined(parsed.choices)
     request_id = parsed.request.request_id.rsplit("-", 1)[0]
+    chat = parsed.kind == "chat"
     try:
         if parsed.stream:
             return await _stream(request, streams, joined, parsed.include_usage, request_id)
-        return await _collect(core, streams, joined, request_id)
+        return await _collect(core, streams, joined, request_id, chat)
     except SchedulerError as exc:
         answer = error_answer(exc, retry_after, not_found)
         answer.headers["x-request-id"] = request_id
@@ -113,10 +116,15 @@ def _finished(request_log: RequestLog, trace: RequestTrace) -> Callable[[str], N
 
 
 class _Joined:
-    """The parts of the one answer: its head, choice numbering and summed usage."""
+    """The parts of the one answer: its head, choice numbering and summed usage.
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    Args:
+        choices: ``n``, the requests of each prompt in the batch (prompt-major).
+
+    """
+
+    def __init__(self, choices: int) -> None:
+        self.choices = choices
         self.head: dict[str, Any] | None = None
         self.usage: dict[str, int] = {}
 
@@ -124,19 +132,34 @@ class _Joined:
         if self.head is None:
             self.head = {k: v for k, v in chunk.items() if k not in ("choices", "usage")}
 
-    def add_usage(self, usage: object) -> None:
-        if isinstance(usage, dict):
-            for key, value in usage.items():
-                if isinstance(value, int) and not isinstance(value, bool):
-                    self.usage[key] = self.usage.get(key, 0) + value
+    def add_usage(self, position: int, usage: object) -> None:
+        """Add the usage of the batch's request ``position``.
 
-    def renumber(self, prompt: int, choices: list[Any]) -> list[Any]:
+        A prompt's tokens are counted once, with its first choice: the engine computes a
+        prompt shared by ``n`` choices once where its cache holds it, and vLLM counts it once.
+        """
+        if not isinstance(usage, dict):
+            return
+        counts = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+        if position % self.choices:
+            prompt = counts.pop("prompt_tokens", 0)
+            if "total_tokens" in counts:
+                counts["total_tokens"] -= prompt
+        for key, value in counts.items():
+            self.usage[key] = self.usage.get(key, 0) + value
+
+    def renumber(self, position: int, choices: list[Any]) -> list[Any]:
+        """Return the choices of the batch's request ``position``, numbered as the answer's.
+
+        Each request of the batch asks for one choice (``n`` is fairq's), so its engine
+        numbers it 0 and its place in the batch, ``prompt * n + choice``, is its index.
+        """
         out = []
         for choice in choices:
             if isinstance(choice, dict):
                 index = choice.get("index", 0)
                 index = index if isinstance(index, int) else 0
-                choice = {**choice, "index": prompt * self.n + index}
+                choice = {**choice, "index": position + index}
             out.append(choice)
         return out
 
@@ -189,8 +212,9 @@ async def _collect(
     streams: list[AsyncIterator[list[OutboxEvent]]],
     joined: _Joined,
     request_id: str,
+    chat: bool,
 ) -> web.Response:
-    mergers = [ChunkMerger(False) for _ in streams]
+    mergers = [ChunkMerger(chat) for _ in streams]
     sizes = [0] * len(streams)
     limit = core.config.http.max_answer_chars
     events = _joined_events(streams)
@@ -204,12 +228,12 @@ async def _collect(
                     mergers[index].add(parse_frames(event.text))
                 elif isinstance(event, Started):
                     # A retry on another backend starts afresh.
-                    mergers[index], sizes[index] = ChunkMerger(False), 0
+                    mergers[index], sizes[index] = ChunkMerger(chat), 0
     choices: list[Any] = []
     for index, merger in enumerate(mergers):
         result = merger.result()
         joined.take_head(result)
-        joined.add_usage(result.get("usage"))
+        joined.add_usage(index, result.get("usage"))
         choices += joined.renumber(index, result.get("choices") or [])
     body = {**(joined.head or {}), "choices": choices, "usage": joined.usage}
     text = json.dumps(body, separators=(",", ":"))
@@ -255,13 +279,13 @@ async def _stream(
 
 
 def _relabel(joined: _Joined, index: int, chunks: list[dict[str, Any]]) -> bytes:
-    """Return a prompt's chunks as the one answer's: its id, renumbered, usage held back."""
+    """Return a request's chunks as the one answer's: its id, renumbered, usage held back."""
     frames = []
     for chunk in chunks:
         joined.take_head(chunk)
         choices = chunk.get("choices")
         if isinstance(chunk.get("usage"), dict) and not choices:
-            joined.add_usage(chunk["usage"])  # summed, sent once at the end
+            joined.add_usage(index, chunk["usage"])  # summed, sent once at the end
             continue
         head = joined.head or {}
         chunk = {**chunk, "id": head.get("id"), "choices": joined.renumber(index, choices or [])}

@@ -59,6 +59,8 @@ class HttpDoor:
         listen: ``host:port``; port 0 picks a free one.
         request_log: where finished requests are reported (shared with the gRPC door).
         console: the operator's console, served under ``/console`` (None: not served).
+        serving: whether the process serves requests now (``GET /health``: 200 or 503);
+            None: whenever the door is up.
 
     Attributes:
         port: the bound port once started.
@@ -72,8 +74,10 @@ class HttpDoor:
         listen: str,
         request_log: RequestLog | None = None,
         console: ConsoleRoutes | None = None,
+        serving: Callable[[], bool] | None = None,
     ) -> None:
         self._listen = listen
+        self._serving = serving or (lambda: True)
         self._console = console
         self.port = 0
         settings = core.config.http
@@ -97,6 +101,7 @@ class HttpDoor:
         app.router.add_post("/v1/completions", handlers.completions)
         app.router.add_get("/v1/models", handlers.models)
         app.router.add_get("/v1/models/{model:.+}", handlers.model)
+        app.router.add_get("/health", self._health)
         if console is not None:
             console.add_to(app.router)
         # A client that disconnects cancels its handler: that is how a queued or running
@@ -112,6 +117,20 @@ class HttpDoor:
             # beyond the guard's longest bound.
             keepalive_timeout=settings.idle_timeout_seconds + settings.head_timeout_seconds + 1,
         )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        """``GET /health`` (and ``HEAD``), for load balancers and probes, as vLLM has it.
+
+        200 while the process serves requests, 503 while its dispatcher loop is down (it
+        restarts by itself) and once it is stopping, so a balancer sends new requests
+        elsewhere. Backends' health is not part of it: a replica with no healthy backend is
+        not better replaced by another (they share the backends), and its callers get 503
+        "no healthy backend" with ``Retry-After`` per request. No key is needed, and the
+        answer tells nothing beyond serving or not.
+        """
+        if self._serving():
+            return web.json_response({"status": "serving"})
+        return web.json_response({"status": "not serving"}, status=503)
 
     async def start(self) -> None:
         """Bind and start serving.

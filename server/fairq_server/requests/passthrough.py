@@ -146,7 +146,8 @@ def _check_engine_fields(extra: Mapping[str, Any], limits: Limits, field: str) -
     if native:
         raise InvalidRequestError(
             f"{field} must not set {', '.join(native)}: the output bound is max_tokens "
-            f"(at most {limits.max_tokens})"
+            f"(at most {limits.max_tokens})",
+            param=native[0],
         )
     for key in SEQUENCE_COUNTS:
         value = extra.get(key)
@@ -155,9 +156,10 @@ def _check_engine_fields(extra: Mapping[str, Any], limits: Limits, field: str) -
         if isinstance(value, float) and value.is_integer():
             value = int(value)  # a Struct holds every number as a double
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidRequestError(f"{key} must be a positive integer")
+            raise InvalidRequestError(f"{key} must be a positive integer", param=key)
         if value > limits.max_sequences:
             raise InvalidRequestError(
                 f"{key} is {value}; the limit is {limits.max_sequences} "
-                "(limits.max_sequences: each sequence runs in the request's one backend slot)"
+                "(limits.max_sequences: each sequence runs in the request's one backend slot)",
+                param=key,
             )

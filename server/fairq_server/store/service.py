@@ -24,7 +24,7 @@ from fairq_server.store.records import UsageRecord
 from fairq_server.store.reports import ReportRow, usage_report
 from fairq_server.store.schema import ENTITLEMENT_VERSION, KEYS_VERSION
 from fairq_server.store.series import Series, usage_series
-from fairq_server.store.settings import PriceConfig, StoreConfig, engine_url
+from fairq_server.store.settings import PriceConfig, StoreConfig, default_sqlite_path, engine_url
 from fairq_server.store.versions import Follower, VersionWatch
 
 __all__ = ["Store"]
@@ -142,7 +142,16 @@ class Store:
         self._ledger.start()
         self._limits = LimitState(engine, self.config, self._registry)
         self._limits.start()
-        log.info("store: %s", describe(engine_url(self.config, self._state_file)))
+        if self.config.url:
+            log.info("store: %s", describe(engine_url(self.config, self._state_file)))
+        else:
+            # The file appears unasked in the working directory (or beside state_file): say
+            # where, and how to put it elsewhere.
+            log.info(
+                "store: no [store] url, so the usage ledger, stored keys and audit log are "
+                "kept in the SQLite file %s (set [store] url to keep them elsewhere)",
+                default_sqlite_path(self._state_file).resolve(),
+            )
 
     def record(self, entry: UsageRecord) -> None:
         """Buffer one request's usage row (the request log's ``UsageSink``)."""

@@ -36,6 +36,7 @@ __all__ = [
     "StoreConfig",
     "StoreError",
     "check_prices",
+    "default_sqlite_path",
     "engine_url",
 ]
 
@@ -144,6 +145,15 @@ def check_prices(prices: Mapping[str, PriceConfig], served: set[str]) -> None:
             )
 
 
+def default_sqlite_path(state_file: str = "") -> Path:
+    """Return the SQLite file a store without ``url`` uses: beside ``state_file``, else here.
+
+    Relative to the working directory when ``state_file`` is (as the engine opens it).
+    """
+    folder = Path(state_file).parent if state_file else Path()
+    return folder / DEFAULT_SQLITE_NAME
+
+
 def engine_url(config: StoreConfig, state_file: str = "") -> str:
     """Return the SQLAlchemy URL (with its async driver) that ``config`` names.
 
@@ -153,8 +163,7 @@ def engine_url(config: StoreConfig, state_file: str = "") -> str:
     """
     url = config.url
     if not url:
-        folder = Path(state_file).parent if state_file else Path()
-        url = f"sqlite:///{folder / DEFAULT_SQLITE_NAME}"
+        url = f"sqlite:///{default_sqlite_path(state_file)}"
     scheme, _, rest = url.partition("://")
     driver = _DRIVERS[scheme.lower()]
     if config.password_env:

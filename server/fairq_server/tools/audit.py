@@ -21,7 +21,12 @@ _PROG = "fairq audit"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="The changes admins made (keys, backends, teams, limits, console "
+        "logins), newest first: when, who, through what (admin-api or console), the action, "
+        "its target and detail, and the replica.",
+    )
     parser.add_argument("--action", default="", help="only this action (e.g. limit.set)")
     parser.add_argument("--limit", type=int, default=100, help="rows, newest first (max 1000)")
     add_target_arguments(parser)

@@ -33,7 +33,13 @@ async def _run(action: str, store: StoreConfig, state_file: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``fairq db``."""
-    parser = argparse.ArgumentParser(prog="fairq db", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fairq db",
+        description="The store's schema (fairq serve upgrades it too). upgrade brings the "
+        "database [store] names to this fairq's schema, then exits (to migrate before "
+        "rolling a release out); current prints the database's revision and the newest "
+        "this fairq knows.",
+    )
     parser.add_argument("action", choices=("upgrade", "current"))
     parser.add_argument("--config", required=True, help="TOML configuration file")
     args = parser.parse_args(argv)

@@ -21,6 +21,12 @@ from fairq_server.names import escape
 from fairq_server.tools.admin_call import add_target_arguments, admin_stub, call
 from fairq_server.tools.teams import source_name
 
+_EXAMPLES = """examples:
+  fairq limits set quota --user alice --tokens-per-minute 50000 --mode soft
+  fairq limits set budget --team research --per-day 20
+  fairq limits delete quota --user alice
+"""
+
 __all__ = ["main"]
 
 _PROG = "fairq limits"
@@ -38,7 +44,13 @@ def _subject(parser: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=_PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=_PROG,
+        description="Quotas and budgets kept in fairq's store. An entry set here overrides "
+        "the configuration file's [[quotas]] or [[budgets]] entry of the same team or user "
+        "and model on every replica, without a reload; delete brings the file's entry back. "
+        "Every change is in the audit log (fairq audit).",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", required=True)
     setting = sub.add_parser("set", help="set a quota or budget on every replica")

@@ -1,6 +1,6 @@
 """``fairq keys create / list / revoke / rotate``: keys kept in fairq's store, over the Admin API.
 
-Unlike ``fairq keys new`` (a key for the configuration file), these keys live in the store
+Unlike ``fairq keys create --file`` (a key for the configuration file), these keys live in the store
 that every replica reads: made, revoked and rotated without editing a file or reloading. The
 key is printed once, at creation or rotation; the store keeps only its SHA-256 digest.
 """
@@ -54,12 +54,29 @@ def _as_dict(key: admin_pb2.StoredKey) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="Keys kept in fairq's store, which every replica reads: made, revoked "
+        "and rotated without editing a file or reloading. A key is printed once, at "
+        "creation or rotation; the store keeps only its SHA-256 digest.",
+    )
     sub = parser.add_subparsers(dest="action", required=True)
-    create = sub.add_parser("create", help="make a stored key; print it once")
+    create = sub.add_parser(
+        "create",
+        help="make a stored key; print it once",
+        description="Make a key in fairq's store and print it once (fairq keys create --file: "
+        "a key for the configuration file instead, see fairq keys create --file --help).",
+    )
     create.add_argument("--user", required=True, help="the user the key identifies")
-    create.add_argument("--team", default="", help="the team the usage ledger charges")
-    create.add_argument("--tiers", default="", help="comma-separated tiers (default: all)")
+    create.add_argument("--team", default="", help="the team the key's user belongs to")
+    create.add_argument(
+        "--max-tier",
+        metavar="TIER",
+        help="the highest tier the key may use, and its default; every lower tier may be "
+        "requested too (default: every tier)",
+    )
+    # The older spelling, comma-separated: the highest tier listed is the ceiling.
+    create.add_argument("--tiers", default="", help=argparse.SUPPRESS)
     create.add_argument("--admin", action="store_true", help="may call the Admin service")
     create.add_argument(
         "--expires-in", type=_duration, default=0.0, help="e.g. 90d (default: never)"
@@ -85,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         kw = {"metadata": metadata, "timeout": args.timeout}
         if args.action == "create":
             tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+            if args.max_tier is not None:
+                tiers = [args.max_tier.strip()]
             request = admin_pb2.CreateKeyRequest(
                 user=args.user, team=args.team, tiers=tiers, admin=args.admin,
                 expires_in_seconds=args.expires_in,

@@ -25,7 +25,13 @@ def source_name(source: int) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="Team weights kept in fairq's store. A weight set here overrides the "
+        "configuration file's [[teams]] entry of the same name on every replica, without a "
+        "reload; delete brings the file's entry back. Every change is in the audit log "
+        "(fairq audit).",
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     setting = sub.add_parser("set", help="set a team's weight on every replica")
     setting.add_argument("name", help="the team, as keys and tokens name it")

@@ -90,20 +90,34 @@ def _client(args: argparse.Namespace) -> fairq.Client:
         with open(args.tls_ca, "rb") as f:
             credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
     api_key = args.api_key or os.environ.get("FAIRQ_API_KEY") or None
-    return fairq.Client(args.target, api_key=api_key, user=args.user, credentials=credentials)
+    return fairq.Client(args.target, api_key=api_key, user=args.as_user, credentials=credentials)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run ``fairq top``."""
-    parser = argparse.ArgumentParser(prog="fairq top", description=__doc__)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fairq top",
+        description="A live view of fairq's queues, users and backends (an admin key is "
+        "needed unless fairq runs without keys). On a terminal the screen is redrawn every "
+        "--interval seconds until Ctrl-C; otherwise, or with --once, one frame is printed; "
+        "--json prints the snapshot, for scripts.",
+    )
     parser.add_argument("--target", default="127.0.0.1:50051", help="host:port of fairq")
     parser.add_argument("--api-key", help="an admin key (default: $FAIRQ_API_KEY)")
-    parser.add_argument("--user", help="x-fairq-user name, for a fairq without keys")
+    # --as-user, as every other tool that calls fairq spells it (--user: the older one).
+    parser.add_argument(
+        "--as-user", "--user", dest="as_user", help="x-fairq-user name, for a fairq without keys"
+    )
     parser.add_argument("--tls-ca", help="CA certificate (PEM) when fairq serves TLS")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     parser.add_argument("--users", type=int, default=10, help="top users to show")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``fairq top``."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if not args.interval > 0 or args.users < 1:
         parser.error("--interval must be above 0 and --users at least 1")

@@ -56,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``fairq usage``."""
     parser = argparse.ArgumentParser(
         prog="fairq usage",
-        description=__doc__,
+        description="The usage ledger summed by team, user or model. Names are reported "
+        "verbatim (in CSV quoted as CSV quotes; in the table control characters are escaped); "
+        "costs are in the units of the configured [prices].",
+        epilog="examples:\n  fairq usage --by team --since 7d\n"
+        "  fairq usage --by user --since 2026-11-01 --until 2026-12-01 --csv > november.csv\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--by", choices=("team", "user", "model"), default="team")

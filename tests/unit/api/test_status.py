@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 
@@ -21,7 +23,7 @@ _ANSWERS: list[tuple[errors.SchedulerError, grpc.StatusCode, tuple[int, str, str
     (errors.ModelNotFoundError("none"), grpc.StatusCode.NOT_FOUND,
      (404, "not_found_error", "model_not_found")),
     (errors.QueueFullError("full"), grpc.StatusCode.RESOURCE_EXHAUSTED,
-     (429, "rate_limit_error", "queue_full")),
+     (429, "rate_limit_exceeded", "queue_full")),
     (errors.QuotaExceededError("over", retry_after=1.5, limit="tokens_per_minute"),
      grpc.StatusCode.RESOURCE_EXHAUSTED, (429, "rate_limit_exceeded", "rate_limit_exceeded")),
     (errors.NoBackendError("down"), grpc.StatusCode.UNAVAILABLE,
@@ -31,14 +33,14 @@ _ANSWERS: list[tuple[errors.SchedulerError, grpc.StatusCode, tuple[int, str, str
     (errors.ShuttingDownError("bye"), grpc.StatusCode.UNAVAILABLE,
      (503, "service_unavailable_error", None)),
     (errors.SlowClientError("slow"), grpc.StatusCode.RESOURCE_EXHAUSTED,
-     (429, "rate_limit_error", None)),
+     (429, "rate_limit_exceeded", None)),
     (errors.InternalError(), grpc.StatusCode.INTERNAL, (500, "internal_error", None)),
 ]  # fmt: skip
 _BACKEND: dict[BackendFailure, tuple[grpc.StatusCode, tuple[int, str, str | None]]] = {
     BackendFailure.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE,
                                  (503, "service_unavailable_error", None)),
     BackendFailure.OVERLOADED: (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                (429, "rate_limit_error", None)),
+                                (429, "rate_limit_exceeded", None)),
     BackendFailure.INVALID_REQUEST: (grpc.StatusCode.INVALID_ARGUMENT,
                                      (400, "invalid_request_error", None)),
     BackendFailure.NOT_FOUND: (grpc.StatusCode.NOT_FOUND,
@@ -100,3 +102,25 @@ def test_a_quota_refusal_carries_its_retry_delay_on_each_door() -> None:
     assert response.headers["retry-after"] == "13"  # whole seconds, rounded up
     short = errors.QuotaExceededError("over", retry_after=0.01, limit="requests_per_minute")
     assert error_response(error_for(short), retry_after=5).headers["retry-after"] == "1"
+
+
+def test_every_429_has_one_openai_type_and_the_code_names_the_cause() -> None:
+    """A client tells rate limits apart from other refusals by one type, as with OpenAI."""
+    answers = [error_for(exc) for exc, _, _ in _ANSWERS]
+    answers.append(error_for(BackendError("busy", BackendFailure.OVERLOADED)))
+    limited = [a for a in answers if a.status == 429]
+    assert len(limited) == 4
+    assert {a.type for a in limited} == {"rate_limit_exceeded"}
+    assert {a.code for a in limited} == {"queue_full", "rate_limit_exceeded", None}
+
+
+def test_a_bad_request_names_its_field_in_param() -> None:
+    answer = error_for(errors.InvalidRequestError("max_tokens must be ...", param="max_tokens"))
+    body = json.loads(error_response(answer).body)  # type: ignore[arg-type]
+    assert body["error"]["param"] == "max_tokens"
+    assert (
+        json.loads(error_response(error_for(errors.InvalidRequestError("x"))).body)[  # type: ignore[arg-type]
+            "error"
+        ]["param"]
+        is None
+    )

@@ -34,8 +34,13 @@ def test_pass_through_and_interpreted_fields() -> None:
     assert r.extra == {
         "max_completion_tokens": 9, "stream_options": {"include_usage": True},
         "tools": [{"type": "function"}], "response_format": {"type": "json_object"},
-        "n": 2, "top_k": 3, "user": "ann",
+        "top_k": 3, "user": "ann",
     }  # fmt: skip
+    # n is fairq's: each choice its own request (own slot), the same body otherwise.
+    assert parsed.choices == 2 and [c.request_id for c in parsed.batch] == [
+        f"{r.request_id.rsplit('-', 1)[0]}-{i}" for i in range(2)
+    ]
+    assert all(c.extra == r.extra and c.sampling == r.sampling for c in parsed.batch)
 
 
 @pytest.mark.parametrize(
