@@ -58,6 +58,9 @@ async def test_queue_rows_mark_the_user_over_and_the_starved_one(
         assert alice["entitled"] == bob["entitled"] == 0.5
         assert (alice["share"], bob["share"]) == (1.0, 0.0)
         assert (alice["status"], bob["status"]) == ("over", "starved")
+        # Why they wait: no backend admits (the gate sees stale metrics), not fairness.
+        assert alice["state"] == bob["state"] == "queued: no backend admits its tier"
+        assert (alice["running"], model["running"], model["running_users"]) == (0, 0, 0)
         # The backend row says why nothing is forwarded: the frozen gate sees stale metrics.
         [backend] = view["backends"]
         assert backend["health"] == "stale"
@@ -65,3 +68,40 @@ async def test_queue_rows_mark_the_user_over_and_the_starved_one(
         assert json.dumps(view)  # what a replica publishes to Redis
         for call in calls:
             call.cancel()
+
+
+async def test_a_user_served_at_once_is_listed_running_with_its_share(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """Before, only users with a request queued were listed: one served at once never was."""
+    door = await start_console(fairq_factory, sim)
+    sim.config.speed = 0.05  # the request runs while the view is read
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{door.server.port}") as channel,
+        aiohttp.ClientSession() as http,
+    ):
+        sched = stub(channel)
+        assert await _drain(sched.Generate(generate(max_tokens=4), metadata=BOB)) == "finished"
+        call = sched.Generate(generate(max_tokens=400), metadata=ALICE)
+        assert (await call.read()).WhichOneof("event") in ("queued", "started", "token")
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:  # polled until dispatched: a loaded machine takes its time
+            async with http.get(f"{door.url}/console/api/live", headers=ROOT) as resp:
+                [view] = (await resp.json())["replicas"]
+            [model] = view["models"]
+            if model["running"]:
+                break
+            assert asyncio.get_running_loop().time() < deadline, view
+            await asyncio.sleep(0.05)
+        call.cancel()
+        assert (model["users"], model["running"], model["running_users"]) == (0, 1, 1)
+        [alice] = model["rows"]
+        assert (alice["user"], alice["tier"], alice["state"]) == ("alice", "batch", "running")
+        assert (alice["queued"], alice["running"], alice["position"]) == (0, 1, -1)
+        # bob was served a moment ago and contends no more: alice is owed all of it now.
+        assert alice["entitled"] == 1.0
+        assert alice["share"] == 0.0  # a request's tokens count when it ends (access log)
+        async with http.get(f"{door.url}/console/queues", headers=ROOT) as resp:
+            page = await resp.text()
+        assert '<tr data-user="alice" data-state="running">' in page
+        assert "0 queued, 0 users waiting; 1 running, 1 users served" in page

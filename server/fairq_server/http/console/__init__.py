@@ -9,6 +9,7 @@ from fairq_server.http.console.entitlement_forms import EntitlementForms
 from fairq_server.http.console.feed import LiveFeed
 from fairq_server.http.console.manage import ManageRoutes
 from fairq_server.http.console.routes import ConsoleRoutes
+from fairq_server.observe.entitled import EntitledWindow
 from fairq_server.observe.live import LiveView, read_live
 from fairq_server.observe.replicas import ReplicaViews
 from fairq_server.requests.recent import RecentService
@@ -34,6 +35,7 @@ def build_console(
         managed: team weights, quotas and budgets set live (with a store).
 
     """
+    window = EntitledWindow(recent.tau)  # one per process: every page reads the same window
 
     def read() -> LiveView:
         settings = core.config.console
@@ -43,6 +45,7 @@ def build_console(
             replica=here,
             starved_after=settings.starved_after_seconds,
             max_users=settings.max_users,
+            window=window,
         )
 
     here, replicas = "", None

@@ -134,8 +134,9 @@ def _table(caption: str, headers: Iterable[str], rows: list[str]) -> str:
     )
 
 
-def _row(cells: Iterable[str]) -> str:
-    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+def _row(cells: Iterable[str], data: dict[str, str] | None = None) -> str:
+    attrs = "".join(f' data-{k}="{_e(v)}"' for k, v in (data or {}).items())
+    return f"<tr{attrs}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
 def _queues(views: list[View]) -> str:
@@ -146,13 +147,15 @@ def _queues(views: list[View]) -> str:
             if not isinstance(m, dict):
                 continue
             entry = models.setdefault(
-                str(m.get("model", "")), {"tiers": {}, "users": 0, "rows": []}
+                str(m.get("model", "")),
+                {"tiers": {}, "users": 0, "running": 0, "running_users": 0, "rows": []},
             )
             for pair in _list(m.get("tiers")):
                 if _pair(pair):
                     tier = str(pair[0])
                     entry["tiers"][tier] = entry["tiers"].get(tier, 0) + int(_num(pair[1]))
-            entry["users"] += int(_num(m.get("users")))
+            for count in ("users", "running", "running_users"):
+                entry[count] += int(_num(m.get(count)))
             entry["rows"] += [(str(v.get("replica", "")), r) for r in _list(m.get("rows"))]
     teams = teams_section(views)
     if not models:
@@ -162,16 +165,26 @@ def _queues(views: list[View]) -> str:
         total = sum(entry["tiers"].values())
         depth = ", ".join(f"{_e(t)} {n}" for t, n in entry["tiers"].items())
         out.append(
-            f"<section><h2>Model {_e(name)}: {total} queued, {entry['users']} users waiting</h2>"
+            f"<section><h2>Model {_e(name)}: {total} queued, {entry['users']} users waiting; "
+            f"{entry['running']} running, {entry['running_users']} users served</h2>"
             f'<p class="depth">By tier: {depth}</p>'
         )
         rows = [(rep, r) for rep, r in entry["rows"] if isinstance(r, dict)]
-        rows.sort(key=lambda p: (_num(p[1].get("position")), -_num(p[1].get("waiting_seconds"))))
+        # The waiting first (by position), then the users only running.
+        rows.sort(
+            key=lambda p: (
+                _num(p[1].get("position")) < 0,
+                _num(p[1].get("position")),
+                -_num(p[1].get("waiting_seconds")),
+                -_num(p[1].get("running")),
+            )
+        )
         if not rows:
-            out.append('<p class="empty">Nobody is waiting.</p></section>')
+            out.append('<p class="empty">Nobody is waiting or running.</p></section>')
             continue
         headers = ["Tier", "User", "Team"] + (["Replica"] if cluster else [])
-        headers += ["Queued", "Position", "Waiting", "Share of service / entitled", "Status"]
+        headers += ["Queued", "Running", "Position", "Waiting", "State"]
+        headers += ["Share of service / entitled (last minute)", "Status"]
         limited = any(r.get("limits") for _, r in rows)
         headers += ["Quotas and budgets (used / limit)"] if limited else []
         body = []
@@ -187,18 +200,24 @@ def _queues(views: list[View]) -> str:
             preempted = int(_num(r.get("preempted")))
             if preempted:  # its next request is a continuation, waiting for a slot again
                 badge += f' <span class="badge preempted">preempted {preempted}x</span>'
+            position = int(_num(r.get("position")))
+            queued = int(_num(r.get("queued")))
+            state = str(r.get("state", ""))
+            state_cell = f'<span class="state" data-state="{_e(state)}">{_e(state)}</span>'
             cells = [_e(r.get("tier", "")), _e(r.get("user", "")), team_cell(r)]
             cells += [_e(replica)] if cluster else []
             cells += [
-                str(int(_num(r.get("queued")))),
-                str(int(_num(r.get("position")))),
-                f"{_num(r.get('waiting_seconds')):.1f} s",
+                str(queued),
+                str(int(_num(r.get("running")))),
+                str(position) if queued else "—",
+                f"{_num(r.get('waiting_seconds')):.1f} s" if queued else "—",
+                state_cell,
                 meter,
                 badge,
             ]
             cells += [limits_cell(r)] if limited else []
-            body.append(_row(cells))
-        out.append(_table(f"Users waiting for {name}", headers, body) + "</section>")
+            body.append(_row(cells, {"user": str(r.get("user", "")), "state": state}))
+        out.append(_table(f"Users waiting or running on {name}", headers, body) + "</section>")
     return "".join(out)
 
 
