@@ -19,6 +19,7 @@ than half its entitlement.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -132,15 +133,16 @@ class BackendRow:
         models: the models it serves.
         health: ``up``, ``suspect``, ``down`` or ``unknown``; ``stale`` when its last
             metrics are older than the gate accepts.
-        running: requests running there, from its metrics.
-        waiting: requests waiting there, from its metrics.
-        kv_usage: its KV-cache usage (0-1) if reported.
+        running: requests running there, from its metrics (None: no metrics, or it is down or
+            unknown, when the last figures would be old news).
+        waiting: requests waiting there, from its metrics (None: as ``running``).
+        kv_usage: its KV-cache usage (0-1) if reported (None: as ``running``).
         in_flight: this replica's requests on it.
         peer_in_flight: the other replicas' requests on it (cluster only).
         tpot_seconds: its recent time per output token (None: not measured).
         gates: per tier, the gate's verdict now and the tier's TPOT limit.
         draining: deregistered, finishing what it runs.
-        error: the last scrape error while unhealthy.
+        error: the last scrape error while unhealthy, in one line (see :func:`reason`).
         preemptions: this replica's preemptions there since it started, by reason.
         regenerated_tokens: the tokens those preempted requests' continuations read again.
         resumed: per user, its requests running there now that were preempted before.
@@ -150,8 +152,8 @@ class BackendRow:
     id: str
     models: list[str]
     health: str
-    running: float
-    waiting: float
+    running: float | None
+    waiting: float | None
     kv_usage: float | None
     in_flight: int
     peer_in_flight: int
@@ -432,26 +434,62 @@ def _backends(core: FairqCore, now: float) -> list[BackendRow]:
             (tier.name, gate.check(state, tier, now, stale_after).value, tier.tpot_limit_seconds)
             for tier in config.tiers
         ]
+        # A down backend's last figures are from before it went down: not shown as now.
+        current = sample if health not in ("down", "unknown") else None
         rows.append(
             BackendRow(
                 id=state.id,
                 models=list(state.backend.models),
                 health=health,
-                running=sample.running if sample else 0.0,
-                waiting=sample.waiting if sample else 0.0,
-                kv_usage=sample.kv_usage if sample else None,
+                running=current.running if current else None,
+                waiting=current.waiting if current else None,
+                kv_usage=current.kv_usage if current else None,
                 in_flight=state.in_flight,
                 peer_in_flight=state.peer_in_flight,
                 tpot_seconds=state.tpot_seconds,
                 gates=gates,
                 draining=state.draining,
-                error=state.last_error[:300] if state.healthy is not True else "",
+                error=reason(state.last_error) if state.healthy is not True else "",
                 preemptions=sorted(preemptions.get(state.id, {}).items()),
                 regenerated_tokens=sum(regenerated.get(state.id, {}).values()),
                 resumed=_resumed(running.get(state.id, ())),
             )
         )
     return rows
+
+
+# What an operator reads for the errors a scrape meets, found in their text (a repr of an
+# aiohttp or OS exception says it in a class name or an errno's words).
+_REASONS = (
+    (("ConnectionRefused", "Connect call failed", "Errno 111"), "connection refused"),
+    (("Timeout", "timed out"), "timed out"),
+    (("gaierror", "DNSError", "Name or service not known", "nodename nor servname"),
+     "host name not found"),
+    (("ServerDisconnected", "Connection reset", "ConnectionReset"),
+     "connection closed by the backend"),
+    (("SSL", "CERTIFICATE"), "TLS error"),
+    (("No route to host", "Network is unreachable", "Errno 113", "Errno 101"), "host unreachable"),
+)  # fmt: skip
+_REPR = re.compile(r"\b[A-Z]\w*(Error|Exception|Timeout)\w*\(.*$")
+
+
+def reason(error: str, limit: int = 200) -> str:
+    """Return a backend's error in one line for a person: no Python representation in it.
+
+    ``backend a: metrics unreachable: ClientConnectorError(ConnectionKey(...),
+    ConnectionRefusedError(111, ...))`` becomes ``backend a: metrics unreachable: connection
+    refused``; a message without a representation is kept (its first line, shortened).
+    """
+    lines = error.strip().splitlines()
+    line = " ".join(lines[0].split()) if lines else ""
+    found = _REPR.search(line)
+    if found is not None:
+        what = next(
+            (words for marks, words in _REASONS if any(m in found.group() for m in marks)),
+            found.group().split("(", 1)[0],  # at least the error's name, not its arguments
+        )
+        line = line[: found.start()] + what
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _per_backend(families: Iterable[Metric], label: str) -> dict[str, dict[str, int]]:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
+from dataclasses import replace
 
 import aiohttp
 import grpc
 
+from fairq_server.config import ConsoleConfig, HttpConfig
 from fairq_sim import SimServer
 
-from ...conftest import FairqFactory, freeze_gate
+from ...conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
 from .conftest import generate, start_console, stub
 
 ALICE = (("authorization", "Bearer alice-key"),)
@@ -103,5 +107,44 @@ async def test_a_user_served_at_once_is_listed_running_with_its_share(
         assert alice["share"] == 0.0  # a request's tokens count when it ends (access log)
         async with http.get(f"{door.url}/console/queues", headers=ROOT) as resp:
             page = await resp.text()
-        assert '<tr data-user="alice" data-state="running">' in page
+        assert '<tr data-user="alice" data-state="running" data-running="1">' in page
         assert "0 queued, 0 users waiting; 1 running, 1 users served" in page
+
+
+async def test_a_down_backend_shows_no_figures_and_its_reason_in_one_line(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """Before: running 0 and KV 0 % (figures it does not have) and a Python representation."""
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = make_config(
+        [replace(sim_backend(sim), base_url=f"http://127.0.0.1:{port}")], keys=list(KEYS.values())
+    )
+    config = replace(
+        config,
+        http=HttpConfig(listen="127.0.0.1:0"),
+        console=ConsoleConfig(enabled=True, refresh_seconds=0.2),
+    )
+    server = await fairq_factory(config)
+    url = f"http://127.0.0.1:{server.http_port}"
+    async with aiohttp.ClientSession(headers=ROOT) as http:
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:  # polled until the poller gave up on it: a loaded machine takes its time
+            async with http.get(f"{url}/console/api/live") as resp:
+                [view] = (await resp.json())["replicas"]
+            [backend] = view["backends"]
+            if backend["health"] == "down":
+                break
+            assert asyncio.get_running_loop().time() < deadline, backend
+            await asyncio.sleep(0.05)
+        async with http.get(f"{url}/console/backends") as resp:
+            page = await resp.text()
+    assert (backend["running"], backend["waiting"], backend["kv_usage"]) == (None, None, None)
+    assert backend["error"].endswith("connection refused"), backend["error"]
+    assert "(" not in backend["error"] and "\n" not in backend["error"]
+    [row] = re.findall(r'<tr data-backend="sim-a".*?</tr>', page)
+    cells = re.findall(r"<td>(.*?)</td>", row)
+    assert cells[3:6] == ["—", "—", "—"]  # running, waiting, KV cache
+    assert '<span class="badge down">down</span>' in cells[2]
+    assert "connection refused" in cells[2] and "Error(" not in cells[2]

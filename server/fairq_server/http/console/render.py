@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from html import escape
 from typing import Any
 
 from fairq_server.http.console.limits import limits_cell, team_cell, teams_section
+from fairq_server.http.console.text import esc as _e
 
 __all__ = ["VIEWS", "fragment", "login_page", "message_page", "page"]
 
@@ -26,10 +26,6 @@ VIEWS = {"queues": "Queues", "backends": "Backends", "cluster": "Cluster"}
 STORE_VIEWS = {"usage": "Usage", "keys": "Keys", "teams": "Teams & limits", "audit": "Audit"}
 
 View = dict[str, Any]
-
-
-def _e(value: object) -> str:
-    return escape(str(value), quote=True)
 
 
 def _num(value: object, default: float = 0.0) -> float:
@@ -69,8 +65,14 @@ def page(view: str, user: str, csrf: str, live: str, store: bool = False) -> str
     )
     # Only the live views have an event stream (console.js opens it from data-view).
     data_view = f' data-view="{_e(view)}"' if view in VIEWS else ""
+    # The status region is announced when it changes (the connection's state only); the
+    # time of the last update is beside it, not in it, and the tables are not a live region:
+    # a screen reader announcing every refresh could be heard of nothing else.
     status = (
-        '<p id="status" role="status">Live: updates as they happen.</p>' if view in VIEWS else ""
+        '<p class="live-status"><span id="status" role="status">Live: updates as they happen.'
+        '</span> <span id="updated" class="detail"></span></p>'
+        if view in VIEWS
+        else ""
     )
     return (
         _head(views[view])
@@ -83,7 +85,7 @@ def page(view: str, user: str, csrf: str, live: str, store: bool = False) -> str
         + '<button type="submit">Log out</button></form></header>'
         + f'<main id="main"{data_view}><h1>{_e(views[view])}</h1>'
         + status
-        + f'<div id="live">{live}</div></main></body></html>'
+        + f'<div id="live" aria-live="off">{live}</div></main></body></html>'
     )
 
 
@@ -216,7 +218,8 @@ def _queues(views: list[View]) -> str:
                 badge,
             ]
             cells += [limits_cell(r)] if limited else []
-            body.append(_row(cells, {"user": str(r.get("user", "")), "state": state}))
+            data = {"user": str(r.get("user", "")), "state": state}
+            body.append(_row(cells, {**data, "running": str(int(_num(r.get("running"))))}))
         out.append(_table(f"Users waiting or running on {name}", headers, body) + "</section>")
     return "".join(out)
 
@@ -264,6 +267,11 @@ def _preemptions_by_backend(views: list[View]) -> dict[str, str]:
     return cells
 
 
+def _figure(value: object) -> str:
+    """Write a backend's metric, or a dash where it has none now (down, unknown, no metrics)."""
+    return f"{_num(value):g}" if isinstance(value, int | float) else "—"
+
+
 def _backends(views: list[View]) -> str:
     if not views or not _list(views[0].get("backends")):
         return '<p class="empty">No backend is registered.</p>'
@@ -278,12 +286,17 @@ def _backends(views: list[View]) -> str:
         if not isinstance(b, dict):
             continue
         health = str(b.get("health", ""))
-        if b.get("draining"):
-            health += ", draining"
+        draining = bool(b.get("draining"))
         error = str(b.get("error", ""))
-        health_cell = f'<span class="badge {_e(health.split(",")[0])}">{_e(health)}</span>'
+        health_cell = f'<span class="badge {_e(health)}">{_e(health)}</span>'
+        if draining:  # deregistered: takes no new work, finishes what it runs
+            left = totals.get(str(b.get("id", "")), 0)
+            health_cell += (
+                f' <span class="badge draining">draining: {left} of fairq\'s requests left, '
+                "no new work</span>"
+            )
         if error:
-            health_cell += f'<br><span class="detail">{_e(error)}</span>'
+            health_cell += f'<br><span class="detail reason">{_e(error)}</span>'
         tpot = b.get("tpot_seconds")
         gates = []
         for g in _list(b.get("gates")):
@@ -303,14 +316,19 @@ def _backends(views: list[View]) -> str:
                     _e(b.get("id", "")),
                     _e(", ".join(str(m) for m in _list(b.get("models")))),
                     health_cell,
-                    f"{_num(b.get('running')):g}",
-                    f"{_num(b.get('waiting')):g}",
-                    f"{_num(kv):.0%}" if kv is not None else "—",
+                    _figure(b.get("running")),
+                    _figure(b.get("waiting")),
+                    f"{_num(kv):.0%}" if isinstance(kv, int | float) else "—",
                     flight,
                     f"{_num(tpot) * 1000:.0f} ms" if tpot is not None else "—",
                     "<br>".join(gates),
                     preemptions.get(str(b.get("id", "")), "0"),
-                ]
+                ],
+                {
+                    "backend": str(b.get("id", "")),
+                    "health": health,
+                    "draining": "yes" if draining else "no",
+                },
             )
         )
     return _table("Backends: their metrics, fairq's load, and the gate", headers, body)

@@ -265,15 +265,18 @@ class ConsoleRoutes:
             principal, session, status = await self._caller(request)
             if principal is None:
                 return _redirect("/console/login") if status == 401 else _refusal(status)
-            csrf, notice = session.csrf if session is not None else "", ""
+            csrf, notice, refill = session.csrf if session is not None else "", "", None
         else:
             posted = await self._posted(request)
             if isinstance(posted, web.Response):
                 return posted
             principal, session, form = posted
             csrf = session.csrf
-            notice = await self._forms.change(request.match_info["action"], form, principal.user)
-        body = self._forms.page(csrf, notice)
+            action = request.match_info["action"]
+            notice, done = await self._forms.change(action, form, principal.user)
+            # A refused change keeps what was typed, to correct rather than type again.
+            refill = None if done or action.endswith("-delete") else form
+        body = self._forms.page(csrf, notice, refill)
         return _html(render.page("teams", principal.user, csrf, body, store=True))
 
     async def _usage(self, request: web.Request) -> web.StreamResponse:
@@ -284,7 +287,9 @@ class ConsoleRoutes:
             return _redirect("/console/login") if status == 401 else _refusal(status)
         step, measure = request.query.get("step", "auto"), request.query.get("measure", "")
         try:
-            body = await self._manage.usage_page(by, since, step, measure or "output_tokens")
+            body = await self._manage.usage_page(
+                by, since, step, measure or "output_tokens", request.query.get("from", "0")
+            )
         except Exception as exc:  # the database down or refusing: said on the page
             body = store_error(exc)
         return await self._store_page(request, "usage", body)
