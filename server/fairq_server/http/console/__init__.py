@@ -54,6 +54,6 @@ def build_console(
         ttl = round(3 * core.config.console.refresh_seconds) + 1
         replicas = ReplicaViews(core.cluster.client, core.cluster.config.key_prefix, here, ttl)
     feed = LiveFeed(read, lambda: core.config.console.refresh_seconds, replicas, here)
-    manage = ManageRoutes(store) if store is not None else None
+    manage = ManageRoutes(store, lambda: core.config.keys) if store is not None else None
     forms = EntitlementForms(managed) if managed is not None else None
     return ConsoleRoutes(auth, feed, core.config.console.session_seconds, manage, forms)

@@ -13,10 +13,12 @@ import csv
 import io
 import logging
 import time
+from collections.abc import Callable, Sequence
 
 from fairq_server.errors import SchedulerError
 from fairq_server.http.console.plot import usage_plot
 from fairq_server.http.console.text import esc as _e
+from fairq_server.identity.settings import KeyConfig
 from fairq_server.store.audit import ACTIONS
 from fairq_server.store.reports import GROUPINGS
 from fairq_server.store.series import MEASURES, STEPS, Series
@@ -27,6 +29,8 @@ __all__ = ["ManageRoutes", "csv_text", "parse_since", "store_error"]
 log = logging.getLogger("fairq_server.console")
 
 AUDIT_ROWS = 200
+#: Days of the ledger searched for a key's user's last request.
+LAST_USE_DAYS = 30
 #: Rows of the usage report per page (the CSV has them all).
 USAGE_ROWS = 50
 _UNITS = {"m": 60, "h": 3600, "d": 86400}
@@ -46,17 +50,38 @@ def parse_since(text: str, now: float) -> float:
 
 
 class ManageRoutes:
-    """Keys and usage pages over ``store``; the console's routes check who is asking."""
+    """Keys and usage pages over ``store``; the console's routes check who is asking.
 
-    def __init__(self, store: Store) -> None:
+    Args:
+        store: fairq's store.
+        file_keys: returns the configuration file's keys (listed beside the stored ones).
+
+    """
+
+    def __init__(self, store: Store, file_keys: Callable[[], Sequence[KeyConfig]] = tuple) -> None:
         self._store = store
+        self._file_keys = file_keys  # the configuration's keys now (a reload changes them)
 
     async def keys_page(self, csrf: str, notice: str = "") -> str:
-        """Return the keys view's body: the create form and every stored key."""
+        """Return the keys view's body: the create form, every stored key, the file's keys.
+
+        Each key says when it expires and when its user's last request ended (the ledger
+        records users, not keys: a user with two keys shows the same moment on both), over the
+        last :data:`LAST_USE_DAYS` days.
+        """
+        now = time.time()
         keys = await self._store.keys.list(include_revoked=True)
+        file_keys = list(self._file_keys())
+        users = {k.user for k in keys} | {k.user for k in file_keys}
+        last = await self._store.last_requests(users, now - LAST_USE_DAYS * 86400)
         rows = []
         for k in keys:
-            state = "revoked" if k.revoked_at else "active"
+            if k.revoked_at:
+                state = "revoked"
+            elif k.expires_at is not None and k.expires_at <= now:
+                state = "expired"
+            else:
+                state = "active"
             actions = ""
             if not k.revoked_at:
                 actions = "".join(
@@ -66,20 +91,33 @@ class ManageRoutes:
                     f'({_e(k.id)})">{verb.capitalize()}</button></form>'
                     for verb in ("rotate", "revoke")
                 )
-            created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(k.created_at))
+            expires = _when(k.expires_at) if k.expires_at is not None else "never"
             rows.append(
-                f"<tr><td>{_e(k.id)}</td><td>{_e(k.user)}</td><td>{_e(k.team or '—')}</td>"
+                f'<tr data-key="{_e(k.id)}" data-state="{state}"><td>{_e(k.id)}</td>'
+                f"<td>{_e(k.user)}</td><td>{_e(k.team or '—')}</td>"
                 f"<td>{_e(', '.join(k.tiers) or 'all')}</td><td>{'yes' if k.admin else 'no'}</td>"
-                f"<td>{created} UTC</td><td>{state}</td><td>{actions}</td></tr>"
+                f"<td>{_when(k.created_at)}</td><td>{expires}</td>"
+                f"<td>{_last(last.get(k.user), now)}</td><td>{state}</td><td>{actions}</td></tr>"
             )
-        table = (
-            "<table><caption>Stored keys</caption><thead><tr>"
-            + "".join(
-                f'<th scope="col">{h}</th>'
-                for h in ("Id", "User", "Team", "Tiers", "Admin", "Created", "State", "")
-            )
-            + f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-        )
+        table = _keys_table(
+            "Stored keys",
+            ("Id", "User", "Team", "Tiers", "Admin", "Created", "Expires",
+             f"Last request of its user ({LAST_USE_DAYS} days)", "State", ""),
+            rows,
+        )  # fmt: skip
+        file_rows = [
+            f'<tr data-file-key="{_e(k.user)}"><td>{_e(k.user)}</td><td>{_e(k.team or "—")}</td>'
+            f"<td>{_e(', '.join(k.tiers) or 'all')}</td><td>{'yes' if k.admin else 'no'}</td>"
+            f"<td>{k.weight:g}</td><td>{_last(last.get(k.user), now)}</td></tr>"
+            for k in sorted(file_keys, key=lambda k: k.user)
+        ]
+        from_file = _keys_table(
+            "Keys from the configuration file (changed there, applied at a reload; they never "
+            "expire)",
+            ("User", "Team", "Tiers", "Admin", "Weight",
+             f"Last request of its user ({LAST_USE_DAYS} days)"),
+            file_rows,
+        )  # fmt: skip
         form = (
             '<form method="post" action="/console/keys" class="create"><fieldset>'
             "<legend>New key</legend>"
@@ -91,7 +129,7 @@ class ManageRoutes:
             '<label><input type="checkbox" name="admin" value="1"> Admin</label>'
             '<button type="submit">Create key</button></fieldset></form>'
         )
-        return notice + form + table
+        return notice + form + table + (from_file if file_keys else "")
 
     async def record(self, who: str, action: str, target: str, detail: str = "") -> str:
         """Write the change to the audit log; return a warning to show if that failed.
@@ -337,6 +375,37 @@ def csv_text(value: object) -> str:
     """
     text = str(value)
     return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch))
+
+
+def _last(epoch: float | None, now: float) -> str:
+    """Write a last use for a person: how long ago, and when (a dash: none in the range)."""
+    if epoch is None:
+        return "—"
+    ago = max(0.0, now - epoch)
+    if ago < 120:
+        text = f"{ago:.0f} s ago"
+    elif ago < 7200:
+        text = f"{ago / 60:.0f} min ago"
+    elif ago < 172800:
+        text = f"{ago / 3600:.0f} h ago"
+    else:
+        text = f"{ago / 86400:.0f} days ago"
+    return (
+        f'<time datetime="{time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))}">{text}</time>'
+    )
+
+
+def _keys_table(caption: str, headers: tuple[str, ...], rows: list[str]) -> str:
+    head = "".join(f'<th scope="col">{h}</th>' for h in headers)
+    body = "".join(rows) or f'<tr><td colspan="{len(headers)}">None.</td></tr>'
+    return (
+        f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
 
 
 def _csv_number(measure: str, value: float) -> str:
