@@ -22,6 +22,9 @@ class ConsoleConfig:
             starved.
         max_users: at most this many users are listed per model and tier (the busiest first;
             the counts always cover everyone).
+        history_seconds: how often the trends (queue depth, waits, time to first token,
+            tokens per second) are sampled, whether a page is open or not; 0: no trends.
+        history_points: samples kept per figure (360 every 5 s: the last 30 minutes).
 
     """
 
@@ -30,3 +33,5 @@ class ConsoleConfig:
     session_seconds: float = 8 * 3600.0
     starved_after_seconds: float = 10.0
     max_users: int = 50
+    history_seconds: float = 5.0
+    history_points: int = 360

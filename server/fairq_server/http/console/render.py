@@ -21,7 +21,7 @@ from fairq_server.http.console.text import esc as _e
 __all__ = ["VIEWS", "fragment", "login_page", "message_page", "page"]
 
 # Path name -> title, in the navigation's order.
-VIEWS = {"queues": "Queues", "backends": "Backends", "cluster": "Cluster"}
+VIEWS = {"queues": "Queues", "trends": "Trends", "backends": "Backends", "cluster": "Cluster"}
 # The views over fairq's store (when it has one): rendered per request, not pushed.
 STORE_VIEWS = {"usage": "Usage", "keys": "Keys", "teams": "Teams & limits", "audit": "Audit"}
 

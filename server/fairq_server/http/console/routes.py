@@ -9,7 +9,7 @@ answers 401; a caller who is not an admin gets 403 from both.
 Routes:
 
 * ``GET /console/login``, ``POST /console/login``, ``POST /console/logout``;
-* ``GET /console/{queues,backends,cluster}``: a page, its live part rendered at once;
+* ``GET /console/{queues,trends,backends,cluster}``: a page, its live part rendered at once;
 * ``GET /console/{usage,keys,teams,audit}`` (with a store): usage plots and reports, stored
   keys, team weights, quotas and budgets (``POST /console/teams/{action}`` changes them), the
   audit log of admins' changes; ``GET /console/usage.csv`` (totals) and
@@ -200,7 +200,10 @@ class ConsoleRoutes:
                 return _redirect("/console/login")
             return _html(render.message_page("Not an admin", "The console is for admins."), 403)
         view = request.path.rsplit("/", 1)[-1]
-        live = render.fragment(view, await self._feed.current(), self._feed.here)
+        if view == "trends":  # the samples taken, not a reading of now
+            live = self._feed.html(view)
+        else:
+            live = render.fragment(view, await self._feed.current(), self._feed.here)
         csrf = session.csrf if session is not None else ""
         return _html(render.page(view, principal.user, csrf, live, self._manage is not None))
 
@@ -347,6 +350,7 @@ class ConsoleRoutes:
         )
         await response.prepare(request)
         self._feed.watchers += 1
+        sent = ""
         try:
             seq = self._feed.seq
             while True:
@@ -356,7 +360,12 @@ class ConsoleRoutes:
                     self._sessions.close(session)
                     await response.write(b"event: logout\ndata: {}\n\n")
                     break
-                frame = json.dumps({"html": self._feed.html(view)}, separators=(",", ":"))
+                html = self._feed.html(view)
+                if html == sent:  # nothing changed (trends between samples): a comment only
+                    await response.write(b": unchanged\n\n")
+                    continue
+                sent = html
+                frame = json.dumps({"html": html}, separators=(",", ":"))
                 await response.write(f"data: {frame}\n\n".encode())
         except ConnectionResetError:
             pass  # the page was closed
