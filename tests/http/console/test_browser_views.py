@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 
 from fairq_server.auth import hash_key
 from fairq_server.config import ConsoleConfig, HttpConfig, KeyConfig
@@ -101,9 +103,50 @@ async def test_long_and_spoofing_names_and_a_selection_that_survives_refreshes(
                 until, driver, lambda d: d.execute_script("return window.fairqRefreshes") >= 3
             )
             after = await asyncio.to_thread(driver.execute_script, _AFTER)
+            # Filtering and sorting hold across refreshes (the fragment is arranged before it
+            # is merged in).
+            arranged = await asyncio.to_thread(_filter_and_sort, driver)
         for call in calls:
             call.cancel()
     assert after["selected"] == LONG
     assert after["kept"] is True  # the very same cell, not a copy swapped in
     assert after["announced"] == 0
     assert after["live"] == "off"
+
+    assert arranged["filtered"] == [LONG]  # the other row is hidden
+    shown = "admin⟦U+202E⟧gnp."  # attributes carry the visible mark too
+    assert arranged["ascending"] == [shown, LONG]
+    assert arranged["descending"] == [LONG, shown]
+    assert arranged["aria"] == "descending"
+
+
+_ROWS = """
+return [...document.querySelectorAll('#live tbody tr')].filter(r => !r.hidden)
+  .map(r => r.dataset.user);
+"""
+
+
+def _refreshes(driver: webdriver.Chrome, more: int) -> None:
+    seen = driver.execute_script("return window.fairqRefreshes")
+    until(driver, lambda d: d.execute_script("return window.fairqRefreshes") >= seen + more)
+
+
+def _filter_and_sort(driver: webdriver.Chrome) -> dict[str, object]:
+    field = driver.find_element(By.ID, "filter")
+    field.send_keys("GOOO")  # case does not matter
+    _refreshes(driver, 2)
+    filtered = driver.execute_script(_ROWS)
+    field.clear()
+    field.send_keys(" ")  # an input event with nothing to match: every row again
+    header = driver.find_element(By.XPATH, "//div[@id='live']//thead//th[normalize-space()='User']")
+    header.send_keys(Keys.ENTER)  # the keyboard sorts too
+    _refreshes(driver, 2)
+    ascending = driver.execute_script(_ROWS)
+    header.click()
+    _refreshes(driver, 2)
+    return {
+        "filtered": filtered,
+        "ascending": ascending,
+        "descending": driver.execute_script(_ROWS),
+        "aria": header.get_attribute("aria-sort"),
+    }
