@@ -62,7 +62,9 @@ async def test_flood_appears_in_the_queue_view_and_drains(
             make_config([sim_backend(sim)], keys=list(KEYS.values())),
             tiers=tiers,
             http=HttpConfig(listen="127.0.0.1:0"),
-            console=ConsoleConfig(enabled=True, refresh_seconds=0.25, starved_after_seconds=2.0),
+            console=ConsoleConfig(
+                enabled=True, refresh_seconds=0.25, starved_after_seconds=2.0, history_seconds=0.5
+            ),
         )
         server = await fairq_factory(config)
         url = f"http://127.0.0.1:{server.http_port}"
@@ -114,6 +116,8 @@ async def test_flood_appears_in_the_queue_view_and_drains(
                 await asyncio.to_thread(driver.save_screenshot, str(DOCS / "queues.png"))
                 # Meanwhile, in another tab: the backend busy, fairq's requests in flight.
                 await asyncio.to_thread(_backends_tab, driver, url)
+                # And the trends: the queue's depth over the last samples, drawn.
+                await asyncio.to_thread(_trends_tab, driver, url)
                 # Then it drains.
                 sim.config.speed = 1.0
                 outcomes = await asyncio.gather(*reading)
@@ -151,6 +155,19 @@ def _backends_tab(driver: webdriver.Chrome, url: str) -> None:
     text = _live_text(driver)
     assert "sim-a" in text and "up" in text
     driver.save_screenshot(str(DOCS / "backends.png"))
+    driver.close()
+    driver.switch_to.window(queues)
+
+
+def _trends_tab(driver: webdriver.Chrome, url: str) -> None:
+    queues = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    driver.get(f"{url}/console/trends")
+    queued = '#live figure[data-group="model sim"][data-name="queued"] svg'
+    until(driver, lambda d: d.find_element(By.CSS_SELECTOR, queued).get_attribute("data-last"))
+    # Drawn: a line, in the page's SVG (read back, not a picture of it).
+    assert driver.find_elements(By.CSS_SELECTOR, f"{queued} polyline")
+    driver.save_screenshot(str(DOCS / "trends.png"))
     driver.close()
     driver.switch_to.window(queues)
 

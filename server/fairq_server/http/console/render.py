@@ -27,6 +27,14 @@ STORE_VIEWS = {"usage": "Usage", "keys": "Keys", "teams": "Teams & limits", "aud
 
 View = dict[str, Any]
 
+# Filters every table's rows as one types (console.js); sorting: the headers.
+_FILTER = (
+    '<p class="filter"><label for="filter">Filter rows</label> '
+    '<input id="filter" type="search" autocomplete="off" aria-describedby="filter-help"> '
+    '<span id="filter-help" class="detail">Rows holding this text; sort a table by its column '
+    "headers (click, Enter).</span></p>"
+)
+
 
 def _num(value: object, default: float = 0.0) -> float:
     return (
@@ -85,11 +93,7 @@ def page(view: str, user: str, csrf: str, live: str, store: bool = False) -> str
         + '<button type="submit">Log out</button></form></header>'
         + f'<main id="main"{data_view}><h1>{_e(views[view])}</h1>'
         + status
-        # Filters every table's rows as one types (console.js); sorting: the headers.
-        + '<p class="filter"><label for="filter">Filter rows</label> '
-        '<input id="filter" type="search" autocomplete="off" '
-        'aria-describedby="filter-help"> <span id="filter-help" class="detail">'
-        "Rows holding this text; sort a table by its column headers (click, Enter).</span></p>"
+        + (_FILTER if view != "trends" else "")  # the trends have no table
         + f'<div id="live" aria-live="off">{live}</div></main></body></html>'
     )
 
