@@ -7,13 +7,16 @@ past as soon as it opens), per model the requests queued and running, per tier t
 wait and time to first token of the requests that got there since the last sample (from the
 ``fairq_queue_wait_seconds`` and ``fairq_time_to_first_token_seconds`` histograms), the
 completion tokens per second overall and per team (``fairq_tokens_total`` and
-``fairq_team_tokens_total``, whose team label is already bounded), and the users served the
-most (from the recent service, the figures of ``fairq top``; five per sample).
+``fairq_team_tokens_total``, whose team label is already bounded), the users served the most
+(from the recent service, the figures of ``fairq top``; five per sample), and the five teams
+and five users with the most requests queued, with their longest wait (up to
+:data:`MAX_WALK` queued users; beyond, the model's totals only).
 
 Bounded: at most ``points`` samples are kept (a :class:`collections.deque`), and every sample
-holds a bounded number of figures (models and tiers are the configuration's, teams are the
-metric's bounded label set, users five). A sample reads a few metric families and walks the
-running requests, each a few microseconds; nothing is on a request's path.
+holds a bounded number of figures (models and tiers are the configuration's, teams the
+metric's bounded label set or five, users five). A sample reads a few metric families and
+walks the running requests and the queued users' heads (at most :data:`MAX_WALK`); nothing
+is on a request's path.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import Metric
 
@@ -31,8 +35,13 @@ from fairq_server.requests.recent import RecentService
 
 __all__ = ["LiveHistory", "Trend"]
 
-#: Users with the most recent service kept per sample.
+K = TypeVar("K")
+
+#: Users (and teams) kept per sample: the most served, the most queued.
 TOP_USERS = 5
+#: Queued users past which a sample leaves out the per-team and per-user queue lines (the
+#: walk over every queued user's head would cost milliseconds every sample).
+MAX_WALK = 2_000
 
 
 @dataclass(frozen=True)
@@ -94,11 +103,33 @@ class LiveHistory:
         for tickets in core.dispatcher.attempts.on_backend.values():
             for ticket in tickets:
                 running[ticket.request.model] = running.get(ticket.request.model, 0) + 1
+        # Per team and per user: requests queued and the oldest head, over every model.
+        users: dict[str, list[float]] = {}  # user -> [queued, oldest head's arrival]
+        teams: dict[str | None, list[float]] = {}
+        walk = 0
         for model in core.dispatcher.model_states():
             figures[(f"model {model.name}", "queued", "requests")] = float(len(model.queue))
             figures[(f"model {model.name}", "running", "requests")] = float(
                 running.get(model.name, 0)
             )
+            walk += sum(t.active_users for t in model.queue.tiers)
+        if walk <= MAX_WALK:
+            for model in core.dispatcher.model_states():
+                for tier_queue in model.queue.tiers:
+                    for user in tier_queue.users():
+                        head = tier_queue.head_of(user)
+                        count, arrival = float(tier_queue.user_len(user)), head.arrival
+                        _add(users, user, count, arrival)
+                        _add(teams, head.team, count, arrival)
+        mono = time.monotonic()
+        named = {f"team {t if t is not None else 'none'}": v for t, v in teams.items()}
+        for table in (named, {f"user {u}": v for u, v in users.items()}):
+            # The most queued: a bounded number of lines however many wait.
+            for group, (count, arrival) in heapq.nlargest(
+                TOP_USERS, table.items(), key=lambda kv: kv[1][0]
+            ):
+                figures[(group, "queued", "requests")] = count
+                figures[(group, "longest wait", "s")] = max(0.0, mono - arrival)
         telemetry = core.telemetry
         counters: dict[tuple[str, str], float] = {}
         _histogram(telemetry.queue_wait.collect(), "wait", counters)
@@ -141,6 +172,15 @@ class LiveHistory:
                                       self._samples])
             for group, name, unit in sorted(keys, key=_order)
         ]  # fmt: skip
+
+
+def _add(table: dict[K, list[float]], key: K, count: float, arrival: float) -> None:
+    entry = table.get(key)
+    if entry is None:
+        table[key] = [count, arrival]
+    else:
+        entry[0] += count
+        entry[1] = min(entry[1], arrival)
 
 
 def _order(key: tuple[str, str, str]) -> tuple[int, str, str]:

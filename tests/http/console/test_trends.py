@@ -74,6 +74,9 @@ async def test_trends_show_the_queue_waits_and_tokens_and_stay_bounded(
         # The ring is bounded: six samples at most, however many were taken.
         assert all(len(values) <= 6 for values in seen.values())
         assert seen[("model sim", "running")][-1] == "0"
+        # Per user and team (alice has none): queued, and the longest wait.
+        assert seen[("user alice", "queued")][-1] == seen[("team none", "queued")][-1] == "3"
+        assert float(seen[("user alice", "longest wait")][-1]) > 0
         async with http.get(f"{door.url}/console/trends") as resp:
             page = await resp.text()
         assert 'role="img" aria-label="model sim, queued: now 3' in page

@@ -24,8 +24,8 @@ _SECTIONS = (
     ("model", "Queues per model"),
     ("tier", "Waits per tier (mean over each interval)"),
     ("all", "Tokens per second"),
-    ("team", "Tokens per second per team"),
-    ("user", "Tokens per second of the users served most (about the last minute)"),
+    ("team", "Per team: tokens per second, and the most queued"),
+    ("user", "Per user: the most served (tokens per second, about the last minute) and queued"),
 )
 
 
