@@ -30,6 +30,9 @@ class ConsoleConfig:
             or the ``X-Forwarded-Host`` of a trusted proxy, ``http.trusted_proxies``): ``name``
             on any port, ``name:port`` on that port only. Any other host is answered 421, so a
             page of another name resolving to fairq's address (DNS rebinding) gets nothing.
+        history_seconds: how often the trends (queue depth, waits, time to first token,
+            tokens per second) are sampled, whether a page is open or not; 0: no trends.
+        history_points: samples kept per figure (360 every 5 s: the last 30 minutes).
 
     """
 
@@ -39,6 +42,8 @@ class ConsoleConfig:
     starved_after_seconds: float = 10.0
     max_users: int = 50
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
+    history_seconds: float = 5.0
+    history_points: int = 360
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:

@@ -35,7 +35,10 @@ class RecentService:
         self.tau = tau
         self._max_users = max_users
         self._clock = clock
+        self.clock = clock
         self._users: dict[str, tuple[float, float]] = {}  # user -> (value, updated at)
+        # Every token, pruned users' too: the denominator a windowed average divides by.
+        self._total: tuple[float, float] = (0.0, clock())
 
     def __len__(self) -> int:
         return len(self._users)
@@ -50,6 +53,8 @@ class RecentService:
         now = self._clock()
         value, updated = self._users.get(user, (0.0, now))
         self._users[user] = (self._decayed(value, updated, now) + tokens, now)
+        total, since = self._total
+        self._total = (self._decayed(total, since, now) + tokens, now)
         if len(self._users) > self._max_users:
             self._prune(now)
 
@@ -57,6 +62,15 @@ class RecentService:
         """Keep the larger half of ``max_users``, so pruning runs once per many records."""
         ranked = sorted(self._users.items(), key=lambda kv: -self._decayed(kv[1][0], kv[1][1], now))
         self._users = dict(ranked[: max(1, self._max_users // 2)])
+
+    def total(self) -> float:
+        """Return every user's tokens together, decayed alike (pruned users' included)."""
+        total, since = self._total
+        return self._decayed(total, since, self._clock())
+
+    def recorded_since(self, moment: float) -> list[str]:
+        """Return the users served at or after ``moment`` (on this object's clock)."""
+        return [user for user, (_, updated) in self._users.items() if updated >= moment]
 
     def values(self) -> dict[str, float]:
         """Return every user's decayed total now, forgetting those below half a token."""

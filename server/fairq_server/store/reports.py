@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -10,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fairq_server.store.schema import usage
 
-__all__ = ["GROUPINGS", "ReportRow", "usage_report"]
+__all__ = ["GROUPINGS", "ReportRow", "last_requests", "usage_report"]
 
 GROUPINGS = {"team": usage.c.team, "user": usage.c.user_name, "model": usage.c.model}
 
@@ -77,3 +78,28 @@ async def usage_report(
         )
         for r in rows
     ]
+
+
+async def last_requests(
+    engine: AsyncEngine, users: Collection[str], since: float
+) -> dict[str, float]:
+    """Return when each of ``users`` last had a request end (Unix time), since ``since``.
+
+    Users with none in the range are absent. The range keeps the query on the ``ended_at``
+    index (the ledger has no index by user); at most 500 users are asked about at once.
+    """
+    found: dict[str, float] = {}
+    names = sorted(set(users))
+    for start in range(0, len(names), 500):
+        query = (
+            select(usage.c.user_name, func.max(usage.c.ended_at).label("last"))
+            .where(usage.c.ended_at >= datetime.fromtimestamp(since, UTC))
+            .where(usage.c.user_name.in_(names[start : start + 500]))
+            .group_by(usage.c.user_name)
+        )
+        async with engine.connect() as conn:
+            for name, last in (await conn.execute(query)).all():
+                if last.tzinfo is None:  # SQLite hands naive datetimes back (stored in UTC)
+                    last = last.replace(tzinfo=UTC)
+                found[str(name)] = last.timestamp()
+    return found

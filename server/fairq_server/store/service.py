@@ -21,7 +21,7 @@ from fairq_server.store.keys import KeyStore
 from fairq_server.store.ledger import Ledger
 from fairq_server.store.limits import LimitState
 from fairq_server.store.records import UsageRecord
-from fairq_server.store.reports import ReportRow, usage_report
+from fairq_server.store.reports import ReportRow, last_requests, usage_report
 from fairq_server.store.schema import ENTITLEMENT_VERSION, KEYS_VERSION
 from fairq_server.store.series import Series, usage_series
 from fairq_server.store.settings import PriceConfig, StoreConfig, default_sqlite_path, engine_url
@@ -174,6 +174,13 @@ class Store:
         with contextlib.suppress(OSError):
             await self._ledger.flush()
         return await usage_report(self._engine, by, since, until)
+
+    async def last_requests(self, users: Collection[str], since: float) -> dict[str, float]:
+        """Return when each of ``users`` last had a request end, since ``since`` (flushed first)."""
+        assert self._engine is not None and self._ledger is not None, "Store.start() first"
+        with contextlib.suppress(OSError):
+            await self._ledger.flush()
+        return await last_requests(self._engine, users, since)
 
     async def series(self, by: str, step: str, since: float, until: float) -> Series:
         """Sum usage per hour or day and per team, user or model (flushed first, as above)."""

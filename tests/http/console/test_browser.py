@@ -26,6 +26,7 @@ from .conftest import generate, stub
 
 ALICE = (("authorization", "Bearer alice-key"),)
 BOB = (("authorization", "Bearer bob-key"),)
+RUNNING_ALICE = '#live tr[data-user="alice"]:not([data-running="0"])'
 
 
 def _live_text(driver: webdriver.Chrome) -> str:
@@ -44,7 +45,7 @@ def _log_in(driver: webdriver.Chrome, url: str, key: str) -> None:
     field.send_keys(Keys.ENTER)  # keyboard only
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 async def test_flood_appears_in_the_queue_view_and_drains(
     fairq_factory: FairqFactory, tmp_path: Path
 ) -> None:
@@ -61,7 +62,9 @@ async def test_flood_appears_in_the_queue_view_and_drains(
             make_config([sim_backend(sim)], keys=list(KEYS.values())),
             tiers=tiers,
             http=HttpConfig(listen="127.0.0.1:0"),
-            console=ConsoleConfig(enabled=True, refresh_seconds=0.25, starved_after_seconds=2.0),
+            console=ConsoleConfig(
+                enabled=True, refresh_seconds=0.25, starved_after_seconds=2.0, history_seconds=0.5
+            ),
         )
         server = await fairq_factory(config)
         url = f"http://127.0.0.1:{server.http_port}"
@@ -80,8 +83,8 @@ async def test_flood_appears_in_the_queue_view_and_drains(
 
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
                 sched = stub(channel)
-                # Alice alone first: all the recent service is hers, so once bob contends she
-                # is over her entitlement (half).
+                # Alice alone first: all the recent service is hers, and owed to her (nobody
+                # else contended), so it does not make her over.
                 warm = [sched.Generate(generate(max_tokens=8), metadata=ALICE) for _ in range(2)]
                 assert await asyncio.gather(*map(_drain, warm)) == ["finished"] * 2
                 # The flood lasts while the browser looks (at full speed it drains in 2 s, less
@@ -89,8 +92,17 @@ async def test_flood_appears_in_the_queue_view_and_drains(
                 # the views have been read.
                 sim.config.speed = 0.02
                 calls = [sched.Generate(generate(max_tokens=48), metadata=ALICE) for _ in range(24)]
-                calls += [sched.Generate(generate(max_tokens=48), metadata=BOB) for _ in range(6)]
                 reading = [asyncio.create_task(_drain(call)) for call in calls]
+                # Alice's first requests take the backend's slots: listed with requests running
+                # (only running, if the gate let every one through before the metrics said so).
+                await asyncio.to_thread(
+                    until, driver, lambda d: d.find_elements(By.CSS_SELECTOR, RUNNING_ALICE)
+                )
+                # Then bob floods too: alice's running requests go on while he waits, so her
+                # share of the minute passes what she was owed (half of it since he came).
+                more = [sched.Generate(generate(max_tokens=48), metadata=BOB) for _ in range(6)]
+                calls += more
+                reading += [asyncio.create_task(_drain(call)) for call in more]
 
                 # The flood shows up, pushed over server-sent events: alice's and bob's rows.
                 await asyncio.to_thread(
@@ -99,11 +111,13 @@ async def test_flood_appears_in_the_queue_view_and_drains(
                 text = await asyncio.to_thread(_live_text, driver)
                 assert "Model sim:" in text and "batch" in text
                 await asyncio.to_thread(
-                    until, driver, lambda d: re.search(r"\bover\b", _live_text(d))
+                    until, driver, lambda d: re.search(r"\bover\b", _live_text(d)), 90
                 )
                 await asyncio.to_thread(driver.save_screenshot, str(DOCS / "queues.png"))
                 # Meanwhile, in another tab: the backend busy, fairq's requests in flight.
                 await asyncio.to_thread(_backends_tab, driver, url)
+                # And the trends: the queue's depth over the last samples, drawn.
+                await asyncio.to_thread(_trends_tab, driver, url)
                 # Then it drains.
                 sim.config.speed = 1.0
                 outcomes = await asyncio.gather(*reading)
@@ -141,6 +155,19 @@ def _backends_tab(driver: webdriver.Chrome, url: str) -> None:
     text = _live_text(driver)
     assert "sim-a" in text and "up" in text
     driver.save_screenshot(str(DOCS / "backends.png"))
+    driver.close()
+    driver.switch_to.window(queues)
+
+
+def _trends_tab(driver: webdriver.Chrome, url: str) -> None:
+    queues = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    driver.get(f"{url}/console/trends")
+    queued = '#live figure[data-group="model sim"][data-name="queued"] svg'
+    until(driver, lambda d: d.find_element(By.CSS_SELECTOR, queued).get_attribute("data-last"))
+    # Drawn: a line, in the page's SVG (read back, not a picture of it).
+    assert driver.find_elements(By.CSS_SELECTOR, f"{queued} polyline")
+    driver.save_screenshot(str(DOCS / "trends.png"))
     driver.close()
     driver.switch_to.window(queues)
 

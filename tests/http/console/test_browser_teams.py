@@ -42,6 +42,19 @@ def _set_weight(driver: webdriver.Chrome, url: str, team: str, weight: str) -> s
     return _notice(driver)
 
 
+def _weight_underflows(driver: webdriver.Chrome, url: str, weight: str) -> bool:
+    driver.get(f"{url}/console/teams")
+    driver.find_element(By.ID, "team-name").send_keys("blue")
+    driver.find_element(By.ID, "team-weight").send_keys(weight, Keys.ENTER)
+    assert driver.current_url.endswith("/console/teams")  # not posted
+    assert not driver.find_elements(By.CSS_SELECTOR, "main p.notice, main p.error")
+    return bool(
+        driver.execute_script(
+            "return document.getElementById('team-weight').validity.rangeUnderflow"
+        )
+    )
+
+
 def _add_quota(driver: webdriver.Chrome, url: str, user: str) -> str:
     driver.get(f"{url}/console/teams")
     Select(driver.find_element(By.ID, "kind")).select_by_value("quota")
@@ -80,9 +93,11 @@ async def test_set_a_weight_and_a_hard_quota_in_the_console(
     with chrome(tmp_path / "profile") as driver:
         await asyncio.to_thread(_log_in, driver, url, "root-key")
         await asyncio.to_thread(until, driver, lambda d: d.current_url.endswith("/console/queues"))
-        # A refused weight is said, naming the field; nothing changes.
-        refused = await asyncio.to_thread(_set_weight, driver, url, "blue", "0")
-        assert "team.weight must be a finite number above 0" in refused
+        # A weight of 0 is refused by the field itself (the server refuses it too, see below);
+        # nothing is posted, nothing changes.
+        underflow = await asyncio.to_thread(_weight_underflows, driver, url, "0")
+        assert underflow is True
+        assert team_weights(server.core.config.teams).weight("blue") == 1.0
         notice = await asyncio.to_thread(_set_weight, driver, url, "blue", "2.5")
         assert "Team blue has weight 2.5" in notice
         assert team_weights(server.core.config.teams).weight("blue") == 2.5
@@ -150,7 +165,23 @@ async def test_team_forms_need_the_session_its_csrf_token_and_this_origin(
         async with http.post(
             f"{url}/console/teams/limit", data=bad, headers={"Origin": url}
         ) as resp:
-            assert "quota.tokens_per_day must be a whole number" in await resp.text()
+            page = await resp.text()
+            assert "quota.tokens_per_day must be a whole number" in page
+        # The refused form keeps what was typed (it was cleared before).
+        assert '<input id="name" name="name" type="text" required value="al">' in page
+        assert 'id="tokens_per_day" name="tokens_per_day" type="number"' in page
+        assert 'step="1" value="1.5">' in page
+        assert '<option value="user" selected>user</option>' in page
+        # A weight of 0 is refused by the field itself (it allowed 0), and by the server.
+        assert 'step="any" min="0.000001" required>' in page
+        zero = {"team-name": "mallory", "team-weight": "0", "csrf": csrf}
+        async with http.post(
+            f"{url}/console/teams/team", data=zero, headers={"Origin": url}
+        ) as resp:
+            page = await resp.text()
+        assert "weight must be a finite number above 0" in page
+        assert 'type="text" required value="mallory">' in page
+        assert 'min="0.000001" required value="0">' in page
         async with http.post(
             f"{url}/console/teams/limit-delete",
             data={"kind": "quota", "scope": "user", "name": "al", "csrf": csrf},

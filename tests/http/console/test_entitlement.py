@@ -118,6 +118,9 @@ async def test_live_view_shows_each_waiting_users_limits_and_every_teams(
 
     [labs] = cy["limits"]  # a soft team quota: cy waits in the band for his team's use
     assert (labs["scope"], labs["subject"], labs["state"]) == ("team", "labs", "over")
+    # Each says why it waits; neither is starved for it (that was shown before).
+    assert ann["state"] == cy["state"] == "held: soft-quota band"
+    assert ann["status"] == cy["status"] == ""
 
     teams = {t["team"]: t for t in view["teams"]}
     assert set(teams) == {"labs", "ops", "research"}

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
+from dataclasses import replace
 
 import aiohttp
 import grpc
 
+from fairq_server.config import ConsoleConfig, HttpConfig
 from fairq_sim import SimServer
 
-from ...conftest import FairqFactory, freeze_gate
+from ...conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
 from .conftest import generate, start_console, stub
 
 ALICE = (("authorization", "Bearer alice-key"),)
@@ -58,6 +62,9 @@ async def test_queue_rows_mark_the_user_over_and_the_starved_one(
         assert alice["entitled"] == bob["entitled"] == 0.5
         assert (alice["share"], bob["share"]) == (1.0, 0.0)
         assert (alice["status"], bob["status"]) == ("over", "starved")
+        # Why they wait: no backend admits (the gate sees stale metrics), not fairness.
+        assert alice["state"] == bob["state"] == "queued: no backend admits its tier"
+        assert (alice["running"], model["running"], model["running_users"]) == (0, 0, 0)
         # The backend row says why nothing is forwarded: the frozen gate sees stale metrics.
         [backend] = view["backends"]
         assert backend["health"] == "stale"
@@ -65,3 +72,79 @@ async def test_queue_rows_mark_the_user_over_and_the_starved_one(
         assert json.dumps(view)  # what a replica publishes to Redis
         for call in calls:
             call.cancel()
+
+
+async def test_a_user_served_at_once_is_listed_running_with_its_share(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """Before, only users with a request queued were listed: one served at once never was."""
+    door = await start_console(fairq_factory, sim)
+    sim.config.speed = 0.05  # the request runs while the view is read
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{door.server.port}") as channel,
+        aiohttp.ClientSession() as http,
+    ):
+        sched = stub(channel)
+        assert await _drain(sched.Generate(generate(max_tokens=4), metadata=BOB)) == "finished"
+        call = sched.Generate(generate(max_tokens=400), metadata=ALICE)
+        assert (await call.read()).WhichOneof("event") in ("queued", "started", "token")
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:  # polled until dispatched: a loaded machine takes its time
+            async with http.get(f"{door.url}/console/api/live", headers=ROOT) as resp:
+                [view] = (await resp.json())["replicas"]
+            [model] = view["models"]
+            if model["running"]:
+                break
+            assert asyncio.get_running_loop().time() < deadline, view
+            await asyncio.sleep(0.05)
+        call.cancel()
+        assert (model["users"], model["running"], model["running_users"]) == (0, 1, 1)
+        [alice] = model["rows"]
+        assert (alice["user"], alice["tier"], alice["state"]) == ("alice", "batch", "running")
+        assert (alice["queued"], alice["running"], alice["position"]) == (0, 1, -1)
+        # bob was served a moment ago and contends no more: alice is owed all of it now.
+        assert alice["entitled"] == 1.0
+        assert alice["share"] == 0.0  # a request's tokens count when it ends (access log)
+        async with http.get(f"{door.url}/console/queues", headers=ROOT) as resp:
+            page = await resp.text()
+        assert '<tr data-user="alice" data-state="running" data-running="1">' in page
+        assert "0 queued, 0 users waiting; 1 running, 1 users served" in page
+
+
+async def test_a_down_backend_shows_no_figures_and_its_reason_in_one_line(
+    sim: SimServer, fairq_factory: FairqFactory
+) -> None:
+    """Before: running 0 and KV 0 % (figures it does not have) and a Python representation."""
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = make_config(
+        [replace(sim_backend(sim), base_url=f"http://127.0.0.1:{port}")], keys=list(KEYS.values())
+    )
+    config = replace(
+        config,
+        http=HttpConfig(listen="127.0.0.1:0"),
+        console=ConsoleConfig(enabled=True, refresh_seconds=0.2),
+    )
+    server = await fairq_factory(config)
+    url = f"http://127.0.0.1:{server.http_port}"
+    async with aiohttp.ClientSession(headers=ROOT) as http:
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:  # polled until the poller gave up on it: a loaded machine takes its time
+            async with http.get(f"{url}/console/api/live") as resp:
+                [view] = (await resp.json())["replicas"]
+            [backend] = view["backends"]
+            if backend["health"] == "down":
+                break
+            assert asyncio.get_running_loop().time() < deadline, backend
+            await asyncio.sleep(0.05)
+        async with http.get(f"{url}/console/backends") as resp:
+            page = await resp.text()
+    assert (backend["running"], backend["waiting"], backend["kv_usage"]) == (None, None, None)
+    assert backend["error"].endswith("connection refused"), backend["error"]
+    assert "(" not in backend["error"] and "\n" not in backend["error"]
+    [row] = re.findall(r'<tr data-backend="sim-a".*?</tr>', page)
+    cells = re.findall(r"<td>(.*?)</td>", row)
+    assert cells[3:6] == ["—", "—", "—"]  # running, waiting, KV cache
+    assert '<span class="badge down">down</span>' in cells[2]
+    assert "connection refused" in cells[2] and "Error(" not in cells[2]

@@ -9,6 +9,8 @@ from fairq_server.http.console.entitlement_forms import EntitlementForms
 from fairq_server.http.console.feed import LiveFeed
 from fairq_server.http.console.manage import ManageRoutes
 from fairq_server.http.console.routes import ConsoleRoutes
+from fairq_server.observe.entitled import EntitledWindow
+from fairq_server.observe.history import LiveHistory
 from fairq_server.observe.live import LiveView, read_live
 from fairq_server.observe.replicas import ReplicaViews
 from fairq_server.requests.recent import RecentService
@@ -34,6 +36,7 @@ def build_console(
         managed: team weights, quotas and budgets set live (with a store).
 
     """
+    window = EntitledWindow(recent.tau)  # one per process: every page reads the same window
 
     def read() -> LiveView:
         settings = core.config.console
@@ -43,6 +46,7 @@ def build_console(
             replica=here,
             starved_after=settings.starved_after_seconds,
             max_users=settings.max_users,
+            window=window,
         )
 
     here, replicas = "", None
@@ -50,8 +54,16 @@ def build_console(
         here = core.cluster.replica_id
         ttl = round(3 * core.config.console.refresh_seconds) + 1
         replicas = ReplicaViews(core.cluster.client, core.cluster.config.key_prefix, here, ttl)
-    feed = LiveFeed(read, lambda: core.config.console.refresh_seconds, replicas, here)
-    manage = ManageRoutes(store) if store is not None else None
+    history = LiveHistory(core, recent, core.config.console.history_points)
+
+    def history_every() -> float:
+        history.resize(core.config.console.history_points)  # a reload may change it
+        return core.config.console.history_seconds
+
+    feed = LiveFeed(
+        read, lambda: core.config.console.refresh_seconds, replicas, here, history, history_every
+    )
+    manage = ManageRoutes(store, lambda: core.config.keys) if store is not None else None
     forms = EntitlementForms(managed) if managed is not None else None
     return ConsoleRoutes(
         auth,

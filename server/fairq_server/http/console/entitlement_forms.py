@@ -15,6 +15,7 @@ from html import escape
 from fairq_server.entitlement.managed import STORE, ManagedEntitlement, describe_limit
 from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.errors import InvalidRequestError
+from fairq_server.http.console.text import esc as _e
 from fairq_server.store.entitlement import LimitEntry, subject_of
 
 __all__ = ["ACTIONS", "EntitlementForms", "limit_from_form"]
@@ -25,10 +26,6 @@ log = logging.getLogger("fairq_server.console")
 ACTIONS = ("team", "team-delete", "limit", "limit-delete")
 _QUOTA_FIELDS = ("tokens_per_minute", "tokens_per_day", "requests_per_minute")
 _BUDGET_FIELDS = ("per_day", "per_month")
-
-
-def _e(value: object) -> str:
-    return escape(str(value), quote=True)
 
 
 def _number(form: dict[str, str], kind: str, name: str) -> float | None:
@@ -70,17 +67,32 @@ def limit_from_form(form: dict[str, str]) -> LimitEntry:
 
 def _hidden(csrf: str, **fields: str) -> str:
     pairs = {"csrf": csrf, **fields}
-    return "".join(f'<input type="hidden" name="{k}" value="{_e(v)}">' for k, v in pairs.items())
-
-
-def _input(name: str, label: str, kind: str = "text", extra: str = "") -> str:
-    return (
-        f'<label for="{name}">{label}</label><input id="{name}" name="{name}" type="{kind}"{extra}>'
+    # Posted back as they are: a name holding a control character must still match.
+    return "".join(
+        f'<input type="hidden" name="{k}" value="{escape(v, quote=True)}">'
+        for k, v in pairs.items()
     )
 
 
-def _select(name: str, label: str, choices: tuple[str, ...]) -> str:
-    options = "".join(f'<option value="{c}">{c}</option>' for c in choices)
+def _input(
+    name: str, label: str, kind: str = "text", extra: str = "", refill: dict[str, str] | None = None
+) -> str:
+    # After a refusal the form shows what was typed (posted back as it is), to be corrected.
+    value = (refill or {}).get(name, "")
+    given = f' value="{escape(value, quote=True)}"' if value else ""
+    return (
+        f'<label for="{name}">{label}</label>'
+        f'<input id="{name}" name="{name}" type="{kind}"{extra}{given}>'
+    )
+
+
+def _select(
+    name: str, label: str, choices: tuple[str, ...], refill: dict[str, str] | None = None
+) -> str:
+    chosen = (refill or {}).get(name)
+    options = "".join(
+        f'<option value="{c}"{" selected" if c == chosen else ""}>{c}</option>' for c in choices
+    )
     return (
         f'<label for="{name}">{label}</label><select id="{name}" name="{name}">{options}</select>'
     )
@@ -101,8 +113,11 @@ class EntitlementForms:
     def __init__(self, managed: ManagedEntitlement) -> None:
         self._managed = managed
 
-    def page(self, csrf: str, notice: str = "") -> str:
-        """Return the teams view's body: the forms and the entries in force."""
+    def page(self, csrf: str, notice: str = "", refill: dict[str, str] | None = None) -> str:
+        """Return the teams view's body: the forms and the entries in force.
+
+        ``refill``: a refused form's fields, shown again in its inputs.
+        """
         effective = self._managed.effective()
         team_rows = []
         for t in effective.teams:
@@ -142,27 +157,34 @@ class EntitlementForms:
             '<form method="post" action="/console/teams/team" class="create"><fieldset>'
             "<legend>Set a team's weight</legend>"
             + _hidden(csrf)
-            + _input("team-name", "Team", extra=" required")
-            + _input("team-weight", "Weight (above 0)", "number", ' step="any" min="0" required')
+            + _input("team-name", "Team", extra=" required", refill=refill)
+            # No HTML bound says "above 0": the smallest positive step the form takes.
+            + _input(
+                "team-weight",
+                "Weight (above 0)",
+                "number",
+                ' step="any" min="0.000001" required',
+                refill,
+            )
             + '<button type="submit">Set weight</button></fieldset></form>'
         )
         limit_form = (
             '<form method="post" action="/console/teams/limit" class="create"><fieldset>'
             "<legend>Add or replace a quota or budget</legend>"
             + _hidden(csrf)
-            + _select("kind", "Kind", ("quota", "budget"))
-            + _select("scope", "For a", ("team", "user"))
-            + _input("name", "Team or user (* for every user)", extra=" required")
-            + _input("model", "Model (empty: all models)")
+            + _select("kind", "Kind", ("quota", "budget"), refill)
+            + _select("scope", "For a", ("team", "user"), refill)
+            + _input("name", "Team or user (* for every user)", extra=" required", refill=refill)
+            + _input("model", "Model (empty: all models)", refill=refill)
             + "".join(
-                _input(f, f.replace("_", " ").capitalize(), "number", ' min="1" step="1"')
+                _input(f, f.replace("_", " ").capitalize(), "number", ' min="1" step="1"', refill)
                 for f in _QUOTA_FIELDS
             )
             + "".join(
-                _input(f, f"Budget {f.replace('_', ' ')}", "number", ' min="0" step="any"')
+                _input(f, f"Budget {f.replace('_', ' ')}", "number", ' min="0" step="any"', refill)
                 for f in _BUDGET_FIELDS
             )
-            + _select("mode", "Mode", ("hard", "soft"))
+            + _select("mode", "Mode", ("hard", "soft"), refill)
             + '<button type="submit">Save limit</button></fieldset></form>'
         )
         teams = _table(
@@ -175,16 +197,18 @@ class EntitlementForms:
         )  # fmt: skip
         return notice + team_form + teams + limit_form + limits
 
-    async def change(self, action: str, form: dict[str, str], who: str) -> str:
-        """Apply one posted change; return the notice to show (an error is said, not raised)."""
+    async def change(self, action: str, form: dict[str, str], who: str) -> tuple[str, bool]:
+        """Apply one posted change; return the notice to show and whether it was made.
+
+        An error is said in the notice, not raised.
+        """
         try:
-            return await self._change(action, form, who)
+            return await self._change(action, form, who), True
         except InvalidRequestError as exc:
-            return f'<p class="error" role="alert">{_e(str(exc)[:300])}</p>'
+            return f'<p class="error" role="alert">{_e(str(exc)[:300])}</p>', False
         except Exception as exc:  # the database down or refusing: said on the page
-            return (
-                f'<p class="error" role="alert">The store did not answer: {_e(str(exc)[:300])}</p>'
-            )
+            text = f"The store did not answer: {_e(str(exc)[:300])}"
+            return f'<p class="error" role="alert">{text}</p>', False
 
     async def _change(self, action: str, form: dict[str, str], who: str) -> str:
         managed = self._managed

@@ -4,7 +4,8 @@ One task reads this replica's view (:func:`~fairq_server.observe.live.read_live`
 ``refresh_seconds``, publishes it to Redis in a cluster, and, while a page is open, reads the
 other replicas' views back. Open pages wait for the next refresh and render from the same
 views; the HTML of each view is rendered once per refresh however many pages show it. With
-no page open and no cluster, a refresh reads nothing.
+no page open and no cluster, a refresh reads nothing but the trends' sample when one is due
+(every ``history_seconds``: a few metric families and the running requests).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from fairq_server.http.console.render import fragment
+from fairq_server.http.console.trends import trends_fragment
+from fairq_server.observe.history import LiveHistory
 from fairq_server.observe.live import LiveView
 from fairq_server.observe.replicas import ReplicaViews
 from fairq_server.supervisor import stop_asked, stop_task
@@ -33,6 +37,8 @@ class LiveFeed:
         every: seconds between refreshes (read again each time, so a reload applies).
         replicas: every replica's views through Redis (None outside a cluster).
         here: this replica's name (empty outside a cluster).
+        history: the trends, sampled here every ``history_every()`` seconds (0: not).
+        history_every: seconds between samples (read again each time, so a reload applies).
 
     """
 
@@ -42,9 +48,15 @@ class LiveFeed:
         every: Callable[[], float],
         replicas: ReplicaViews | None = None,
         here: str = "",
+        history: LiveHistory | None = None,
+        history_every: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._read = read
         self._every = every
+        self._history = history
+        self._history_every = history_every
+        self._sampled_at: float | None = None
+        self._trends_html: tuple[int, str] = (-1, "")
         self._replicas = replicas
         self.here = here
         self.watchers = 0
@@ -86,10 +98,30 @@ class LiveFeed:
 
     def html(self, view: str) -> str:
         """Return the last refresh's fragment of ``view`` (rendered once per refresh)."""
+        if view == "trends":  # changes once per sample, not per refresh
+            seq = self._history.seq if self._history is not None else 0
+            if self._trends_html[0] != seq:
+                self._trends_html = (seq, self._trends())
+            return self._trends_html[1]
         cached = self._html.get(view)
         if cached is None:
             cached = self._html[view] = fragment(view, self.views, self.here)
         return cached
+
+    def _trends(self) -> str:
+        if self._history is None or self._history_every() <= 0:
+            return '<p class="empty">Trends are off (console.history_seconds = 0).</p>'
+        return trends_fragment(self._history.trends(), self._history.times, self.here)
+
+    def _sample(self) -> None:
+        """Sample the trends if one is due (whether a page is open or not)."""
+        every = self._history_every()
+        if self._history is None or every <= 0:
+            return
+        now = time.monotonic()
+        if self._sampled_at is None or now - self._sampled_at >= every:
+            self._sampled_at = now
+            self._history.sample()
 
     async def _views(self, *, everyone: bool = False) -> list[dict[str, Any]]:
         """Return this replica's view (published), and the others' if a page is open."""
@@ -107,6 +139,7 @@ class LiveFeed:
     async def _run(self) -> None:
         while not stop_asked():
             try:
+                self._sample()
                 if self.watchers or self._replicas is not None:
                     views = await self._views()
                     async with self._tick:

@@ -10,16 +10,13 @@ each replica reports the use its book last saw, so a team's row shows the highes
 from __future__ import annotations
 
 import time
-from html import escape
 from typing import Any
+
+from fairq_server.http.console.text import esc as _e
 
 __all__ = ["limits_cell", "team_cell", "teams_section"]
 
 View = dict[str, Any]
-
-
-def _e(value: object) -> str:
-    return escape(str(value), quote=True)
 
 
 def _num(value: object) -> float:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from html import escape
 
+from fairq_server.http.console.text import esc as _e
 from fairq_server.store.series import Series
 
 __all__ = ["MAX_LINES", "lines_of", "usage_plot"]
@@ -30,10 +30,6 @@ _UNITS = {
     "cost": "cost",
     "requests": "requests",
 }
-
-
-def _e(value: object) -> str:
-    return escape(str(value), quote=True)
 
 
 def _label(group: str | None) -> str:

@@ -13,23 +13,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from html import escape
 from typing import Any
 
 from fairq_server.http.console.limits import limits_cell, team_cell, teams_section
+from fairq_server.http.console.text import esc as _e
 
 __all__ = ["VIEWS", "fragment", "login_page", "message_page", "page"]
 
 # Path name -> title, in the navigation's order.
-VIEWS = {"queues": "Queues", "backends": "Backends", "cluster": "Cluster"}
+VIEWS = {"queues": "Queues", "trends": "Trends", "backends": "Backends", "cluster": "Cluster"}
 # The views over fairq's store (when it has one): rendered per request, not pushed.
 STORE_VIEWS = {"usage": "Usage", "keys": "Keys", "teams": "Teams & limits", "audit": "Audit"}
 
 View = dict[str, Any]
 
-
-def _e(value: object) -> str:
-    return escape(str(value), quote=True)
+# Filters every table's rows as one types (console.js); sorting: the headers.
+_FILTER = (
+    '<p class="filter"><label for="filter">Filter rows</label> '
+    '<input id="filter" type="search" autocomplete="off" aria-describedby="filter-help"> '
+    '<span id="filter-help" class="detail">Rows holding this text; sort a table by its column '
+    "headers (click, Enter).</span></p>"
+)
 
 
 def _num(value: object, default: float = 0.0) -> float:
@@ -69,8 +73,14 @@ def page(view: str, user: str, csrf: str, live: str, store: bool = False) -> str
     )
     # Only the live views have an event stream (console.js opens it from data-view).
     data_view = f' data-view="{_e(view)}"' if view in VIEWS else ""
+    # The status region is announced when it changes (the connection's state only); the
+    # time of the last update is beside it, not in it, and the tables are not a live region:
+    # a screen reader announcing every refresh could be heard of nothing else.
     status = (
-        '<p id="status" role="status">Live: updates as they happen.</p>' if view in VIEWS else ""
+        '<p class="live-status"><span id="status" role="status">Live: updates as they happen.'
+        '</span> <span id="updated" class="detail"></span></p>'
+        if view in VIEWS
+        else ""
     )
     return (
         _head(views[view])
@@ -83,7 +93,8 @@ def page(view: str, user: str, csrf: str, live: str, store: bool = False) -> str
         + '<button type="submit">Log out</button></form></header>'
         + f'<main id="main"{data_view}><h1>{_e(views[view])}</h1>'
         + status
-        + f'<div id="live">{live}</div></main></body></html>'
+        + (_FILTER if view != "trends" else "")  # the trends have no table
+        + f'<div id="live" aria-live="off">{live}</div></main></body></html>'
     )
 
 
@@ -134,8 +145,9 @@ def _table(caption: str, headers: Iterable[str], rows: list[str]) -> str:
     )
 
 
-def _row(cells: Iterable[str]) -> str:
-    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+def _row(cells: Iterable[str], data: dict[str, str] | None = None) -> str:
+    attrs = "".join(f' data-{k}="{_e(v)}"' for k, v in (data or {}).items())
+    return f"<tr{attrs}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
 def _queues(views: list[View]) -> str:
@@ -146,13 +158,15 @@ def _queues(views: list[View]) -> str:
             if not isinstance(m, dict):
                 continue
             entry = models.setdefault(
-                str(m.get("model", "")), {"tiers": {}, "users": 0, "rows": []}
+                str(m.get("model", "")),
+                {"tiers": {}, "users": 0, "running": 0, "running_users": 0, "rows": []},
             )
             for pair in _list(m.get("tiers")):
                 if _pair(pair):
                     tier = str(pair[0])
                     entry["tiers"][tier] = entry["tiers"].get(tier, 0) + int(_num(pair[1]))
-            entry["users"] += int(_num(m.get("users")))
+            for count in ("users", "running", "running_users"):
+                entry[count] += int(_num(m.get(count)))
             entry["rows"] += [(str(v.get("replica", "")), r) for r in _list(m.get("rows"))]
     teams = teams_section(views)
     if not models:
@@ -162,16 +176,26 @@ def _queues(views: list[View]) -> str:
         total = sum(entry["tiers"].values())
         depth = ", ".join(f"{_e(t)} {n}" for t, n in entry["tiers"].items())
         out.append(
-            f"<section><h2>Model {_e(name)}: {total} queued, {entry['users']} users waiting</h2>"
+            f"<section><h2>Model {_e(name)}: {total} queued, {entry['users']} users waiting; "
+            f"{entry['running']} running, {entry['running_users']} users served</h2>"
             f'<p class="depth">By tier: {depth}</p>'
         )
         rows = [(rep, r) for rep, r in entry["rows"] if isinstance(r, dict)]
-        rows.sort(key=lambda p: (_num(p[1].get("position")), -_num(p[1].get("waiting_seconds"))))
+        # The waiting first (by position), then the users only running.
+        rows.sort(
+            key=lambda p: (
+                _num(p[1].get("position")) < 0,
+                _num(p[1].get("position")),
+                -_num(p[1].get("waiting_seconds")),
+                -_num(p[1].get("running")),
+            )
+        )
         if not rows:
-            out.append('<p class="empty">Nobody is waiting.</p></section>')
+            out.append('<p class="empty">Nobody is waiting or running.</p></section>')
             continue
         headers = ["Tier", "User", "Team"] + (["Replica"] if cluster else [])
-        headers += ["Queued", "Position", "Waiting", "Share of service / entitled", "Status"]
+        headers += ["Queued", "Running", "Position", "Waiting", "State"]
+        headers += ["Share of service / entitled (last minute)", "Status"]
         limited = any(r.get("limits") for _, r in rows)
         headers += ["Quotas and budgets (used / limit)"] if limited else []
         body = []
@@ -187,18 +211,25 @@ def _queues(views: list[View]) -> str:
             preempted = int(_num(r.get("preempted")))
             if preempted:  # its next request is a continuation, waiting for a slot again
                 badge += f' <span class="badge preempted">preempted {preempted}x</span>'
+            position = int(_num(r.get("position")))
+            queued = int(_num(r.get("queued")))
+            state = str(r.get("state", ""))
+            state_cell = f'<span class="state" data-state="{_e(state)}">{_e(state)}</span>'
             cells = [_e(r.get("tier", "")), _e(r.get("user", "")), team_cell(r)]
             cells += [_e(replica)] if cluster else []
             cells += [
-                str(int(_num(r.get("queued")))),
-                str(int(_num(r.get("position")))),
-                f"{_num(r.get('waiting_seconds')):.1f} s",
+                str(queued),
+                str(int(_num(r.get("running")))),
+                str(position) if queued else "—",
+                f"{_num(r.get('waiting_seconds')):.1f} s" if queued else "—",
+                state_cell,
                 meter,
                 badge,
             ]
             cells += [limits_cell(r)] if limited else []
-            body.append(_row(cells))
-        out.append(_table(f"Users waiting for {name}", headers, body) + "</section>")
+            data = {"user": str(r.get("user", "")), "state": state}
+            body.append(_row(cells, {**data, "running": str(int(_num(r.get("running"))))}))
+        out.append(_table(f"Users waiting or running on {name}", headers, body) + "</section>")
     return "".join(out)
 
 
@@ -245,6 +276,11 @@ def _preemptions_by_backend(views: list[View]) -> dict[str, str]:
     return cells
 
 
+def _figure(value: object) -> str:
+    """Write a backend's metric, or a dash where it has none now (down, unknown, no metrics)."""
+    return f"{_num(value):g}" if isinstance(value, int | float) else "—"
+
+
 def _backends(views: list[View]) -> str:
     if not views or not _list(views[0].get("backends")):
         return '<p class="empty">No backend is registered.</p>'
@@ -259,12 +295,17 @@ def _backends(views: list[View]) -> str:
         if not isinstance(b, dict):
             continue
         health = str(b.get("health", ""))
-        if b.get("draining"):
-            health += ", draining"
+        draining = bool(b.get("draining"))
         error = str(b.get("error", ""))
-        health_cell = f'<span class="badge {_e(health.split(",")[0])}">{_e(health)}</span>'
+        health_cell = f'<span class="badge {_e(health)}">{_e(health)}</span>'
+        if draining:  # deregistered: takes no new work, finishes what it runs
+            left = totals.get(str(b.get("id", "")), 0)
+            health_cell += (
+                f' <span class="badge draining">draining: {left} of fairq\'s requests left, '
+                "no new work</span>"
+            )
         if error:
-            health_cell += f'<br><span class="detail">{_e(error)}</span>'
+            health_cell += f'<br><span class="detail reason">{_e(error)}</span>'
         tpot = b.get("tpot_seconds")
         gates = []
         for g in _list(b.get("gates")):
@@ -284,14 +325,19 @@ def _backends(views: list[View]) -> str:
                     _e(b.get("id", "")),
                     _e(", ".join(str(m) for m in _list(b.get("models")))),
                     health_cell,
-                    f"{_num(b.get('running')):g}",
-                    f"{_num(b.get('waiting')):g}",
-                    f"{_num(kv):.0%}" if kv is not None else "—",
+                    _figure(b.get("running")),
+                    _figure(b.get("waiting")),
+                    f"{_num(kv):.0%}" if isinstance(kv, int | float) else "—",
                     flight,
                     f"{_num(tpot) * 1000:.0f} ms" if tpot is not None else "—",
                     "<br>".join(gates),
                     preemptions.get(str(b.get("id", "")), "0"),
-                ]
+                ],
+                {
+                    "backend": str(b.get("id", "")),
+                    "health": health,
+                    "draining": "yes" if draining else "no",
+                },
             )
         )
     return _table("Backends: their metrics, fairq's load, and the gate", headers, body)

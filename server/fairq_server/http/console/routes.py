@@ -9,7 +9,7 @@ answers 401; a caller who is not an admin gets 403 from both.
 Routes:
 
 * ``GET /console/login``, ``POST /console/login``, ``POST /console/logout``;
-* ``GET /console/{queues,backends,cluster}``: a page, its live part rendered at once;
+* ``GET /console/{queues,trends,backends,cluster}``: a page, its live part rendered at once;
 * ``GET /console/{usage,keys,teams,audit}`` (with a store): usage plots and reports, stored
   keys, team weights, quotas and budgets (``POST /console/teams/{action}`` changes them), the
   audit log of admins' changes; ``GET /console/usage.csv`` (totals) and
@@ -260,7 +260,10 @@ class ConsoleRoutes:
                 return _redirect("/console/login")
             return _html(render.message_page("Not an admin", "The console is for admins."), 403)
         view = request.path.rsplit("/", 1)[-1]
-        live = render.fragment(view, await self._feed.current(), self._feed.here)
+        if view == "trends":  # the samples taken, not a reading of now
+            live = self._feed.html(view)
+        else:
+            live = render.fragment(view, await self._feed.current(), self._feed.here)
         csrf = session.csrf if session is not None else ""
         return _html(render.page(view, principal.user, csrf, live, self._manage is not None))
 
@@ -340,15 +343,18 @@ class ConsoleRoutes:
             principal, session, status = await self._caller(request)
             if principal is None:
                 return _redirect("/console/login") if status == 401 else _refusal(status)
-            csrf, notice = session.csrf if session is not None else "", ""
+            csrf, notice, refill = session.csrf if session is not None else "", "", None
         else:
             posted = await self._posted(request)
             if isinstance(posted, web.Response):
                 return posted
             principal, session, form = posted
             csrf = session.csrf
-            notice = await self._forms.change(request.match_info["action"], form, principal.user)
-        body = self._forms.page(csrf, notice)
+            action = request.match_info["action"]
+            notice, done = await self._forms.change(action, form, principal.user)
+            # A refused change keeps what was typed, to correct rather than type again.
+            refill = None if done or action.endswith("-delete") else form
+        body = self._forms.page(csrf, notice, refill)
         return _html(render.page("teams", principal.user, csrf, body, store=True))
 
     async def _usage(self, request: web.Request) -> web.StreamResponse:
@@ -360,7 +366,9 @@ class ConsoleRoutes:
         step, measure = request.query.get("step", "auto"), request.query.get("measure", "")
         code = 200
         try:
-            body = await self._manage.usage_page(by, since, step, measure or "output_tokens")
+            body = await self._manage.usage_page(
+                by, since, step, measure or "output_tokens", request.query.get("from", "0")
+            )
         except Exception as exc:  # the database down or refusing: said on the page
             body, code = self._store_error(exc)
         return await self._store_page(request, "usage", body, code)
@@ -421,6 +429,7 @@ class ConsoleRoutes:
         await response.prepare(request)
         credential = request.headers.get("Authorization", "")
         self._feed.watchers += 1
+        sent = ""
         try:
             seq = self._feed.seq
             while True:
@@ -432,7 +441,12 @@ class ConsoleRoutes:
                     break
                 if seq == last:
                     continue  # no new view in this period
-                frame = json.dumps({"html": self._feed.html(view)}, separators=(",", ":"))
+                html = self._feed.html(view)
+                if html == sent:  # nothing changed (trends between samples): a comment only
+                    await response.write(b": unchanged\n\n")
+                    continue
+                sent = html
+                frame = json.dumps({"html": html}, separators=(",", ":"))
                 await response.write(f"data: {frame}\n\n".encode())
         except ConnectionResetError:
             pass  # the page was closed
