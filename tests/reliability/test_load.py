@@ -39,7 +39,8 @@ async def test_capacity_streams_and_queue_each_end_with_one_terminal_event() -> 
     result = await capacity(SIZE, log=lambda line: None)
     assert not result.tally.violations, result.tally.violations[:3]
     assert result.tally.codes == collections.Counter({"OK": 2_200})
-    assert result.peak_in_flight == 200
+    # The cap, and at most one request sent ahead for a slot about to free (lookahead).
+    assert result.peak_in_flight in (200, 201)
     assert result.peak_queue_depth == 2_000
     assert result.peak_backend_running >= 190  # the backend really ran them together
     assert result.quiet_after
