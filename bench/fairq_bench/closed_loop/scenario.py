@@ -134,10 +134,13 @@ async def _later(engine: Engine, redis: RedisProcess, seconds: float, idle: floa
 
 
 def _modes(args: argparse.Namespace, engine: Engine) -> list[str]:
+    """Direct and fairq; in a full run preemption too, and on the simulator's vLLM mode the
+    configuration without the slots (what a new user gets; the engine's queue orders)."""
     modes = [DIRECT, SLOTS]
     if not args.quick:
-        modes.insert(1, ENGINE_QUEUE)
         modes.append(PREEMPT)
+        if args.backend == "sim" and args.kind == "vllm":
+            modes.insert(1, ENGINE_QUEUE)
     return modes
 
 
