@@ -43,7 +43,7 @@ from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket
 from fairq_server.telemetry import Telemetry
 
-__all__ = ["MAX_REMEMBERED", "Anticipation", "Hold", "model_slots"]
+__all__ = ["MAX_REMEMBERED", "Anticipation", "Hold", "model_slots", "share_slots"]
 
 #: Users whose think time is remembered (least recently seen forgotten first).
 MAX_REMEMBERED = 65_536
@@ -99,6 +99,24 @@ def model_slots(backends: BackendSet, model: str) -> int:
             return 0
         total += backend.max_in_flight
     return total
+
+
+def share_slots(backends: BackendSet, model: str) -> int:
+    """Return the slots of ``model`` this replica shares among its own users (0: unknown).
+
+    On one process, every slot. In a cluster, those the other replicas' requests do not hold
+    (as last read from the shared gate, their held slots included): a replica knows only its
+    own users, and sharing every slot among them gave a deep caller here half the engine
+    while the callers it shared it with ran on other replicas (a chat caller beside it got
+    0.38 of its owed share, those elsewhere 0.96).
+    """
+    if not model_slots(backends, model):
+        return 0
+    return sum(
+        max(0, b.max_in_flight - b.peer_in_flight)
+        for b in backends.of(model)
+        if not b.draining and b.healthy is not False
+    )
 
 
 class Anticipation:
@@ -171,7 +189,7 @@ class Anticipation:
         """
         if self._bound() <= 0:
             return 0.0
-        slots = model_slots(self._backends, model.name)
+        slots = share_slots(self._backends, model.name)
         if not slots:
             return 0.0
         user = ticket.user

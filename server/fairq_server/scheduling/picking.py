@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from fairq_server.entitlement.checker import Entitlement
 from fairq_server.scheduling import fair_share
-from fairq_server.scheduling.anticipation import LOOKS, Anticipation, model_slots
+from fairq_server.scheduling.anticipation import LOOKS, Anticipation, model_slots, share_slots
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.fairness.hierarchy import TEAM_TAG
@@ -106,6 +106,7 @@ class Picker:
             held = self._held(model, first, candidates, now)
             if held is not None:
                 return held
+            slots = share_slots(self._backends, model.name)
         tier = model.aged_tier(first, now, self._settings().tiers)
         tier_queue = queue.tiers[tier]
         retry = tier_queue.peek_retry() if tier_queue.has_retries else None

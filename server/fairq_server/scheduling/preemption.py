@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from fairq_server.backends.continuation import exempt_reason, short_of_room
 from fairq_server.errors import NoBackendError
 from fairq_server.preempt_config import PreemptConfig
-from fairq_server.scheduling.anticipation import model_slots
+from fairq_server.scheduling.anticipation import share_slots
 from fairq_server.scheduling.attempts import AttemptBook
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
@@ -95,7 +95,7 @@ class Preemptor:
         if after is None:
             return False
         best: tuple[Running, Ticket, BackendState, Ticket] | None = None
-        slots = model_slots(self._backends, model.name)
+        slots = share_slots(self._backends, model.name)
         for backend in self._full_backends(model.name):
             cap = self._caps.setdefault(backend.id, RateCap(self._cfg.max_per_second))
             cap.per_second = self._cfg.max_per_second
