@@ -292,18 +292,17 @@ class Anticipation:
         """
         holds = self._holds.get(model)
         hold = holds.pop(user, None) if holds is not None else None
-        if hold is not None:
-            if lapsed:
-                self._end(hold)
-            else:
-                hold.end()
-            if lapsed:
-                self.lapsed += 1
-            else:
-                self.taken += 1
-            self._telemetry.anticipation.labels(model, "lapsed" if lapsed else "taken").inc()
-            if not holds:
-                del self._holds[model]
+        if hold is None:
+            return
+        if lapsed:
+            self._end(hold)
+            self.lapsed += 1
+        else:
+            hold.end()
+            self.taken += 1
+        self._telemetry.anticipation.labels(model, "lapsed" if lapsed else "taken").inc()
+        if not holds:
+            del self._holds[model]
 
     def drop(self, model: str, below_tier: int) -> None:
         """Drop ``model``'s holds for tiers after ``below_tier`` (higher-tier work waits)."""
