@@ -63,7 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from fairq_server.app import FairqServer
-    from fairq_server.config_file import load_config
+    from fairq_server.config.loader import load_config
 
     try:
         config = load_config(args.config)
@@ -120,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _reload(server: FairqServer, path: str, access_log: bool) -> None:
-    from fairq_server.config_file import load_config
+    from fairq_server.config.loader import load_config
 
     log = logging.getLogger("fairq")
     try:

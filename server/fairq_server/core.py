@@ -20,26 +20,26 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from fairq_server.backends.base import Backend
+from fairq_server.backends.build import make_backend
 from fairq_server.backends.credentials import refuse_unserved
 from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.poller import MetricsPoller
-from fairq_server.backends.registry import make_backend
-from fairq_server.config import BackendConfig, Config, ConfigError
-from fairq_server.entitlement.factory import build_entitlement
-from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError, QueueFullError
-from fairq_server.loop_monitor import LoopMonitor
-from fairq_server.names import escape
-from fairq_server.registrations import (
+from fairq_server.backends.registrations import (
     FileRegistrations,
     Registrations,
     backend_from_json,
     backend_to_json,
 )
+from fairq_server.config.schema import BackendConfig, Config, ConfigError
+from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError, QueueFullError
+from fairq_server.names import escape
+from fairq_server.runtime.loop_monitor import LoopMonitor
+from fairq_server.runtime.supervisor import stop_task, supervise
 from fairq_server.scheduling.backend_state import BackendState, Health
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
-from fairq_server.supervisor import stop_task, supervise
 from fairq_server.telemetry import Telemetry
+from fairq_server.tenancy.factory import build_entitlement
 
 if TYPE_CHECKING:
     from fairq_server.cluster.node import ClusterNode
@@ -98,7 +98,7 @@ class FairqCore:
         # Where RPC registrations outlive this process: Redis in a cluster, else state_file.
         self.registrations: Registrations | None = None
         if self.cluster is not None:
-            from fairq_server.cluster.registry import RedisRegistrations
+            from fairq_server.cluster.shared_registrations import RedisRegistrations
 
             prefix = self.cluster.config.key_prefix
             self.registrations = RedisRegistrations(self.cluster.client, prefix)
@@ -252,7 +252,7 @@ class FairqCore:
             return
         from_file = {b.id for b in self.config.backends}
         if self.cluster is not None:
-            from fairq_server.cluster.registry import RedisRegistrations, watch
+            from fairq_server.cluster.shared_registrations import RedisRegistrations, watch
 
             assert isinstance(self.registrations, RedisRegistrations)
             self._watcher = asyncio.create_task(

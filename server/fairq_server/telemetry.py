@@ -21,7 +21,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from fairq_server.team_labels import TeamLabels
+from fairq_server.tenancy.team_labels import TeamLabels
 
 if TYPE_CHECKING:
     from fairq_server.backends.request import MetricsSample

@@ -10,7 +10,7 @@ from dataclasses import replace
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fairq_server.config import Limits
+from fairq_server.config.schema import Limits
 
 from ..conftest import FairqFactory, make_config
 

@@ -14,7 +14,7 @@ from google.protobuf import struct_pb2
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.config import HttpConfig, Limits
+from fairq_server.config.schema import HttpConfig, Limits
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import Limits
+from fairq_server.config.schema import Limits
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from fairq.v1 import scheduler_pb2
-from fairq_server.config import BackendConfig, Limits
+from fairq_server.config.schema import BackendConfig, Limits
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

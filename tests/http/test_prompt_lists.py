@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from fairq_server.config import BackendConfig, HttpConfig, Limits
+from fairq_server.config.schema import BackendConfig, HttpConfig, Limits
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

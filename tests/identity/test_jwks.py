@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from fairq_server.config.identity import JwtConfig
 from fairq_server.errors import UnauthenticatedError
 from fairq_server.identity.jwks import FileJwks, UrlJwks
 from fairq_server.identity.jwt import JwtVerifier
 from fairq_server.identity.keyset import JwksError, parse_jwks
-from fairq_server.identity.settings import JwtConfig
 
 from .idp import AUDIENCE, ISSUER, TIERS, SigningKey, claims, jwks, serve_jwks, tls_files
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2
 from fairq_server.app import FairqServer
-from fairq_server.config import Config, Limits
+from fairq_server.config.schema import Config, Limits
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import KEYS, make_config, sim_backend

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_bench.hostile_backend import HostileBackend
 from fairq_server.app import FairqServer
-from fairq_server.config import Limits
+from fairq_server.config.schema import Limits
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend

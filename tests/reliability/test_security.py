@@ -24,7 +24,7 @@ from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq.v1.scheduler_pb2 import GenerateResponse
 from fairq_bench.load import ChildProcess, start_fairq
 from fairq_server.app import FairqServer
-from fairq_server.config import BackendConfig, Limits
+from fairq_server.config.schema import BackendConfig, Limits
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

@@ -16,11 +16,11 @@ from sqlalchemy import select
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_bench.postgres_process import PostgresProcess
-from fairq_server.config import ConsoleConfig
+from fairq_server.config.schema import ConsoleConfig
+from fairq_server.config.store import StoreConfig, StoreError
 from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.schema import audit_log
-from fairq_server.store.settings import StoreConfig, StoreError
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend

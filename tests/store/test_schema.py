@@ -12,16 +12,16 @@ from alembic.runtime.migration import MigrationContext
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection
 
-from fairq_server.store.engine import current_revision, head_revision, open_engine, upgrade
-from fairq_server.store.schema import metadata
-from fairq_server.store.service import Store
-from fairq_server.store.settings import (
+from fairq_server.config.store import (
     PriceConfig,
     StoreConfig,
     StoreError,
     check_prices,
     engine_url,
 )
+from fairq_server.store.engine import current_revision, head_revision, open_engine, upgrade
+from fairq_server.store.schema import metadata
+from fairq_server.store.service import Store
 
 
 async def test_migrations_match_the_schema_and_rerun_as_no_ops(store_url: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.load import ChildProcess, start_fairq
-from fairq_server.auth import hash_key
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from fairq_server.collector import Collector
+from fairq_server.runtime.collector import Collector
 
 
 class Cycle:

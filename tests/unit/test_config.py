@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fairq_server.config import ConfigError
-from fairq_server.config_file import load_config, parse_config
+from fairq_server.config.loader import load_config, parse_config
+from fairq_server.config.schema import ConfigError
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "fairq.toml"
 

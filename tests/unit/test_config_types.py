@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from fairq_server.config import Config, ConfigError
-from fairq_server.config_file import load_config, parse_config
+from fairq_server.config.loader import load_config, parse_config
+from fairq_server.config.schema import Config, ConfigError
 
 # The smallest valid content of the sections that have required keys, so that the one wrong
 # value in each case is the only thing wrong.

@@ -7,8 +7,8 @@ import time
 
 import uvloop
 
-from fairq_server import loop_share, pace
-from fairq_server.loop_monitor import LoopMonitor
+from fairq_server.runtime import loop_share, pace
+from fairq_server.runtime.loop_monitor import LoopMonitor
 
 
 async def test_a_callback_holding_the_loop_shows_as_lag() -> None:

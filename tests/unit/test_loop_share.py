@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fairq_server.loop_share import LoopShare
+from fairq_server.runtime.loop_share import LoopShare
 
 WORK = 0.001  # seconds of CPU each piece of bulk work holds the loop
 SLICE = 0.005

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from fairq_server import pace
-from fairq_server.pace import FULL, HALF, MAX_STRETCH, Pace
+from fairq_server.runtime import pace
+from fairq_server.runtime.pace import FULL, HALF, MAX_STRETCH, Pace
 
 
 def settled(load: float) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fairq_server.supervisor import cancel_all, stop_asked, stop_task
+from fairq_server.runtime.supervisor import cancel_all, stop_asked, stop_task
 
 
 async def _swallowing_step(done: asyncio.Event) -> None:

@@ -47,7 +47,7 @@ from fairq_server.errors import BackendError, BackendFailure, InvalidRequestErro
 from fairq_server.names import escape
 
 if TYPE_CHECKING:
-    from fairq_server.config import BackendConfig
+    from fairq_server.config.schema import BackendConfig
 
 __all__ = ["Backend"]
 

@@ -20,11 +20,11 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from fairq_server import loop_share
 from fairq_server.backends.idle_watch import STREAM_TIMEOUT, IdleWatch
 from fairq_server.backends.sse import SseLimitError, SseSplitter
 from fairq_server.errors import BackendError, BackendFailure
 from fairq_server.names import escape
+from fairq_server.runtime import loop_share
 
 __all__ = [
     "FAILURE_BY_HTTP",

@@ -18,7 +18,7 @@ from fairq_server.backends.kinds import BACKEND_KINDS
 from fairq_server.names import MAX_MODELS_PER_BACKEND, check_model, check_token
 
 if TYPE_CHECKING:
-    from fairq_server.config import BackendConfig
+    from fairq_server.config.schema import BackendConfig
 
 __all__ = [
     "MAX_SETTING_CHARS",

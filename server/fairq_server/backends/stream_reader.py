@@ -8,7 +8,7 @@ Reading paces itself for fast streams: once a read had to wait for the network (
 caught up with the backend), the next read waits out ``window`` first, so the socket gathers
 that window's tokens and the HTTP parser hands them over at once, instead of waking fairq per
 token. The window stretches while the event loop is near its capacity
-(:mod:`~fairq_server.pace`). A stream whose output bound falls within what one window
+(:mod:`~fairq_server.runtime.pace`). A stream whose output bound falls within what one window
 gathers waits only for the time its last tokens take at that pace: its end, and the slot it
 frees, is seen as it comes, not up to a window late (on an engine whose every slot fairq
 fills, a late end is a slot left empty: docs/benchmarks/preemption.md).
@@ -25,9 +25,9 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
-from fairq_server import loop_share, pace
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.errors import BackendError, BackendFailure
+from fairq_server.runtime import loop_share, pace
 
 __all__ = ["StreamSink", "start_reading"]
 

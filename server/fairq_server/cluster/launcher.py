@@ -48,13 +48,13 @@ from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.cluster.credit import Credit
 from fairq_server.cluster.quota import cluster_book
-from fairq_server.entitlement.cluster_book import ClusterBook, Ride
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.attempt_stream import AttemptSink, StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.in_force import Settings
 from fairq_server.scheduling.interfaces import GateOutcome
-from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import AttemptHandle, Ticket
+from fairq_server.tenancy.books.cluster import ClusterBook, Ride
 
 if TYPE_CHECKING:
     from fairq_server.cluster.node import ClusterNode

@@ -31,7 +31,7 @@ from typing import TypeVar
 from prometheus_client import Metric
 
 from fairq_server.core import FairqCore
-from fairq_server.requests.recent import RecentService
+from fairq_server.observe.recent import RecentService
 
 __all__ = ["LiveHistory", "Trend"]
 

@@ -11,7 +11,7 @@ Text is merged: a take returns everything buffered as one piece, and a fast stre
 out at most once per ``window`` (the first piece goes out at once; later text waits at most
 one window, far below what a reader notices), because each message towards the caller costs
 about the same whatever its length. The window stretches while the event loop is near its
-capacity (:mod:`~fairq_server.pace`).
+capacity (:mod:`~fairq_server.runtime.pace`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairq_server import pace
 from fairq_server.backends.request import StreamEnd
 from fairq_server.errors import SchedulerError
+from fairq_server.runtime import pace
 
 __all__ = ["Finished", "Outbox", "OutboxEvent", "Queued", "Started", "Text"]
 
@@ -75,7 +75,7 @@ class Outbox:
     Args:
         limit: most characters of text held for a caller that does not read.
         window: text is handed out at most once per this many seconds (0: as it comes),
-            stretched by the running loop's :class:`~fairq_server.pace.Pace`.
+            stretched by the running loop's :class:`~fairq_server.runtime.pace.Pace`.
 
     """
 

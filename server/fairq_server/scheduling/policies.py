@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairq_server.config import SchedulerConfig
+from fairq_server.config.schema import SchedulerConfig
 from fairq_server.scheduling.counters import LocalCounters
 from fairq_server.scheduling.fairness.hierarchy import TeamFairness
 from fairq_server.scheduling.interfaces import (

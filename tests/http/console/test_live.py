@@ -11,7 +11,7 @@ from dataclasses import replace
 import aiohttp
 import grpc
 
-from fairq_server.config import ConsoleConfig, HttpConfig
+from fairq_server.config.schema import ConsoleConfig, HttpConfig
 from fairq_sim import SimServer
 
 from ...conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend

@@ -17,9 +17,9 @@ import grpc
 import pytest
 from aiohttp import web
 
-from fairq_server.api.status import status_for
 from fairq_server.backends.request import BackendRequest, Sampling, StreamEnd
 from fairq_server.backends.vllm import VllmBackend
+from fairq_server.doors.grpc.status import status_for
 from fairq_server.errors import BackendError
 
 from ...scripted_http import serve

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.config import Limits
+from fairq_server.config.schema import Limits
+from fairq_server.doors.http.parse import parse_request
 from fairq_server.errors import InvalidRequestError
-from fairq_server.http.parse import parse_request
 
 
 def test_pass_through_and_interpreted_fields() -> None:

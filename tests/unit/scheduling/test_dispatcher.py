@@ -17,7 +17,7 @@ import pytest
 
 from fairq_server.backends.request import MetricsSample, StreamEnd
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import SchedulerConfig, TierConfig
+from fairq_server.config.schema import SchedulerConfig, TierConfig
 from fairq_server.errors import (
     BackendError,
     BackendFailure,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fairq_server import pace
 from fairq_server.backends.request import StreamEnd
+from fairq_server.runtime import pace
 from fairq_server.scheduling.outbox import Finished, Outbox, Started, Text
 
 WINDOW = 0.05

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from fairq_server.config import ConfigError, SchedulerConfig
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
+from fairq_server.config.schema import ConfigError, SchedulerConfig
 from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.routing import PrefixAffinityRouter
 

@@ -1,0 +1,92 @@
+"""Event-loop lag and load: how late a short timer fires on fairq's loop, how busy the loop is.
+
+Everything in fairq shares one asyncio loop, so a long callback, or a long run of them in one
+loop pass, delays every other request, health check and scrape. A timer that should fire
+every ``interval`` seconds fires late by exactly that delay, so its lateness, observed into a
+histogram (``fairq_event_loop_lag_seconds``), measures how long the loop went without getting
+back to its timers. A stall of S seconds shows as a tick late by between S - ``interval`` and
+S; at 10 ms the bound is tight. The tick is a plain timer callback, not a task sleeping in a
+loop: a hundred wake-ups a second are then a callback each (no task step, no future), a
+fifth of an idle fairq's CPU before (docs/design/hot-path.md).
+
+Every :data:`~fairq_server.runtime.pace.SAMPLE_TICKS` ticks the monitor also samples the loop's load
+for the coalescing window's stretch (:mod:`~fairq_server.runtime.pace`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from fairq_server.runtime import loop_share, pace
+
+__all__ = ["LoopMonitor"]
+
+
+class LoopMonitor:
+    """Reports the lateness of an ``interval``-second timer to ``observe`` (e.g. a histogram's).
+
+    Args:
+        observe: called with each tick's lateness in seconds.
+        interval: the timer's period.
+        report: called with each load sample and the stretch it set (e.g. to set gauges).
+
+    """
+
+    def __init__(
+        self,
+        observe: Callable[[float], None],
+        interval: float = 0.01,
+        report: Callable[[float, float], None] | None = None,
+    ) -> None:
+        self._observe = observe
+        self._interval = interval
+        self._report = report
+        # uvloop's call_at returns a plain Handle, with no ``when()``, for a time already past
+        # (the observer or the OS held the tick longer than an interval): the due time is
+        # kept here instead.
+        self._timer: asyncio.Handle | None = None
+        self._due = 0.0
+        self._pace: pace.Pace | None = None
+        self._ticks = 0  # since the last load sample
+        self._behind = 0  # of those, ticks at which bulk work waited for a later pass
+        self._since = (0.0, 0.0)  # (wall, loop thread CPU) at the last load sample
+
+    def start(self) -> None:
+        """Start measuring on the running loop."""
+        loop = asyncio.get_running_loop()
+        self._pace = pace.for_loop(loop)
+        self._ticks = self._behind = 0
+        self._since = (time.monotonic(), time.thread_time())
+        self._due = loop.time() + self._interval
+        self._timer = loop.call_at(self._due, self._tick, loop)
+
+    async def stop(self) -> None:
+        """Stop measuring."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pace is not None:
+            self._pace.reset()
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        self._observe(max(0.0, now - self._due))
+        self._ticks += 1
+        if loop_share.backlogged(loop):
+            self._behind += 1
+        if self._ticks >= pace.SAMPLE_TICKS:
+            self._sample()
+        self._due = now + self._interval
+        self._timer = loop.call_at(self._due, self._tick, loop)
+
+    def _sample(self) -> None:
+        wall, cpu = time.monotonic(), time.thread_time()  # the tick runs on the loop's thread
+        spent = (cpu - self._since[1]) / max(wall - self._since[0], 1e-6)
+        load = max(spent, self._behind / self._ticks)
+        self._since, self._ticks, self._behind = (wall, cpu), 0, 0
+        assert self._pace is not None
+        self._pace.observe(load)
+        if self._report is not None:
+            self._report(load, self._pace.stretch)
