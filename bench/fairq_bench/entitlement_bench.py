@@ -35,8 +35,9 @@ from collections.abc import Sequence
 
 from fairq_server.config.entitlement import ANY_USER, BudgetConfig, QuotaConfig
 from fairq_server.config.store import PriceConfig
+from fairq_server.tenancy.books.book import Claim
 from fairq_server.tenancy.books.local import LocalBook
-from fairq_server.tenancy.checker import Claim, Entitlement
+from fairq_server.tenancy.checker import Entitlement
 
 __all__ = ["main", "run"]
 

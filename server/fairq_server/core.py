@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -31,13 +32,22 @@ from fairq_server.backends.registrations import (
     backend_to_json,
 )
 from fairq_server.config.schema import BackendConfig, Config, ConfigError
-from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError, QueueFullError
+from fairq_server.errors import (
+    BackendError,
+    BackendFailure,
+    InvalidRequestError,
+    QueueFullError,
+    SchedulerError,
+)
 from fairq_server.names import escape
 from fairq_server.runtime.loop_monitor import LoopMonitor
 from fairq_server.runtime.supervisor import stop_task, supervise
 from fairq_server.scheduling.backend_state import BackendState, Health
+from fairq_server.scheduling.backend_view import view_of
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
+from fairq_server.scheduling.queue_view import BackendView, QueueView
+from fairq_server.scheduling.ticket import Ticket
 from fairq_server.telemetry import Telemetry
 from fairq_server.tenancy.factory import build_entitlement
 
@@ -235,6 +245,65 @@ class FairqCore:
     def backends(self) -> list[BackendState]:
         """Return the states of every registered backend."""
         return self.dispatcher.backends()
+
+    def known_models(self) -> set[str]:
+        """Return every model a backend is registered for, up or down."""
+        return self.dispatcher.models()
+
+    def refusal(self, user: str, team: str | None, model: str) -> SchedulerError | None:
+        """Return the quota or budget refusal ``user`` meets for ``model`` now, if any."""
+        entitlement = self.dispatcher.entitlement
+        if entitlement is None or not entitlement.active:
+            return None
+        return entitlement.refusal(user, team, model)
+
+    def token_prompt_refusers(self, model: str) -> list[str]:
+        """Return the kinds of ``model``'s backends that do not take token-id prompts.
+
+        Every backend of the model must take them: the dispatcher may pick any of them.
+        """
+        serving = [b.backend for b in self.backends() if model in b.backend.models]
+        return sorted({b.kind for b in serving if not b.token_prompts})
+
+    def submit(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` (see :meth:`Dispatcher.submit`)."""
+        self.dispatcher.submit(ticket)
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Take ``ticket`` out of the queue or abort its backend request (idempotent)."""
+        self.dispatcher.cancel(ticket)
+
+    def queue_view(self) -> QueueView:
+        """Return queue depths, queued users and each backend's status and gate, now."""
+        config = self.config
+        now = time.monotonic()
+        stale_after = config.scheduler.stale_after_seconds
+        view = QueueView(tiers=self.tier_names)
+        for model in sorted(self.dispatcher.model_states(), key=lambda m: m.name):
+            queue = model.queue
+            view.models[model.name] = [len(tier) for tier in queue.tiers]
+            users: set[str] = set()
+            for tier in queue.tiers:
+                users.update(tier.users())
+            view.queued_users[model.name] = len(users)
+            for user in users:
+                view.user_queued[user] = view.user_queued.get(user, 0) + queue.user_len(user)
+        gate = self.policies.gate
+        for backend in sorted(self.backends(), key=lambda b: b.backend.id):
+            # The gate is a pure check: asking it here changes nothing, counts no refusal.
+            gates = [gate.check(backend, tier, now, stale_after).value for tier in config.tiers]
+            view.backends.append((view_of(backend, stale_after, now), gates))
+        return view
+
+    async def register_remote(self, cfg: BackendConfig) -> BackendView:
+        """Register a backend asked for over the Admin API (held to ``admin``'s allowlist)."""
+        state = await self.register_backend(cfg, from_rpc=True)
+        return view_of(state, self.config.scheduler.stale_after_seconds, time.monotonic())
+
+    def backend_views(self) -> list[BackendView]:
+        """Return every registered backend as plain values, now."""
+        now, stale_after = time.monotonic(), self.config.scheduler.stale_after_seconds
+        return [view_of(b, stale_after, now) for b in self.backends()]
 
     def served_models(self) -> set[str]:
         """Return the models some backend serves now: one registered for it and not down.

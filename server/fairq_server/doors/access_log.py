@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fairq_server.observe.recent import RecentService
-from fairq_server.scheduling.outbox import Finished, OutboxEvent, Started, Text
+from fairq_server.scheduling.outbox import Finished, OutboxEvent, Relayed, Started, Text
 from fairq_server.store.records import UsageRecord
 
 __all__ = [
@@ -68,7 +68,7 @@ class RequestTrace:
         if isinstance(event, Started):  # again after a retry: the backend that serves
             self.backend = event.backend_id
             self.started_at = self.arrival + event.queue_seconds
-        elif isinstance(event, Text):
+        elif isinstance(event, Text | Relayed):
             if self.first_token_at is None:
                 self.first_token_at = now
         elif isinstance(event, Finished):

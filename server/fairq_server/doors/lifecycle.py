@@ -15,9 +15,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from fairq_server.backends.request import BackendRequest
-from fairq_server.core import FairqCore
 from fairq_server.doors.access_log import RequestLog, RequestTrace
 from fairq_server.doors.estimate import estimate_tokens
+from fairq_server.doors.port import CorePort
 from fairq_server.doors.tier import resolve_tier
 from fairq_server.errors import InvalidRequestError, SchedulerError
 from fairq_server.identity.auth import Authenticator, Principal
@@ -42,20 +42,20 @@ class DoorBase:
     """
 
     def __init__(
-        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
+        self, core: CorePort, auth: Authenticator, request_log: RequestLog | None = None
     ) -> None:
         self._core = core
         self._auth = auth
         self._request_log = request_log if request_log is not None else RequestLog()
 
 
-def count_rejection(core: FairqCore, exc: SchedulerError) -> None:
+def count_rejection(core: CorePort, exc: SchedulerError) -> None:
     """Count a request refused before it was queued (unauthenticated, invalid, bad tier)."""
     core.telemetry.requests.labels("none", exc.outcome).inc()
 
 
 def open_ticket(
-    core: FairqCore,
+    core: CorePort,
     principal: Principal,
     request: BackendRequest,
     requested_tier: str,
@@ -83,11 +83,9 @@ def open_ticket(
     check_token_prompt(core, request)
     tier = resolve_tier(requested_tier, principal, core.tier_names)
     team, team_weight = team_weights(config.teams).resolve(principal.team)
-    entitlement = core.dispatcher.entitlement
-    if entitlement is not None and entitlement.active:
-        refused = entitlement.refusal(principal.user, team, request.model)
-        if refused is not None:
-            raise refused
+    refused = core.refusal(principal.user, team, request.model)
+    if refused is not None:
+        raise refused
     ticket = Ticket(
         request=request,
         user=principal.user,
@@ -105,13 +103,17 @@ def open_ticket(
             config.scheduler.prefix_block_chars,
             token_ids=request.prompt_token_ids,
         ),
-        outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
+        outbox=Outbox(
+            config.limits.max_unread_chars,
+            config.scheduler.stream_coalesce_seconds,
+            relay=request.relay_chunks,
+        ),
     )
-    core.dispatcher.submit(ticket)
+    core.submit(ticket)
     return ticket
 
 
-def check_token_prompt(core: FairqCore, request: BackendRequest) -> None:
+def check_token_prompt(core: CorePort, request: BackendRequest) -> None:
     """Refuse a token-id prompt for a model a backend serves that does not take them.
 
     Every backend of the model must take them: the dispatcher may pick any of them.
@@ -122,8 +124,7 @@ def check_token_prompt(core: FairqCore, request: BackendRequest) -> None:
     """
     if request.prompt_token_ids is None:
         return
-    serving = [b.backend for b in core.backends() if request.model in b.backend.models]
-    refusing = sorted({b.kind for b in serving if not b.token_prompts})
+    refusing = core.token_prompt_refusers(request.model)
     if refusing:
         raise InvalidRequestError(
             f"this model's backends do not take token-id prompts ({', '.join(refusing)}); "
@@ -132,7 +133,7 @@ def check_token_prompt(core: FairqCore, request: BackendRequest) -> None:
 
 
 async def ticket_events(
-    core: FairqCore,
+    core: CorePort,
     ticket: Ticket,
     on_end: Callable[[str], None] = lambda outcome: None,
     trace: RequestTrace | None = None,
@@ -173,6 +174,6 @@ async def ticket_events(
         log.exception("request %s failed", ticket.request.request_id)
         raise
     finally:
-        core.dispatcher.cancel(ticket)
+        core.cancel(ticket)
         core.telemetry.requests_of(tier_name, outcome).inc()
         on_end(outcome)

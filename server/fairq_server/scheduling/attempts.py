@@ -33,7 +33,8 @@ from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.outbox import Finished, Started
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.telemetry import Telemetry
-from fairq_server.tenancy.checker import Claim, Entitlement
+from fairq_server.tenancy.books.book import Claim
+from fairq_server.tenancy.checker import Entitlement
 
 __all__ = ["AttemptBook"]
 

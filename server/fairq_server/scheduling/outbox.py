@@ -55,6 +55,17 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Relayed:
+    """The backend's own stream chunks, as received and already framed as server-sent events.
+
+    What a request that relays the backend's chunks (``BackendRequest.relay_chunks``: the
+    HTTP door's) gets in place of :class:`Text`.
+    """
+
+    frames: str
+
+
+@dataclass(frozen=True)
 class Finished:
     """The generation ended normally; token counts are the backend's where it gave them."""
 
@@ -66,7 +77,7 @@ class Finished:
     total_seconds: float
 
 
-OutboxEvent = Queued | Started | Text | Finished
+OutboxEvent = Queued | Started | Text | Relayed | Finished
 
 
 class Outbox:
@@ -76,11 +87,13 @@ class Outbox:
         limit: most characters of text held for a caller that does not read.
         window: text is handed out at most once per this many seconds (0: as it comes),
             stretched by the running loop's :class:`~fairq_server.runtime.pace.Pace`.
+        relay: the text put is the backend's framed chunks: handed out as :class:`Relayed`.
 
     """
 
-    def __init__(self, limit: int = 1 << 20, window: float = 0.0) -> None:
+    def __init__(self, limit: int = 1 << 20, window: float = 0.0, *, relay: bool = False) -> None:
         self.limit = limit
+        self._relay = relay
         self._window = window
         self._items: deque[OutboxEvent | SchedulerError] = deque()
         self._text: list[str] = []  # text after the last item, not yet an item
@@ -129,7 +142,8 @@ class Outbox:
 
     def _flush_text(self) -> None:
         if self._text:
-            self._items.append(Text("".join(self._text), tuple(self._extra)))
+            joined = "".join(self._text)
+            self._items.append(Relayed(joined) if self._relay else Text(joined, tuple(self._extra)))
             self._text, self._extra = [], []
 
     async def take(self) -> list[OutboxEvent]:
@@ -163,8 +177,13 @@ class Outbox:
                 if taken and isinstance(taken[-1], Text):
                     taken[-1] = Text(taken[-1].text + item.text, taken[-1].extra + item.extra)
                     continue
+            elif isinstance(item, Relayed):
+                self._buffered -= len(item.frames)
+                if taken and isinstance(taken[-1], Relayed):
+                    taken[-1] = Relayed(taken[-1].frames + item.frames)
+                    continue
             taken.append(item)
-        if any(isinstance(e, Text) for e in taken):
+        if any(isinstance(e, Text | Relayed) for e in taken):
             self._last_taken = time.monotonic()
         if not self._items:
             self._ready.clear()  # the next text then sets the window's wake-up (put_text)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from fairq_server.backends.continuation import Progress
     from fairq_server.backends.request import BackendRequest
     from fairq_server.scheduling.backend_state import BackendState
-    from fairq_server.tenancy.checker import Claim
+    from fairq_server.tenancy.books.book import Claim
 
 __all__ = ["AttemptHandle", "Ticket", "TicketState"]
 

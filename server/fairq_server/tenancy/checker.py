@@ -23,18 +23,25 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
 from fairq_server.config.store import PriceConfig
 from fairq_server.errors import QuotaExceededError
-from fairq_server.tenancy.books.book import Grant, LimitKey, LimitUse, Measure, Refusal, Window
+from fairq_server.tenancy.books.book import (
+    Claim,
+    Grant,
+    LimitKey,
+    LimitUse,
+    Measure,
+    Refusal,
+    Window,
+)
 from fairq_server.tenancy.books.local import period_of
 from fairq_server.tenancy.metrics import EntitlementMetrics
 from fairq_server.tenancy.rules import Applicable, Limit, LimitTable
 
-__all__ = ["WARN_AT", "Claim", "Entitlement", "SyncBook"]
+__all__ = ["WARN_AT", "Entitlement", "SyncBook"]
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +67,6 @@ class SyncBook(Protocol):
     def used_now(self, keys: Sequence[LimitKey], now: float) -> list[float]:
         """See :meth:`~fairq_server.tenancy.books.book.LimitBook.used`."""
         ...
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What a dispatched request holds in the book until it is settled."""
-
-    grant: Grant
-    model: str
 
 
 class Entitlement:

@@ -6,35 +6,17 @@ so the entitlement imports neither the whole configuration nor the process's tel
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
-from fairq_server.config.store import PriceConfig
 from fairq_server.tenancy.books.local import LocalBook
 from fairq_server.tenancy.checker import Entitlement, SyncBook
+from fairq_server.tenancy.limit_settings import LimitSettings
 from fairq_server.tenancy.metrics import EntitlementMetrics
 from fairq_server.tenancy.team_labels import TeamLabels
 
-__all__ = ["LimitSettings", "MetricsHome", "build_entitlement"]
-
-
-class LimitSettings(Protocol):
-    """What the entitlement reads of the configuration."""
-
-    @property
-    def quotas(self) -> Sequence[QuotaConfig]:
-        """Token and request limits per team and user."""
-
-    @property
-    def budgets(self) -> Sequence[BudgetConfig]:
-        """Cost limits per team and user."""
-
-    @property
-    def prices(self) -> Mapping[str, PriceConfig]:
-        """Per-model token prices (the budgets' units)."""
+__all__ = ["MetricsHome", "build_entitlement"]
 
 
 class MetricsHome(Protocol):

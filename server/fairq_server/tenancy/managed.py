@@ -34,7 +34,7 @@ from fairq_server.store.entitlement import (
     limit_kind,
     subject_of,
 )
-from fairq_server.tenancy.factory import LimitSettings
+from fairq_server.tenancy.limit_settings import LimitSettings
 
 __all__ = ["Effective", "ManagedEntitlement", "check_limit", "check_team", "effective"]
 

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
 from fairq_server.config.store import PriceConfig
 from fairq_server.errors import QuotaExceededError
-from fairq_server.tenancy.books.book import Measure, Scope, Window
+from fairq_server.tenancy.books.book import Claim, Measure, Scope, Window
 from fairq_server.tenancy.books.local import LocalBook
-from fairq_server.tenancy.checker import Claim, Entitlement
+from fairq_server.tenancy.checker import Entitlement
 from fairq_server.tenancy.metrics import EntitlementMetrics
 from fairq_server.tenancy.rules import LimitTable
 from fairq_server.tenancy.team_labels import TeamLabels

@@ -7,26 +7,21 @@ import time
 import grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
-from fairq_server.backends.base import Backend
-from fairq_server.backends.kinds import BACKEND_KINDS
-from fairq_server.backends.openai import OpenAIBackend
 from fairq_server.config.schema import BackendConfig
-from fairq_server.core import FairqCore
 from fairq_server.doors.grpc.admin_entitlement import EntitlementAdmin
-from fairq_server.doors.grpc.snapshot import build_snapshot, read_core
+from fairq_server.doors.grpc.snapshot import KIND_VALUES, backend_status, build_snapshot
 from fairq_server.doors.grpc.status import status_for
+from fairq_server.doors.port import CorePort
 from fairq_server.errors import InvalidRequestError, SchedulerError
 from fairq_server.identity.auth import Authenticator
 from fairq_server.observe.recent import RecentService
-from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.store.service import Store
 from fairq_server.tenancy.managed import ManagedEntitlement
 
 __all__ = ["AdminServicer"]
 
 # The proto's enum names follow the kind names: BACKEND_KIND_<NAME>.
-_KIND_VALUES = {k: f"BACKEND_KIND_{k.upper()}" for k in BACKEND_KINDS}
-_KIND_NAMES = {admin_pb2.BackendKind.Value(v): k for k, v in _KIND_VALUES.items()}
+_KIND_NAMES = {admin_pb2.BackendKind.Value(v): k for k, v in KIND_VALUES.items()}
 
 Context = grpc.aio.ServicerContext
 
@@ -36,7 +31,7 @@ class AdminServicer(EntitlementAdmin, admin_pb2_grpc.AdminServicer):
 
     def __init__(
         self,
-        core: FairqCore,
+        core: CorePort,
         auth: Authenticator,
         recent: RecentService | None = None,
         store: Store | None = None,
@@ -87,12 +82,12 @@ class AdminServicer(EntitlementAdmin, admin_pb2_grpc.AdminServicer):
                 preempt=b.preempt,
             )
             # The rules of a backend definition (backends/spec.py) are checked as it is built.
-            state = await self._core.register_backend(cfg, from_rpc=True)
+            state = await self._core.register_remote(cfg)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))
         detail = f"{cfg.kind} {cfg.base_url} models {','.join(cfg.models)}"
         await self._audit(who, "backend.register", cfg.id, detail)
-        return admin_pb2.RegisterBackendResponse(status=self._status(state))
+        return admin_pb2.RegisterBackendResponse(status=backend_status(state))
 
     async def DeregisterBackend(
         self,
@@ -114,7 +109,7 @@ class AdminServicer(EntitlementAdmin, admin_pb2_grpc.AdminServicer):
         """List every backend with its live state."""
         await self._authorize(context)  # type: ignore[arg-type]
         return admin_pb2.ListBackendsResponse(
-            backends=[self._status(b) for b in self._core.backends()]
+            backends=[backend_status(b) for b in self._core.backend_views()]
         )
 
     async def GetQueueSnapshot(
@@ -124,55 +119,5 @@ class AdminServicer(EntitlementAdmin, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.GetQueueSnapshotResponse:
         """Report queue depth, top users and backend gate state at this moment."""
         await self._authorize(context)  # type: ignore[arg-type]
-        view = read_core(self._core, _status)
+        view = self._core.queue_view()
         return build_snapshot(view, self._recent, request.top_users, time.time())
-
-    def _status(self, state: BackendState) -> admin_pb2.BackendStatus:
-        return _status(state, self._core.config.scheduler.stale_after_seconds, time.monotonic())
-
-
-def _status(state: BackendState, stale_after: float, now: float) -> admin_pb2.BackendStatus:
-    """Return the backend's live state.
-
-    ``healthy`` is what admin.proto promises: the last scrape succeeded and its snapshot is
-    fresh by the gate's own measure (at most ``stale_after`` seconds old at ``now``), so a
-    backend the gate refuses as stale is not listed as healthy.
-    """
-    b, sample = state.backend, state.sample
-    fresh = sample is not None and now - state.sampled_at <= stale_after
-    return admin_pb2.BackendStatus(
-        backend=admin_pb2.Backend(
-            id=b.id,
-            kind=_KIND_VALUES.get(b.kind, "BACKEND_KIND_UNSPECIFIED"),
-            base_url=b.base_url,
-            models=list(b.models),
-            priority_scheduling=b.priority_scheduling,
-            fair_share_priority=b.fair_share_priority,
-            max_in_flight=b.max_in_flight,
-            preempt=b.preempt,
-            **_settings(b),
-        ),
-        reason=state.reason[:1000],
-        healthy=state.healthy is True and fresh,
-        in_flight=state.in_flight,
-        waiting=sample.waiting if sample else 0.0,
-        running=sample.running if sample else 0.0,
-        tpot_seconds=state.tpot_seconds or 0.0,
-        draining=state.draining,
-    )
-
-
-def _settings(backend: Backend) -> dict[str, str]:
-    """Return the OpenAI kind's metric mapping and priority order, as registered."""
-    if not isinstance(backend, OpenAIBackend):
-        return {}
-    m = backend.metrics
-    tpot = m.tpot_sum and f"{m.tpot_sum}/{m.tpot_count}"
-    return {
-        "waiting_metric": m.waiting,
-        "running_metric": m.running,
-        "kv_usage_metric": m.kv_usage,
-        "tpot_metric": tpot,
-        "priority_order": backend.priority_order,
-        "metrics_preset": "" if m.scrape else "none",
-    }

@@ -27,7 +27,7 @@ from fairq_server.doors.lifecycle import (
 )
 from fairq_server.errors import ModelNotFoundError, SchedulerError
 from fairq_server.runtime import loop_share
-from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
+from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Relayed, Started, Text
 
 __all__ = ["SchedulerServicer"]
 
@@ -82,7 +82,7 @@ class SchedulerServicer(DoorBase, scheduler_pb2_grpc.SchedulerServicer):
             code, message = status_for(exc)
             if isinstance(exc, ModelNotFoundError) and principal.admin:
                 # Which models exist is told only to callers allowed to manage them.
-                message += models_hint(self._core.dispatcher.models())
+                message += models_hint(self._core.known_models())
             await context.abort(code, message, trailing_metadata=trailers_for(exc))
         except Exception:
             # A bug or an unforeseen backend answer: the caller learns only that it failed
@@ -94,6 +94,8 @@ def _response(event: OutboxEvent, request_id: str) -> Response:
     match event:
         case Text():
             return Response(chunk=chunk_message(event))
+        case Relayed():  # only for requests that relay the backend's chunks: never here
+            raise TypeError("a gRPC request was given relayed chunks")
         case Queued(position):
             return Response(queued=scheduler_pb2.Queued(position=position))
         case Started(backend_id, queue_seconds, tier):

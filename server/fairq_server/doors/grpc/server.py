@@ -11,13 +11,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.config.schema import Config, TlsConfig
-from fairq_server.core import FairqCore
 from fairq_server.doors.access_log import RequestLog
 from fairq_server.doors.grpc.admin import AdminServicer
 from fairq_server.doors.grpc.discovery import HealthServicer, enable_reflection
 from fairq_server.doors.grpc.receive import RequestGuard
 from fairq_server.doors.grpc.scheduler import SchedulerServicer
 from fairq_server.doors.listening import add_grpc_port
+from fairq_server.doors.port import CorePort
 from fairq_server.identity.auth import Authenticator
 from fairq_server.store.service import Store
 from fairq_server.tenancy.managed import ManagedEntitlement
@@ -117,7 +117,7 @@ class GrpcDoor:
     def __init__(
         self,
         config: Config,
-        core: FairqCore,
+        core: CorePort,
         auth: Authenticator,
         request_log: RequestLog,
         store: Store | None = None,

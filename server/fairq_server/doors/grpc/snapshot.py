@@ -1,93 +1,43 @@
 """The queue snapshot behind ``Admin/GetQueueSnapshot`` and ``fairq top``.
 
-Everything read from the scheduling core is read in :func:`read_core`, synchronously on the
-event loop (so the figures are of one moment), into plain values; :func:`build_snapshot` turns
-those into the response. A change in how the core keeps its queues or backend state is met in
-:func:`read_core` alone.
+Everything read from the scheduling core is read by the core's
+:meth:`~fairq_server.doors.port.CorePort.queue_view`, synchronously on the event loop (so the
+figures are of one moment), into plain values; :func:`build_snapshot` turns those into the
+response.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 from fairq.v1 import admin_pb2
-from fairq_server.core import FairqCore
 from fairq_server.observe.recent import RecentService
-from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.queue_view import BackendView, QueueView
 
 __all__ = [
     "DEFAULT_TOP_USERS",
+    "KIND_VALUES",
     "MAX_TOP_USERS",
-    "CoreView",
+    "backend_status",
     "build_snapshot",
-    "read_core",
 ]
 
 DEFAULT_TOP_USERS = 10
 MAX_TOP_USERS = 1000
 
-# How the Admin service reports a backend: (state, stale_after, now) -> BackendStatus.
-StatusOf = Callable[[BackendState, float, float], admin_pb2.BackendStatus]
-
-
-@dataclass
-class CoreView:
-    """What the snapshot needs from the core, as plain values.
-
-    Attributes:
-        tiers: tier names, highest priority first.
-        models: per model, queued requests per tier (in tier order).
-        queued_users: per model, users with a queued request.
-        user_queued: per user, queued requests over all models.
-        backends: per backend, its ``BackendStatus`` and gate state per tier.
-
-    """
-
-    tiers: tuple[str, ...]
-    models: dict[str, list[int]] = field(default_factory=dict)
-    queued_users: dict[str, int] = field(default_factory=dict)
-    user_queued: dict[str, int] = field(default_factory=dict)
-    backends: list[tuple[admin_pb2.BackendStatus, list[str]]] = field(default_factory=list)
-
-
-def read_core(core: FairqCore, status_of: StatusOf) -> CoreView:
-    """Read queue depths, queued users, and backend load and gate state from ``core``.
-
-    Args:
-        core: the scheduling core (read only, on the event loop).
-        status_of: how a backend's ``BackendStatus`` is built (the Admin service's own).
-
-    """
-    config = core.config
-    now = time.monotonic()
-    stale_after = config.scheduler.stale_after_seconds
-    view = CoreView(tiers=tuple(t.name for t in config.tiers))
-    for model in sorted(core.dispatcher.model_states(), key=lambda m: m.name):
-        queue = model.queue
-        view.models[model.name] = [len(tier) for tier in queue.tiers]
-        users: set[str] = set()
-        for tier in queue.tiers:
-            users.update(tier.users())
-        view.queued_users[model.name] = len(users)
-        for user in users:
-            view.user_queued[user] = view.user_queued.get(user, 0) + queue.user_len(user)
-    gate = core.policies.gate
-    for backend in sorted(core.backends(), key=lambda b: b.backend.id):
-        # The gate is a pure check: asking it here changes nothing, and counts no refusal.
-        gates = [gate.check(backend, tier, now, stale_after).value for tier in config.tiers]
-        view.backends.append((status_of(backend, stale_after, now), gates))
-    return view
+#: The kinds admin.proto names (BACKEND_KIND_VLLM -> "vllm"); the core refuses a kind it lacks.
+KIND_VALUES = {
+    name.removeprefix("BACKEND_KIND_").lower(): name
+    for name, _ in admin_pb2.BackendKind.items()
+    if name != "BACKEND_KIND_UNSPECIFIED"
+}
 
 
 def build_snapshot(
-    view: CoreView, recent: RecentService, top_users: int, wall_time: float
+    view: QueueView, recent: RecentService, top_users: int, wall_time: float
 ) -> admin_pb2.GetQueueSnapshotResponse:
     """Build the response from ``view`` and the recent-service figures.
 
     Args:
-        view: what :func:`read_core` returned.
+        view: what the core's ``queue_view`` returned.
         recent: tokens served per user.
         top_users: how many users to list (0: :data:`DEFAULT_TOP_USERS`; capped at
             :data:`MAX_TOP_USERS`).
@@ -122,7 +72,7 @@ def build_snapshot(
         ],
         backends=[
             admin_pb2.BackendLoad(
-                status=status,
+                status=backend_status(status),
                 gates=[
                     admin_pb2.TierGate(tier=name, state=state)
                     for name, state in zip(view.tiers, gates, strict=True)
@@ -131,4 +81,28 @@ def build_snapshot(
             for status, gates in view.backends
         ],
         known_users=len(names),
+    )
+
+
+def backend_status(view: BackendView) -> admin_pb2.BackendStatus:
+    """Return a backend's registration and live state as admin.proto reports them."""
+    return admin_pb2.BackendStatus(
+        backend=admin_pb2.Backend(
+            id=view.id,
+            kind=KIND_VALUES.get(view.kind, "BACKEND_KIND_UNSPECIFIED"),
+            base_url=view.base_url,
+            models=list(view.models),
+            priority_scheduling=view.priority_scheduling,
+            fair_share_priority=view.fair_share_priority,
+            max_in_flight=view.max_in_flight,
+            preempt=view.preempt,
+            **view.settings,
+        ),
+        reason=view.reason,
+        healthy=view.healthy,
+        in_flight=view.in_flight,
+        waiting=view.waiting,
+        running=view.running,
+        tpot_seconds=view.tpot_seconds,
+        draining=view.draining,
     )

@@ -29,7 +29,6 @@ from typing import Any
 from aiohttp import web
 
 from fairq_server.config.schema import Config
-from fairq_server.core import FairqCore
 from fairq_server.doors.access_log import RequestLog, RequestTrace
 from fairq_server.doors.http import json_body
 from fairq_server.doors.http.aggregate import ChunkMerger
@@ -50,10 +49,11 @@ from fairq_server.doors.lifecycle import (
     open_ticket,
     ticket_events,
 )
+from fairq_server.doors.port import CorePort
 from fairq_server.errors import SchedulerError
 from fairq_server.identity.auth import Authenticator, Principal
 from fairq_server.runtime import loop_share
-from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
+from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Relayed, Started
 
 __all__ = ["OpenAIHandlers"]
 
@@ -63,10 +63,10 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 class OpenAIHandlers(DoorBase):
-    """The door's request handlers over one :class:`FairqCore` and :class:`Authenticator`."""
+    """The door's request handlers over one core (its port) and one :class:`Authenticator`."""
 
     def __init__(
-        self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
+        self, core: CorePort, auth: Authenticator, request_log: RequestLog | None = None
     ) -> None:
         super().__init__(core, auth, request_log)
         self._created = int(time.time())
@@ -104,9 +104,9 @@ class OpenAIHandlers(DoorBase):
     def _models_for(self, principal: Principal) -> list[str]:
         """Return the models served now if ``principal`` may use any tier, else none.
 
-        Only models a backend serves (:meth:`FairqCore.served_models`): a model registered
-        for a backend that is down, or that does not list it, would be offered and then
-        refused with 503 on every request.
+        Only models a backend serves (:meth:`~fairq_server.doors.port.CorePort.served_models`):
+        a model registered for a backend that is down, or that does not list it, would be
+        offered and then refused with 503 on every request.
         """
         if not principal.tiers & set(self._core.tier_names):
             return []
@@ -206,13 +206,13 @@ class OpenAIHandlers(DoorBase):
             async with contextlib.aclosing(events):  # type: ignore[type-var]
                 async for batch in events:
                     for event in batch:
-                        if isinstance(event, Text):
-                            size += len(event.text)
+                        if isinstance(event, Relayed):
+                            size += len(event.frames)
                             if size > limit:
                                 raise answer_too_large(limit)
                             # Merged as it comes: a batch's parse is short, one at the end
                             # of a long answer would stall the loop.
-                            merger.add(parse_frames(event.text))
+                            merger.add(parse_frames(event.frames))
                         elif isinstance(event, Started):
                             # A retry on another backend starts afresh.
                             merger, size = ChunkMerger(chat), 0
@@ -244,11 +244,11 @@ class OpenAIHandlers(DoorBase):
                 async for batch in events:
                     out: list[bytes] = []
                     for event in batch:
-                        if isinstance(event, Text):
+                        if isinstance(event, Relayed):
                             # The backend's chunks, already framed as server-sent events. The
                             # response starts with the first of them, so a failure before it
                             # still gets its own HTTP status.
-                            out.append(event.text.encode())
+                            out.append(event.frames.encode())
                         elif isinstance(event, Finished):
                             out.append(DONE)
                         elif isinstance(event, Queued):

@@ -26,7 +26,6 @@ from typing import Any
 
 from aiohttp import web
 
-from fairq_server.core import FairqCore
 from fairq_server.doors.access_log import RequestLog, RequestTrace
 from fairq_server.doors.http.aggregate import ChunkMerger
 from fairq_server.doors.http.answers import (
@@ -40,9 +39,10 @@ from fairq_server.doors.http.errors import HttpError, error_response
 from fairq_server.doors.http.parse import ParsedRequest
 from fairq_server.doors.http.sse import DONE, error_event
 from fairq_server.doors.lifecycle import count_rejection, open_ticket, ticket_events
+from fairq_server.doors.port import CorePort
 from fairq_server.errors import SchedulerError
 from fairq_server.identity.auth import Principal
-from fairq_server.scheduling.outbox import OutboxEvent, Started, Text
+from fairq_server.scheduling.outbox import OutboxEvent, Relayed, Started
 from fairq_server.scheduling.ticket import Ticket
 
 __all__ = ["answer_batch"]
@@ -52,7 +52,7 @@ _Item = tuple[int, list[OutboxEvent] | BaseException | None]
 
 
 async def answer_batch(
-    core: FairqCore,
+    core: CorePort,
     request_log: RequestLog,
     request: web.Request,
     principal: Principal,
@@ -91,7 +91,7 @@ async def answer_batch(
     except SchedulerError as exc:
         # A prompt refused at the door (a full queue): the ones already queued leave it.
         for ticket in tickets:
-            core.dispatcher.cancel(ticket)
+            core.cancel(ticket)
         count_rejection(core, exc)
         return error_answer(exc, retry_after, not_found)
     joined = _Joined(parsed.choices)
@@ -208,7 +208,7 @@ async def _joined_events(
 
 
 async def _collect(
-    core: FairqCore,
+    core: CorePort,
     streams: list[AsyncIterator[list[OutboxEvent]]],
     joined: _Joined,
     request_id: str,
@@ -221,11 +221,11 @@ async def _collect(
     async with contextlib.aclosing(events):  # type: ignore[type-var]
         async for index, batch in events:
             for event in batch:
-                if isinstance(event, Text):
-                    sizes[index] += len(event.text)
+                if isinstance(event, Relayed):
+                    sizes[index] += len(event.frames)
                     if sum(sizes) > limit:
                         raise answer_too_large(limit)
-                    mergers[index].add(parse_frames(event.text))
+                    mergers[index].add(parse_frames(event.frames))
                 elif isinstance(event, Started):
                     # A retry on another backend starts afresh.
                     mergers[index], sizes[index] = ChunkMerger(chat), 0
@@ -255,9 +255,9 @@ async def _stream(
         async with contextlib.aclosing(events):  # type: ignore[type-var]
             async for index, batch in events:
                 for event in batch:
-                    if not isinstance(event, Text):
+                    if not isinstance(event, Relayed):
                         continue
-                    out = _relabel(joined, index, parse_frames(event.text))
+                    out = _relabel(joined, index, parse_frames(event.frames))
                     if out:
                         # The response starts with the first text, so a failure before it
                         # still gets its own HTTP status.

@@ -14,11 +14,11 @@ from typing import Protocol
 
 from aiohttp import web
 
-from fairq_server.core import FairqCore
 from fairq_server.doors.access_log import RequestLog
 from fairq_server.doors.http.connections import ConnectionGuard, ConnectionLimits
 from fairq_server.doors.http.door import OpenAIHandlers
 from fairq_server.doors.http.errors import HttpError, error_response
+from fairq_server.doors.port import CorePort
 from fairq_server.identity.auth import Authenticator
 
 __all__ = ["HttpDoor", "Mounted"]
@@ -82,7 +82,7 @@ class HttpDoor:
 
     def __init__(
         self,
-        core: FairqCore,
+        core: CorePort,
         auth: Authenticator,
         listen: str,
         request_log: RequestLog | None = None,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
+    "Claim",
     "Grant",
     "LimitBook",
     "LimitKey",
@@ -150,3 +151,11 @@ class LimitBook(Protocol):
         For reports, gauges and the soft band's check.
         """
         ...
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a dispatched request holds in the book until it is settled."""
+
+    grant: Grant
+    model: str
