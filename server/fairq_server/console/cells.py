@@ -1,20 +1,20 @@
 """The queue view's quotas and budgets: each waiting user's limits, and every team's.
 
-Rendered from the views' ``limits`` (per user row) and ``teams`` (per replica) fields (see
-:mod:`fairq_server.tenancy.standing`), read defensively like the rest of the views. A limit's
-state is said in words ("over quota — idle-only band", "at limit — refused until …", "near
-limit") and carried in a ``data-state`` attribute; the colour only repeats it. In a cluster
-each replica reports the use its book last saw, so a team's row shows the highest.
+Read here into the figures ``templates/queues.html`` writes, from the views' ``limits`` (per
+user row) and ``teams`` (per replica) fields (see :mod:`fairq_server.tenancy.standing`),
+read defensively like the rest of the views. A limit's state is said in words ("over quota —
+idle-only band", "at limit — refused until …", "near limit") and carried in a ``data-state``
+attribute; the colour only repeats it. In a cluster each replica reports the use its book
+last saw, so a team's row shows the highest.
 """
 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
-from fairq_server.console.text import esc as _e
-
-__all__ = ["limits_cell", "team_cell", "teams_section"]
+__all__ = ["limits_of", "team_of", "team_rows"]
 
 View = dict[str, Any]
 
@@ -55,50 +55,43 @@ def _state_text(lim: dict[str, Any]) -> str:
     return ""
 
 
-def _describe(lim: dict[str, Any]) -> str:
+def _limit(lim: dict[str, Any]) -> SimpleNamespace:
+    """Return one limit as a user row's cell writes it."""
     used, limit = _num(lim.get("used")), _num(lim.get("limit"))
-    ratio = f" ({used / limit:.0%})" if limit > 0 else ""
-    model = f", model {_e(lim.get('model'))}" if lim.get("model") else ""
-    text = (
-        f"{_e(lim.get('scope', ''))} {_e(lim.get('subject', ''))}: {_e(lim.get('kind', ''))} "
-        f"({_e(lim.get('mode', ''))}{model}) {_amount(used)} / {_amount(limit)}{ratio}"
+    return SimpleNamespace(
+        scope=lim.get("scope", ""),
+        subject=lim.get("subject", ""),
+        kind=lim.get("kind", ""),
+        mode=lim.get("mode", ""),
+        model=lim.get("model") or "",
+        amounts=f"{_amount(used)} / {_amount(limit)}"
+        + (f" ({used / limit:.0%})" if limit > 0 else ""),
+        state=lim.get("state"),
+        state_text=_state_text(lim),
     )
-    state = _state_text(lim)
-    if state:
-        text += f' — <strong class="badge {_e(lim.get("state"))}">{_e(state)}</strong>'
-    return text
 
 
-def limits_cell(row: dict[str, Any]) -> str:
-    """Return a user row's limits cell: each limit that holds for it, its use and state."""
-    lims = _limits(row.get("limits"))
-    if not lims:
-        return "—"
-    items = "".join(
-        f'<li data-scope="{_e(lim.get("scope", ""))}" data-state="{_e(lim.get("state") or "ok")}">'
-        f"{_describe(lim)}</li>"
-        for lim in lims
-    )
-    return f'<ul class="limits">{items}</ul>'
+def limits_of(row: dict[str, Any]) -> list[SimpleNamespace]:
+    """Return the limits that hold for a user row, each with its use and state in words."""
+    return [_limit(lim) for lim in _limits(row.get("limits"))]
 
 
-def team_cell(row: dict[str, Any]) -> str:
-    """Return a user row's team cell: the team, its weight, and a mark if it is over a limit."""
+def team_of(row: dict[str, Any]) -> SimpleNamespace | None:
+    """Return a user row's team, its weight, and what it is over (None: no team)."""
     team = str(row.get("team", "") or "")
     if not team:
-        return "—"
-    text = f'{_e(team)} <span class="detail">weight {_num(row.get("team_weight")):g}</span>'
+        return None
     over = [
         lim
         for lim in _limits(row.get("limits"))
         if lim.get("scope") == "team" and lim.get("state") == "over"
     ]
+    words = ""
     if over:
         words = "team at limit" if any(lim.get("mode") == "hard" for lim in over) else (
             f"team over {_what(over[0])}"
         )  # fmt: skip
-        text += f' <strong class="badge over" data-team-over="{_e(team)}">{_e(words)}</strong>'
-    return text
+    return SimpleNamespace(name=team, weight=f"{_num(row.get('team_weight')):g}", over=words)
 
 
 def _merged_teams(views: list[View]) -> dict[str, tuple[float, dict[tuple[str, ...], View]]]:
@@ -116,31 +109,21 @@ def _merged_teams(views: list[View]) -> dict[str, tuple[float, dict[tuple[str, .
     return teams
 
 
-def teams_section(views: list[View]) -> str:
-    """Return the table of every team with a configured quota or budget ("" if none is)."""
-    teams = _merged_teams(views)
-    if not teams:
-        return ""
-    body = []
-    for name, (weight, limits) in sorted(teams.items()):
+def team_rows(views: list[View]) -> list[SimpleNamespace]:
+    """Return a row per team and configured quota or budget (none: no team has one)."""
+    rows = []
+    for name, (weight, limits) in sorted(_merged_teams(views).items()):
         for key, lim in sorted(limits.items()):
-            state = str(lim.get("state") or "ok")
             used, limit = _num(lim.get("used")), _num(lim.get("limit"))
-            words = _state_text(lim) or "within"
-            model = str(lim.get("model") or "every model")
-            body.append(
-                f'<tr data-team="{_e(name)}" data-state="{_e(state)}">'
-                f"<td>{_e(name)}</td><td>{weight:g}</td>"
-                f"<td>{_e(key[0])} ({_e(key[2])}, {_e(model)})</td>"
-                f"<td>{_amount(used)} / {_amount(limit)}"
-                f"{f' ({used / limit:.0%})' if limit > 0 else ''}</td>"
-                f'<td><span class="badge {_e(state)}">{_e(words)}</span></td></tr>'
+            rows.append(
+                SimpleNamespace(
+                    team=name,
+                    weight=f"{weight:g}",
+                    limit=f"{key[0]} ({key[2]}, {lim.get('model') or 'every model'})",
+                    amounts=f"{_amount(used)} / {_amount(limit)}"
+                    + (f" ({used / limit:.0%})" if limit > 0 else ""),
+                    state=str(lim.get("state") or "ok"),
+                    words=_state_text(lim) or "within",
+                )
             )
-    head = "".join(
-        f'<th scope="col">{h}</th>' for h in ("Team", "Weight", "Limit", "Used / limit", "State")
-    )
-    return (
-        '<section><h2>Teams: weights, quotas and budgets</h2><table class="teams">'
-        "<caption>Each team's use of its limits in the current window</caption>"
-        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></section>"
-    )
+    return rows

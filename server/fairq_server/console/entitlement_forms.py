@@ -10,10 +10,12 @@ deleted here (a stored entry of the same subject overrides one).
 from __future__ import annotations
 
 import logging
-from html import escape
+from types import SimpleNamespace
+
+from markupsafe import Markup
 
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
-from fairq_server.console.text import esc as _e
+from fairq_server.console.templating import render
 from fairq_server.errors import InvalidRequestError
 from fairq_server.store.entitlement import LimitEntry, subject_of
 from fairq_server.tenancy.managed import STORE, ManagedEntitlement, describe_limit
@@ -26,6 +28,7 @@ log = logging.getLogger("fairq_server.console")
 ACTIONS = ("team", "team-delete", "limit", "limit-delete")
 _QUOTA_FIELDS = ("tokens_per_minute", "tokens_per_day", "requests_per_minute")
 _BUDGET_FIELDS = ("per_day", "per_month")
+_NO_NOTICE = Markup()
 
 
 def _number(form: dict[str, str], kind: str, name: str) -> float | None:
@@ -65,139 +68,56 @@ def limit_from_form(form: dict[str, str]) -> LimitEntry:
     return BudgetConfig(**subject, model=model, mode=mode, **budget)  # type: ignore[arg-type]
 
 
-def _hidden(csrf: str, **fields: str) -> str:
-    pairs = {"csrf": csrf, **fields}
-    # Posted back as they are: a name holding a control character must still match.
-    return "".join(
-        f'<input type="hidden" name="{k}" value="{escape(v, quote=True)}">'
-        for k, v in pairs.items()
-    )
-
-
-def _input(
-    name: str, label: str, kind: str = "text", extra: str = "", refill: dict[str, str] | None = None
-) -> str:
-    # After a refusal the form shows what was typed (posted back as it is), to be corrected.
-    value = (refill or {}).get(name, "")
-    given = f' value="{escape(value, quote=True)}"' if value else ""
-    return (
-        f'<label for="{name}">{label}</label>'
-        f'<input id="{name}" name="{name}" type="{kind}"{extra}{given}>'
-    )
-
-
-def _select(
-    name: str, label: str, choices: tuple[str, ...], refill: dict[str, str] | None = None
-) -> str:
-    chosen = (refill or {}).get(name)
-    options = "".join(
-        f'<option value="{c}"{" selected" if c == chosen else ""}>{c}</option>' for c in choices
-    )
-    return (
-        f'<label for="{name}">{label}</label><select id="{name}" name="{name}">{options}</select>'
-    )
-
-
-def _table(caption: str, headers: tuple[str, ...], rows: list[str], empty: str) -> str:
-    head = "".join(f'<th scope="col">{h}</th>' for h in headers)
-    body = "".join(rows) or f'<tr><td colspan="{len(headers)}">{empty}</td></tr>'
-    return (
-        f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
-        f"<tbody>{body}</tbody></table>"
-    )
-
-
 class EntitlementForms:
     """The teams view over ``managed``; the console's routes check who is asking."""
 
     def __init__(self, managed: ManagedEntitlement) -> None:
         self._managed = managed
 
-    def page(self, csrf: str, notice: str = "", refill: dict[str, str] | None = None) -> str:
+    def page(
+        self, csrf: str, notice: Markup = _NO_NOTICE, refill: dict[str, str] | None = None
+    ) -> Markup:
         """Return the teams view's body: the forms and the entries in force.
 
         ``refill``: a refused form's fields, shown again in its inputs.
         """
         effective = self._managed.effective()
-        team_rows = []
+        teams = []
         for t in effective.teams:
             source = effective.team_source(t)
-            delete = ""
-            if source == STORE:
-                delete = (
-                    '<form method="post" action="/console/teams/team-delete" class="inline">'
-                    + _hidden(csrf, name=t.name)
-                    + f'<button type="submit" aria-label="delete the stored weight of team '
-                    f'{_e(t.name)}">Delete</button></form>'
+            teams.append(
+                SimpleNamespace(
+                    name=t.name, weight=f"{t.weight:g}", source=source, stored=source == STORE
                 )
-            team_rows.append(
-                f'<tr data-team="{_e(t.name)}"><td>{_e(t.name)}</td><td>{t.weight:g}</td>'
-                f"<td>{source}</td><td>{delete}</td></tr>"
             )
-        limit_rows = []
+        limits = []
         entries: list[LimitEntry] = [*effective.quotas, *effective.budgets]
         for entry in entries:
             kind, scope, subject, model = subject_of(entry)
             source = effective.limit_source(entry)
-            delete = ""
-            if source == STORE:
-                fields = {"kind": kind, "scope": scope, "name": subject, "model": model}
-                delete = (
-                    '<form method="post" action="/console/teams/limit-delete" class="inline">'
-                    + _hidden(csrf, **fields)
-                    + f'<button type="submit" aria-label="delete the {kind} of {scope} '
-                    f'{_e(subject)}">Delete</button></form>'
+            limits.append(
+                SimpleNamespace(
+                    kind=kind,
+                    scope=scope,
+                    subject=subject,
+                    model=model,
+                    limits=describe_limit(entry),
+                    source=source,
+                    stored=source == STORE,
                 )
-            limit_rows.append(
-                f'<tr data-limit="{kind} {scope} {_e(subject)}"><td>{kind}</td><td>{scope} '
-                f"{_e(subject)}</td><td>{_e(model or 'all')}</td><td>{_e(describe_limit(entry))}"
-                f"</td><td>{source}</td><td>{delete}</td></tr>"
             )
-        team_form = (
-            '<form method="post" action="/console/teams/team" class="create"><fieldset>'
-            "<legend>Set a team's weight</legend>"
-            + _hidden(csrf)
-            + _input("team-name", "Team", extra=" required", refill=refill)
-            # No HTML bound says "above 0": the smallest positive step the form takes.
-            + _input(
-                "team-weight",
-                "Weight (above 0)",
-                "number",
-                ' step="any" min="0.000001" required',
-                refill,
-            )
-            + '<button type="submit">Set weight</button></fieldset></form>'
+        return render(
+            "teams.html",
+            notice=notice,
+            csrf=csrf,
+            refill=refill or {},
+            teams=teams,
+            limits=limits,
+            quota_fields=_QUOTA_FIELDS,
+            budget_fields=_BUDGET_FIELDS,
         )
-        limit_form = (
-            '<form method="post" action="/console/teams/limit" class="create"><fieldset>'
-            "<legend>Add or replace a quota or budget</legend>"
-            + _hidden(csrf)
-            + _select("kind", "Kind", ("quota", "budget"), refill)
-            + _select("scope", "For a", ("team", "user"), refill)
-            + _input("name", "Team or user (* for every user)", extra=" required", refill=refill)
-            + _input("model", "Model (empty: all models)", refill=refill)
-            + "".join(
-                _input(f, f.replace("_", " ").capitalize(), "number", ' min="1" step="1"', refill)
-                for f in _QUOTA_FIELDS
-            )
-            + "".join(
-                _input(f, f"Budget {f.replace('_', ' ')}", "number", ' min="0" step="any"', refill)
-                for f in _BUDGET_FIELDS
-            )
-            + _select("mode", "Mode", ("hard", "soft"), refill)
-            + '<button type="submit">Save limit</button></fieldset></form>'
-        )
-        teams = _table(
-            "Teams in force (file, or store: overrides the file's team of the same name)",
-            ("Team", "Weight", "Source", ""), team_rows, "No team: every user is its own team.",
-        )  # fmt: skip
-        limits = _table(
-            "Quotas and budgets in force (a stored one overrides the file's of the same subject)",
-            ("Kind", "Subject", "Model", "Limits", "Source", ""), limit_rows, "No quota or budget.",
-        )  # fmt: skip
-        return notice + team_form + teams + limit_form + limits
 
-    async def change(self, action: str, form: dict[str, str], who: str) -> tuple[str, bool]:
+    async def change(self, action: str, form: dict[str, str], who: str) -> tuple[Markup, bool]:
         """Apply one posted change; return the notice to show and whether it was made.
 
         An error is said in the notice, not raised.
@@ -205,12 +125,12 @@ class EntitlementForms:
         try:
             return await self._change(action, form, who), True
         except InvalidRequestError as exc:
-            return f'<p class="error" role="alert">{_e(str(exc)[:300])}</p>', False
+            return render("notice.html", kind="error", text=str(exc)[:300]), False
         except Exception as exc:  # the database down or refusing: said on the page
-            text = f"The store did not answer: {_e(str(exc)[:300])}"
-            return f'<p class="error" role="alert">{text}</p>', False
+            text = f"The store did not answer: {str(exc)[:300]}"
+            return render("notice.html", kind="error", text=text), False
 
-    async def _change(self, action: str, form: dict[str, str], who: str) -> str:
+    async def _change(self, action: str, form: dict[str, str], who: str) -> Markup:
         managed = self._managed
         if action == "team":
             name = form.get("team-name", "").strip()
@@ -238,5 +158,5 @@ class EntitlementForms:
         return _notice(f"The stored {kind} of {scope} {name} is deleted.")
 
 
-def _notice(text: str) -> str:
-    return f'<p class="notice" role="status">{_e(text)}</p>'
+def _notice(text: str) -> Markup:
+    return render("notice.html", kind="done", text=text)

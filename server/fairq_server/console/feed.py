@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from markupsafe import Markup
+
 from fairq_server.console.render import fragment
-from fairq_server.console.trends import trends_fragment
+from fairq_server.console.trends import trends_fragment, trends_off
 from fairq_server.observe.history import LiveHistory
 from fairq_server.observe.live import LiveView
 from fairq_server.observe.replicas import ReplicaViews
@@ -56,13 +58,13 @@ class LiveFeed:
         self._history = history
         self._history_every = history_every
         self._sampled_at: float | None = None
-        self._trends_html: tuple[int, str] = (-1, "")
+        self._trends_html: tuple[int, Markup] = (-1, Markup())
         self._replicas = replicas
         self.here = here
         self.watchers = 0
         self.seq = 0
         self.views: list[dict[str, Any]] = []
-        self._html: dict[str, str] = {}
+        self._html: dict[str, Markup] = {}
         self._tick = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
@@ -96,7 +98,7 @@ class LiveFeed:
                 await self._tick.wait_for(lambda: self.seq > after)
         return self.seq
 
-    def html(self, view: str) -> str:
+    def html(self, view: str) -> Markup:
         """Return the last refresh's fragment of ``view`` (rendered once per refresh)."""
         if view == "trends":  # changes once per sample, not per refresh
             seq = self._history.seq if self._history is not None else 0
@@ -108,9 +110,9 @@ class LiveFeed:
             cached = self._html[view] = fragment(view, self.views, self.here)
         return cached
 
-    def _trends(self) -> str:
+    def _trends(self) -> Markup:
         if self._history is None or self._history_every() <= 0:
-            return '<p class="empty">Trends are off (console.history_seconds = 0).</p>'
+            return trends_off()
         return trends_fragment(self._history.trends(), self._history.times, self.here)
 
     def _sample(self) -> None:

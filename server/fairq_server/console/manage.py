@@ -14,10 +14,13 @@ import io
 import logging
 import time
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+
+from markupsafe import Markup
 
 from fairq_server.config.identity import KeyConfig
 from fairq_server.console.plot import usage_plot
-from fairq_server.console.text import esc as _e
+from fairq_server.console.templating import render
 from fairq_server.errors import SchedulerError
 from fairq_server.store.audit import ACTIONS
 from fairq_server.store.engine import short_error, unreachable
@@ -35,6 +38,7 @@ LAST_USE_DAYS = 30
 #: Rows of the usage report per page (the CSV has them all).
 USAGE_ROWS = 50
 _UNITS = {"m": 60, "h": 3600, "d": 86400}
+_NO_NOTICE = Markup()
 
 
 def parse_since(text: str, now: float) -> float:
@@ -68,7 +72,7 @@ class ManageRoutes:
         """The store's database, fit for a message (the password hidden)."""
         return self._store.described
 
-    async def keys_page(self, csrf: str, notice: str = "") -> str:
+    async def keys_page(self, csrf: str, notice: Markup = _NO_NOTICE) -> Markup:
         """Return the keys view's body: the create form, every stored key, the file's keys.
 
         Each key says when it expires and when its user's last request ended (the ledger
@@ -88,56 +92,25 @@ class ManageRoutes:
                 state = "expired"
             else:
                 state = "active"
-            actions = ""
-            if not k.revoked_at:
-                actions = "".join(
-                    f'<form method="post" action="/console/keys/{_e(k.id)}/{verb}" class="inline">'
-                    f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
-                    f'<button type="submit" aria-label="{verb} the key of {_e(k.user)} '
-                    f'({_e(k.id)})">{verb.capitalize()}</button></form>'
-                    for verb in ("rotate", "revoke")
-                )
-            expires = _when(k.expires_at) if k.expires_at is not None else "never"
             rows.append(
-                f'<tr data-key="{_e(k.id)}" data-state="{state}"><td>{_e(k.id)}</td>'
-                f"<td>{_e(k.user)}</td><td>{_e(k.team or '—')}</td>"
-                f"<td>{_e(', '.join(k.tiers) or 'all')}</td><td>{'yes' if k.admin else 'no'}</td>"
-                f"<td>{_when(k.created_at)}</td><td>{expires}</td>"
-                f"<td>{_last(last.get(k.user), now)}</td><td>{state}</td><td>{actions}</td></tr>"
+                SimpleNamespace(
+                    key=k,
+                    state=state,
+                    created=_when(k.created_at),
+                    expires=_when(k.expires_at) if k.expires_at is not None else "never",
+                    last=_last(last.get(k.user), now),
+                )
             )
-        table = _keys_table(
-            "Stored keys",
-            ("Id", "User", "Team", "Tiers", "Admin", "Created", "Expires",
-             f"Last request of its user ({LAST_USE_DAYS} days)", "State", ""),
-            rows,
-        )  # fmt: skip
         file_rows = [
-            f'<tr data-file-key="{_e(k.user)}"><td>{_e(k.user)}</td><td>{_e(k.team or "—")}</td>'
-            f"<td>{_e(', '.join(k.tiers) or 'all')}</td><td>{'yes' if k.admin else 'no'}</td>"
-            f"<td>{k.weight:g}</td><td>{_last(last.get(k.user), now)}</td></tr>"
+            SimpleNamespace(key=k, weight=f"{k.weight:g}", last=_last(last.get(k.user), now))
             for k in sorted(file_keys, key=lambda k: k.user)
         ]
-        from_file = _keys_table(
-            "Keys from the configuration file (changed there, applied at a reload; they never "
-            "expire)",
-            ("User", "Team", "Tiers", "Admin", "Weight",
-             f"Last request of its user ({LAST_USE_DAYS} days)"),
-            file_rows,
+        return render(
+            "keys.html", notice=notice, csrf=csrf, keys=rows, file_keys=file_rows,
+            days=LAST_USE_DAYS,
         )  # fmt: skip
-        form = (
-            '<form method="post" action="/console/keys" class="create"><fieldset>'
-            "<legend>New key</legend>"
-            f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
-            '<label for="user">User</label><input id="user" name="user" required>'
-            '<label for="team">Team (optional)</label><input id="team" name="team">'
-            '<label for="tiers">Tiers (comma-separated; empty: all)</label>'
-            '<input id="tiers" name="tiers">'
-            '<label><input type="checkbox" name="admin" value="1"> Admin</label>'
-            '<button type="submit">Create key</button></fieldset></form>'
-        )
-        return notice + form + table + (from_file if file_keys else "")
 
-    async def record(self, who: str, action: str, target: str, detail: str = "") -> str:
+    async def record(self, who: str, action: str, target: str, detail: str = "") -> Markup:
         """Write the change to the audit log; return a warning to show if that failed.
 
         The change is made by then: a failed audit write is said on the page and logged, and
@@ -149,13 +122,10 @@ class ManageRoutes:
             log.error(
                 "console: the audit log did not take %s %s by '%s': %s", action, target, who, exc
             )
-            return (
-                '<p class="error" role="alert">Done, but the audit log did not record it: '
-                f"{_e(str(exc)[:200])}</p>"
-            )
-        return ""
+            return _error(f"Done, but the audit log did not record it: {str(exc)[:200]}")
+        return _NO_NOTICE
 
-    async def create(self, form: dict[str, str], who: str, *, open_mode: bool = False) -> str:
+    async def create(self, form: dict[str, str], who: str, *, open_mode: bool = False) -> Markup:
         """Create a key from ``form``; return the notice showing its secret (once).
 
         ``open_mode``: no key exists yet, so this one must be an admin's (see
@@ -172,65 +142,57 @@ class ManageRoutes:
         log.info("console: '%s' created key %s for user '%s'", who, key.id, key.user)
         detail = f"user {key.user}, team {key.team or '-'}, tiers {','.join(key.tiers) or 'all'}"
         warning = await self.record(who, "key.create", key.id, detail + (", admin" * key.admin))
-        return warning + (
-            f'<div class="notice" role="status"><p>Key {_e(key.id)} created for '
-            f"<strong>{_e(key.user)}</strong>. Its secret is shown this once; copy it now:</p>"
-            f'<p><output class="secret" aria-label="the new secret">{_e(secret)}</output></p></div>'
+        return warning + render(
+            "notice.html", kind="created", key=key.id, user=key.user, secret=secret
         )
 
-    async def revoke(self, key_id: str, who: str) -> str:
+    async def revoke(self, key_id: str, who: str) -> Markup:
         """Revoke ``key_id``; return the notice."""
         key = await self._store.keys.revoke(key_id)
         if key is None:
-            return f'<p class="error" role="alert">No stored key {_e(key_id[:64])}.</p>'
+            return _error(f"No stored key {key_id[:64]}.")
         log.info("console: '%s' revoked key %s of user '%s'", who, key.id, key.user)
         warning = await self.record(who, "key.revoke", key.id, f"user {key.user}")
-        return (
-            warning
-            + f'<p class="notice" role="status">Key {_e(key.id)} of {_e(key.user)} revoked.</p>'
-        )
+        text = f"Key {key.id} of {key.user} revoked."
+        return warning + render("notice.html", kind="done", text=text)
 
-    async def rotate(self, key_id: str, who: str) -> str:
+    async def rotate(self, key_id: str, who: str) -> Markup:
         """Rotate ``key_id`` (the old one stops at once); return the notice with the secret."""
         rotated = await self._store.keys.rotate(key_id, 0.0)
         if rotated is None:
-            return f'<p class="error" role="alert">No active stored key {_e(key_id[:64])}.</p>'
+            return _error(f"No active stored key {key_id[:64]}.")
         key, secret = rotated
         log.info("console: '%s' rotated key %s into %s (user '%s')", who, key_id, key.id, key.user)
         detail = f"replaced by {key.id}, user {key.user}"
         warning = await self.record(who, "key.rotate", key_id, detail)
-        return warning + (
-            f'<div class="notice" role="status"><p>Key {_e(key_id)} replaced by {_e(key.id)}. '
-            "Its secret is shown this once; copy it now:</p>"
-            f'<p><output class="secret" aria-label="the new secret">{_e(secret)}</output></p></div>'
+        return warning + render(
+            "notice.html", kind="rotated", key=key_id, new_key=key.id, secret=secret
         )
 
-    async def audit_page(self, action: str) -> str:
+    async def audit_page(self, action: str) -> Markup:
         """Return the audit view's body: the newest changes (of ``action`` only, if given)."""
-        if action and action not in ACTIONS:
-            return f'<p class="error" role="alert">No action {_e(action[:64])}.</p>' + _audit_form(
-                ""
-            )
-        entries = await self._store.audit.recent(AUDIT_ROWS, action)
-        rows = "".join(
-            "<tr>"
-            + f"<td>{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(a.at))} UTC</td>"
-            + "".join(f"<td>{_e(c)}</td>" for c in (a.actor, a.via, a.action, a.target, a.detail))
-            + f"<td>{_e(a.replica)}</td></tr>"
-            for a in entries
-        )
-        retention = self._store.config.audit_retention_days
-        caption = (
-            f"The newest {AUDIT_ROWS} changes{f' ({_e(action)})' if action else ''}; "
-            f"kept {retention:g} days, at most {self._store.config.audit_max_rows} rows"
-        )
-        headers = ("When", "Who", "Through", "Action", "Target", "Detail", "Replica")
-        return (
-            _audit_form(action)
-            + f"<table><caption>{caption}</caption><thead><tr>"
-            + "".join(f'<th scope="col">{h}</th>' for h in headers)
-            + f"</tr></thead><tbody>{rows}</tbody></table>"
-            + ("" if entries else '<p class="empty">No change recorded.</p>')
+        entries = None
+        if not action or action in ACTIONS:
+            entries = [
+                SimpleNamespace(
+                    when=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(a.at)),
+                    actor=a.actor,
+                    via=a.via,
+                    action=a.action,
+                    target=a.target,
+                    detail=a.detail,
+                    replica=a.replica,
+                )
+                for a in await self._store.audit.recent(AUDIT_ROWS, action)
+            ]
+        return render(
+            "audit.html",
+            entries=entries,
+            action=action,
+            actions=["", *ACTIONS],
+            rows=AUDIT_ROWS,
+            retention=f"{self._store.config.audit_retention_days:g}",
+            max_rows=self._store.config.audit_max_rows,
         )
 
     async def usage_rows(self, by: str, since: str) -> list[list[object]]:
@@ -255,7 +217,7 @@ class ManageRoutes:
         step: str = "auto",
         measure: str = "output_tokens",
         start: str = "0",
-    ) -> str:
+    ) -> Markup:
         """Return the usage view's body: the range form, the plot over time and the report.
 
         The report lists :data:`USAGE_ROWS` rows from ``start`` (by output tokens, largest
@@ -264,6 +226,8 @@ class ManageRoutes:
         has them all.
         """
         now = time.time()
+        form = {"groupings": sorted(GROUPINGS), "measures": list(MEASURES)}
+        form["steps"] = ["auto", *STEPS]
         try:
             rows = await self.usage_rows(by, since)
             if measure not in MEASURES:
@@ -272,52 +236,29 @@ class ManageRoutes:
                 raise ValueError(f"from must be a row number, not {start[:20]!r}")
             step, series = await self._series(by, since, step, now)
         except ValueError as exc:
-            return f'<p class="error" role="alert">{_e(exc)}</p>' + _usage_form(
-                "team", "7d", "auto", "output_tokens"
-            )
+            return render(
+                "usage.html", error=str(exc), by="team", since="7d", step="auto",
+                measure="output_tokens", **form,
+            )  # fmt: skip
         first = min(int(start), max(0, len(rows) - 1))
         shown = rows[first : first + USAGE_ROWS]
-        body = "".join(
-            "<tr>"
-            + "".join(f"<td>{_e(c if i != 5 else f'{c:.4f}')}</td>" for i, c in enumerate(r))
-            + "</tr>"
-            for r in shown
-        )
-        query = f"by={_e(by)}&amp;since={_e(since)}"
-        csv_link = f"/console/usage.csv?{query}"
-        series_link = f"/console/usage-series.csv?{query}&amp;step={step}"
-        page_link = f"/console/usage?{query}&amp;step={_e(step)}&amp;measure={_e(measure)}"
-        pages = []
-        if first > 0:
-            back = max(0, first - USAGE_ROWS)
-            pages.append(
-                f'<a href="{page_link}&amp;from={back}" rel="prev">Previous {USAGE_ROWS}</a>'
-            )
-        if first + len(shown) < len(rows):
-            pages.append(
-                f'<a href="{page_link}&amp;from={first + len(shown)}" rel="next">'
-                f"Next {min(USAGE_ROWS, len(rows) - first - len(shown))}</a>"
-            )
-        count = (
-            f'<p class="shown" data-shown="{len(shown)}" data-total="{len(rows)}">'
-            f"{len(shown)} of {len(rows)} shown"
-            + (f" (rows {first + 1} to {first + len(shown)})" if len(shown) < len(rows) else "")
-            + (" · " + " · ".join(pages) if pages else "")
-            + "</p>"
-        )
-        return (
-            _usage_form(by, since, step, measure)
-            + usage_plot(series, measure, by)
-            + "<table><caption>Usage by "
-            + _e(by)
-            + " over the last "
-            + _e(since)
-            + "</caption><thead><tr>"
-            + "".join(f'<th scope="col">{h}</th>' for h in _CSV_HEADER)
-            + f"</tr></thead><tbody>{body}</tbody></table>"
-            + count
-            + f'<p><a href="{csv_link}" download>Download as CSV</a> · '
-            + f'<a href="{series_link}" download>Download per {step} as CSV</a></p>'
+        after = first + len(shown)
+        return render(
+            "usage.html",
+            error="",
+            by=by,
+            since=since,
+            step=step,
+            measure=measure,
+            **form,
+            plot=usage_plot(series, measure, by),
+            header=_CSV_HEADER,
+            shown=[[c if i != 5 else f"{c:.4f}" for i, c in enumerate(r)] for r in shown],
+            total=len(rows),
+            first=first,
+            previous=max(0, first - USAGE_ROWS) if first > 0 else None,
+            next=min(USAGE_ROWS, len(rows) - after) if after < len(rows) else None,
+            page_rows=USAGE_ROWS,
         )
 
     async def _series(self, by: str, since: str, step: str, now: float) -> tuple[str, Series]:
@@ -392,10 +333,10 @@ def _when(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch))
 
 
-def _last(epoch: float | None, now: float) -> str:
-    """Write a last use for a person: how long ago, and when (a dash: none in the range)."""
+def _last(epoch: float | None, now: float) -> SimpleNamespace | None:
+    """Return a last use for a person: how long ago, and when (None: none in the range)."""
     if epoch is None:
-        return "—"
+        return None
     ago = max(0.0, now - epoch)
     if ago < 120:
         text = f"{ago:.0f} s ago"
@@ -405,18 +346,7 @@ def _last(epoch: float | None, now: float) -> str:
         text = f"{ago / 3600:.0f} h ago"
     else:
         text = f"{ago / 86400:.0f} days ago"
-    return (
-        f'<time datetime="{time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))}">{text}</time>'
-    )
-
-
-def _keys_table(caption: str, headers: tuple[str, ...], rows: list[str]) -> str:
-    head = "".join(f'<th scope="col">{h}</th>' for h in headers)
-    body = "".join(rows) or f'<tr><td colspan="{len(headers)}">None.</td></tr>'
-    return (
-        f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
-        f"<tbody>{body}</tbody></table>"
-    )
+    return SimpleNamespace(iso=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)), ago=text)
 
 
 def _csv_number(measure: str, value: float) -> str:
@@ -426,46 +356,19 @@ def _csv_number(measure: str, value: float) -> str:
 _CSV_HEADER = ["name", "requests", "finished", "input_tokens", "output_tokens", "cost"]
 
 
-def _select(name: str, label: str, choices: list[str], chosen: str) -> str:
-    options = "".join(
-        f'<option value="{c}"{" selected" if c == chosen else ""}>{c.replace("_", " ")}</option>'
-        for c in choices
-    )
-    return (
-        f'<label for="{name}">{label}</label><select id="{name}" name="{name}">{options}</select>'
-    )
+def _error(text: str) -> Markup:
+    """Return a refusal or a failure, said on the page."""
+    return render("notice.html", kind="error", text=text)
 
 
-def _usage_form(by: str, since: str, step: str, measure: str) -> str:
-    return (
-        '<form method="get" action="/console/usage" class="range">'
-        + _select("by", "By", sorted(GROUPINGS), by)
-        + _select("measure", "Plot", list(MEASURES), measure)
-        + '<label for="since">Over the last (30m, 24h, 7d)</label>'
-        + f'<input id="since" name="since" value="{_e(since)}" size="6">'
-        + _select("step", "Per", ["auto", *STEPS], step)
-        + '<button type="submit">Show</button></form>'
-    )
-
-
-def _audit_form(action: str) -> str:
-    return (
-        '<form method="get" action="/console/audit" class="range">'
-        + _select("action", "Action", ["", *ACTIONS], action).replace(
-            '<option value=""', '<option value="" label="every action"'
-        )
-        + '<button type="submit">Show</button></form>'
-    )
-
-
-def store_error(exc: Exception, where: str = "") -> tuple[str, int]:
+def store_error(exc: Exception, where: str = "") -> tuple[Markup, int]:
     """Return the notice for an operation the store refused or could not do, and the status.
 
     The database down (``where`` names it) is 503, as the Admin API's ``UNAVAILABLE``; a
     refusal of the input is said on the page as before.
     """
     if not unreachable(exc) and isinstance(exc, SchedulerError | ValueError):
-        return f'<p class="error" role="alert">{_e(str(exc)[:300])}</p>', 200
+        return _error(str(exc)[:300]), 200
     how = "is unavailable" if unreachable(exc) else "did not answer"
     named = f"The store ({where})" if where else "The store"
-    return f'<p class="error" role="alert">{named} {how}: {_e(short_error(exc))}</p>', 503
+    return _error(f"{named} {how}: {short_error(exc)}"), 503

@@ -1,7 +1,8 @@
 """Usage plots as SVG rendered on the server: one line per team, user or model over time.
 
 The console has no front-end toolchain and a strict content security policy, so the plot is
-markup written here, like the rest of the console: an inline ``<svg>`` (no script, no inline
+markup from a template (``templates/plot.html``, autoescaped) like the rest of the console,
+with the coordinates computed here: an inline ``<svg>`` (no script, no inline
 style; colours come from classes in ``console.css``) with each point's value in its
 ``<title>`` (a tooltip, read by screen readers) and in ``data-`` attributes, and the same
 numbers in a table beneath it. Every value is escaped.
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
-from fairq_server.console.text import esc as _e
+from markupsafe import Markup
+
+from fairq_server.console.templating import render
 from fairq_server.store.series import Series
 
 __all__ = ["MAX_LINES", "lines_of", "usage_plot"]
@@ -78,12 +82,12 @@ def lines_of(series: Series, measure: str) -> list[tuple[str, list[float]]]:
     return lines
 
 
-def usage_plot(series: Series, measure: str, by: str) -> str:
+def usage_plot(series: Series, measure: str, by: str) -> Markup:
     """Return the plot of ``measure`` per ``by`` over the series' buckets, and its table."""
     unit = _UNITS.get(measure, measure)
     lines = lines_of(series, measure)
     if not lines:
-        return '<p class="empty">No usage in this range: nothing to plot.</p>'
+        return render("plot.html", lines=[])
     n = len(series.starts)
     top = _nice_top(max(max(v) for _, v in lines))
     inner_w, inner_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
@@ -94,76 +98,52 @@ def usage_plot(series: Series, measure: str, by: str) -> str:
     def y(v: float) -> float:
         return _TOP + inner_h * (1 - v / top)
 
-    title = f"{unit.capitalize()} per {'hour' if series.step < 86400 else 'day'}, by {by}"
-    parts = [
-        f'<svg class="plot" viewBox="0 0 {_W} {_H}" role="img" aria-labelledby="plot-title" '
-        f'data-measure="{_e(measure)}" data-step="{series.step}">'
-        f'<title id="plot-title">{_e(title)}</title>'
+    def when(i: int) -> str:
+        return _when(series.starts[i], series.step)
+
+    grid = [  # the y grid and its labels
+        (f"{y(top * frac):.1f}", f"{y(top * frac) + 4:.1f}", _tick(top * frac, measure))
+        for frac in (0.0, 0.25, 0.5, 0.75, 1.0)
     ]
-    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):  # the y grid and its labels
-        gy = y(top * frac)
-        parts.append(
-            f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{gy:.1f}" y2="{gy:.1f}"/>'
-            f'<text class="tick" x="{_LEFT - 6}" y="{gy + 4:.1f}" text-anchor="end">'
-            f"{_e(_tick(top * frac, measure))}</text>"
+    ticks = [  # first, middle and last bucket on the x axis
+        (
+            f"{x(i):.1f}",
+            "start" if i == 0 and n > 1 else "end" if i == n - 1 and n > 1 else "middle",
+            when(i),
         )
-    for i in sorted({0, n // 2, n - 1}):  # first, middle and last bucket on the x axis
-        anchor = "start" if i == 0 and n > 1 else "end" if i == n - 1 and n > 1 else "middle"
-        parts.append(
-            f'<text class="tick" x="{x(i):.1f}" y="{_H - _BOTTOM + 18}" text-anchor="{anchor}">'
-            f"{_e(_when(series.starts[i], series.step))}</text>"
+        for i in sorted({0, n // 2, n - 1})
+    ]
+    drawn = [
+        SimpleNamespace(
+            name=name,
+            data=",".join(_fmt(v, measure) for v in values),
+            points=" ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values)),
+            markers=[
+                (f"{x(i):.1f}", f"{y(v):.1f}", series.starts[i], _fmt(v, measure), when(i))
+                for i, v in enumerate(values)
+                if v
+            ]
+            if n <= _MAX_MARKERS
+            else [],
+            total=_fmt(sum(values), measure),
         )
-    for k, (name, values) in enumerate(lines):
-        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
-        data = ",".join(_fmt(v, measure) for v in values)
-        parts.append(
-            f'<g class="s{k}" data-group="{_e(name)}" data-values="{data}">'
-            f'<polyline points="{points}"/>'
-        )
-        if n <= _MAX_MARKERS:
-            for i, v in enumerate(values):
-                if v:
-                    when = _when(series.starts[i], series.step)
-                    parts.append(
-                        f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3.5" '
-                        f'data-start="{series.starts[i]}" data-value="{_fmt(v, measure)}">'
-                        f"<title>{_e(name)}, {_e(when)}: {_fmt(v, measure)} {_e(unit)}"
-                        "</title></circle>"
-                    )
-        parts.append("</g>")
-    parts.append("</svg>")
-    legend = "".join(
-        f'<li><svg class="swatch s{k}" viewBox="0 0 14 14" aria-hidden="true">'
-        f'<rect width="14" height="14"/></svg> {_e(name)}: '
-        f'<span class="total">{_fmt(sum(values), measure)}</span> {_e(unit)}</li>'
-        for k, (name, values) in enumerate(lines)
-    )
-    return (
-        '<figure class="usage-plot">'
-        + "".join(parts)
-        + f'<figcaption><ul class="legend" aria-label="lines and their totals">{legend}</ul>'
-        + "</figcaption></figure>"
-        + _values_table(series, lines, measure, by, unit)
-    )
-
-
-def _values_table(
-    series: Series, lines: list[tuple[str, list[float]]], measure: str, by: str, unit: str
-) -> str:
-    """Return the plotted numbers as a table (buckets with some usage only), folded."""
-    head = "".join(f'<th scope="col">{_e(name)}</th>' for name, _ in lines)
-    rows = []
-    for i, start in enumerate(series.starts):
-        cells = [values[i] for _, values in lines]
-        if any(cells):
-            rows.append(
-                f'<tr><th scope="row">{_e(_when(start, series.step))}</th>'
-                + "".join(f"<td>{_fmt(c, measure)}</td>" for c in cells)
-                + "</tr>"
-            )
-    return (
-        f"<details><summary>The plotted values ({_e(unit)} by {_e(by)})</summary>"
-        f'<table class="plotted"><caption>{_e(unit.capitalize())} per bucket</caption>'
-        f'<thead><tr><th scope="col">Bucket</th>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></details>"
+        for name, values in lines
+    ]
+    buckets = [  # the plotted numbers, buckets with some usage only
+        (when(i), [_fmt(values[i], measure) for _, values in lines])
+        for i in range(n)
+        if any(values[i] for _, values in lines)
+    ]
+    return render(
+        "plot.html",
+        lines=drawn,
+        buckets=buckets,
+        measure=measure,
+        by=by,
+        unit=unit,
+        step=series.step,
+        title=f"{unit.capitalize()} per {'hour' if series.step < 86400 else 'day'}, by {by}",
+        grid=grid,
+        ticks=ticks,
+        box=(_W, _H, _LEFT, _RIGHT, _BOTTOM),
     )

@@ -29,9 +29,10 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from aiohttp import web
+from markupsafe import Markup
 
 from fairq_server.config.console import LOOPBACK_HOSTS
-from fairq_server.console import render
+from fairq_server.console import render, templating
 from fairq_server.console.entitlement_forms import ACTIONS, EntitlementForms
 from fairq_server.console.feed import LiveFeed
 from fairq_server.console.manage import ManageRoutes, store_error
@@ -98,6 +99,7 @@ class ConsoleRoutes:
         self._feed = feed
         self._sessions = Sessions(session_seconds)
         self._static = {name: (_STATIC / name).read_bytes() for name in _STATIC_TYPES}
+        templating.load()  # every template compiled now: a broken one fails the start
 
     def add_to(self, router: web.UrlDispatcher) -> None:
         """Add the console's routes to ``router`` (each answers only the allowed hosts)."""
@@ -270,7 +272,7 @@ class ConsoleRoutes:
     # -- the store's views ----------------------------------------------------------------
 
     async def _store_page(
-        self, request: web.Request, view: str, body: str, code: int = 200
+        self, request: web.Request, view: str, body: Markup, code: int = 200
     ) -> web.Response:
         principal, session, status = await self._caller(request)
         if principal is None:
@@ -278,7 +280,7 @@ class ConsoleRoutes:
         csrf = session.csrf if session is not None else ""
         return _html(render.page(view, principal.user, csrf, body, store=True), code)
 
-    def _store_error(self, exc: Exception) -> tuple[str, int]:
+    def _store_error(self, exc: Exception) -> tuple[Markup, int]:
         """Return the notice and status of a failed store operation (503: the store is down)."""
         assert self._manage is not None
         return store_error(exc, self._manage.where)
@@ -343,7 +345,7 @@ class ConsoleRoutes:
             principal, session, status = await self._caller(request)
             if principal is None:
                 return _redirect("/console/login") if status == 401 else _refusal(status)
-            csrf, notice, refill = session.csrf if session is not None else "", "", None
+            csrf, notice, refill = session.csrf if session is not None else "", Markup(), None
         else:
             posted = await self._posted(request)
             if isinstance(posted, web.Response):

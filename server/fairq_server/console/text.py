@@ -14,14 +14,15 @@ from __future__ import annotations
 import re
 from html import escape
 
-__all__ = ["esc", "visible"]
+__all__ = ["esc", "plain", "visible"]
 
 # Bidirectional formatting (embeddings, overrides, isolates, marks), zero-width characters,
 # the other C0/C1 controls but tab and newline, and the line/paragraph separators.
-_INVISIBLE = re.compile(
-    "[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e"
-    "\u2060-\u2064\u2066-\u2069\ufeff]"
+_CONTROLS = (
+    "\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u2064\u2066-\u2069\ufeff"
 )
+_INVISIBLE = re.compile(f"[{_CONTROLS}]")
 
 
 def _mark(match: re.Match[str]) -> str:
@@ -36,3 +37,20 @@ def visible(value: object) -> str:
 def esc(value: object) -> str:
     """Return ``value`` as HTML text or attribute value: escaped, controls made visible."""
     return escape(visible(value), quote=True)
+
+
+def plain(text: str) -> bool:
+    """Whether ``esc(text)`` is ``text`` itself (nothing to escape or name: most names).
+
+    Printable ASCII without the five characters HTML escapes; anything else (a name in
+    another script, a tab) is left to :func:`esc`, which gives it back unchanged if it is.
+    """
+    return (
+        text.isascii()
+        and text.isprintable()
+        and "&" not in text
+        and "<" not in text
+        and ">" not in text
+        and '"' not in text
+        and "'" not in text
+    )

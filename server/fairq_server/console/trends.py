@@ -2,8 +2,9 @@
 
 Each figure of :class:`~fairq_server.observe.history.LiveHistory` is drawn with its last
 value, its highest and its span in words.
-Markup written here like the rest of the console (no script, no inline style: the strict CSP
-holds; colours and sizes are in ``console.css``), every name escaped. Each line's values are
+Drawn by ``templates/trends.html`` like the rest of the console (no script, no inline style:
+the strict CSP holds; colours and sizes are in ``console.css``), every name escaped; this
+module computes the points and the words. Each line's values are
 also in the ``<svg>``'s ``data-values`` (tests, scripts) and summed up in its ``<title>`` and
 caption (screen readers). A line breaks where a sample has no value. Rendering walks the
 samples once per figure; the feed renders it once per sample, not per refresh.
@@ -13,11 +14,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 
-from fairq_server.console.text import esc as _e
+from markupsafe import Markup
+
+from fairq_server.console.templating import render
 from fairq_server.observe.history import Trend
 
-__all__ = ["trends_fragment"]
+__all__ = ["trends_fragment", "trends_off"]
 
 _W, _H, _PAD = 240, 48, 3
 _SECTIONS = (
@@ -56,28 +60,27 @@ def _points(values: Sequence[float | None], top: float) -> list[str]:
     return runs
 
 
-def _sparkline(trend: Trend, index: int, span: str) -> str:
+def _sparkline(trend: Trend, index: int, span: str) -> SimpleNamespace:
+    """Return one figure's line as the template draws it."""
     known = [v for v in trend.values if v is not None]
     last = next((v for v in reversed(trend.values) if v is not None), None)
     top = max(known, default=0.0)
     now = _figure(last, trend.unit) if last is not None else "—"
-    summary = f"{trend.group}, {trend.name}: now {now}, highest {_figure(top, trend.unit)}"
-    summary += f" over the last {span}"
-    lines = "".join(
-        f'<polyline class="s{index % 9}" points="{run}"/>' if " " in run else
-        f'<circle class="s{index % 9}" r="1.5" cx="{run.split(",")[0]}" cy="{run.split(",")[1]}"/>'
-        for run in _points(trend.values, top)
-    )  # fmt: skip
-    data = ",".join("" if v is None else f"{v:.6g}" for v in trend.values)
-    return (
-        f'<figure class="trend" data-group="{_e(trend.group)}" data-name="{_e(trend.name)}">'
-        f'<svg class="spark" viewBox="0 0 {_W} {_H}" role="img" aria-label="{_e(summary)}" '
-        f'data-values="{data}" data-last="{"" if last is None else f"{last:.6g}"}">'
-        f"<title>{_e(summary)}</title>"
-        f'<line class="base" x1="0" y1="{_H - _PAD}" x2="{_W}" y2="{_H - _PAD}"/>{lines}</svg>'
-        f"<figcaption><strong>{_e(trend.group)}</strong> {_e(trend.name)}: "
-        f'<span class="now">{_e(now)}</span> <span class="detail">(highest '
-        f"{_e(_figure(top, trend.unit))})</span></figcaption></figure>"
+    highest = _figure(top, trend.unit)
+    return SimpleNamespace(
+        group=trend.group,
+        name=trend.name,
+        summary=f"{trend.group}, {trend.name}: now {now}, highest {highest} over the last {span}",
+        data=",".join("" if v is None else f"{v:.6g}" for v in trend.values),
+        last="" if last is None else f"{last:.6g}",
+        colour=f"s{index % 9}",
+        # A run of one sample is a dot; longer runs are lines.
+        runs=[
+            (run, None) if " " in run else (None, run.split(","))
+            for run in _points(trend.values, top)
+        ],
+        now=now,
+        highest=highest,
     )
 
 
@@ -88,7 +91,7 @@ def _span(times: Sequence[float]) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
-def trends_fragment(trends: Sequence[Trend], times: Sequence[float], here: str = "") -> str:
+def trends_fragment(trends: Sequence[Trend], times: Sequence[float], here: str = "") -> Markup:
     """Return the trends view's live fragment.
 
     Args:
@@ -98,19 +101,24 @@ def trends_fragment(trends: Sequence[Trend], times: Sequence[float], here: str =
 
     """
     if len(times) < 2:
-        return '<p class="empty">Collecting: the first figures appear after two samples.</p>'
+        return render("trends.html", samples=len(times))
     span = _span(times)
-    start = time.strftime("%H:%M:%S", time.gmtime(times[0]))
-    end = time.strftime("%H:%M:%S UTC", time.gmtime(times[-1]))
-    whose = f" on replica {_e(here)}" if here else ""
-    out = [
-        f'<p class="detail">{len(times)} samples from {start} to {end}{whose}; each line '
-        "is scaled to its own highest value.</p>"
-    ]
+    sections = []
     for kind, title in _SECTIONS:
         chosen = [t for t in trends if t.group.split(" ", 1)[0] == kind]
-        if not chosen:
-            continue
-        figures = "".join(_sparkline(t, i, span) for i, t in enumerate(chosen))
-        out.append(f'<section><h2>{_e(title)}</h2><div class="trends">{figures}</div></section>')
-    return "".join(out)
+        if chosen:
+            sections.append((title, [_sparkline(t, i, span) for i, t in enumerate(chosen)]))
+    return render(
+        "trends.html",
+        samples=len(times),
+        start=time.strftime("%H:%M:%S", time.gmtime(times[0])),
+        end=time.strftime("%H:%M:%S UTC", time.gmtime(times[-1])),
+        here=here,
+        sections=sections,
+        size=(_W, _H, _PAD),
+    )
+
+
+def trends_off() -> Markup:
+    """Return the trends view's fragment when trends are off."""
+    return render("trends.html", samples=-1)
