@@ -37,7 +37,7 @@ def http_client() -> httpx.AsyncClient:
     """An HTTP client that never queues on its own side (no pool cap, no read timeout)."""
     return httpx.AsyncClient(
         timeout=httpx.Timeout(30.0, read=None),
-        limits=httpx.RequestBounds(max_connections=None, max_keepalive_connections=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
     )
 
 

@@ -47,7 +47,7 @@ def flood_client() -> httpx.AsyncClient:
     """
     return httpx.AsyncClient(
         timeout=httpx.Timeout(10.0, read=None),
-        limits=httpx.RequestBounds(max_connections=None, max_keepalive_connections=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
     )
 
 

@@ -127,9 +127,7 @@ class BackendConfig:
         doc("environment variable holding the backend's API key (sent as a Bearer token)"),
     ] = ""
     api_key_file: Annotated[Str, doc("file holding the backend's API key (first line)")] = ""
-    verify_models: Annotated[Bool, doc("check ``/v1/models`` lists every registered model")] = (
-        True
-    )
+    verify_models: Annotated[Bool, doc("check ``/v1/models`` lists every registered model")] = True
     preempt: Annotated[
         Bool, doc("fairq may preempt requests running here (needs ``max_in_flight``)")
     ] = False

@@ -23,9 +23,9 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 class RequestBounds:
     """Bounds on request input (larger requests get INVALID_ARGUMENT) and on buffering."""
 
-    max_prompt_chars: Annotated[Int, doc("characters of prompt (or messages) per request", gt=0)] = (
-        1_000_000
-    )
+    max_prompt_chars: Annotated[
+        Int, doc("characters of prompt (or messages) per request", gt=0)
+    ] = 1_000_000
     max_messages: Annotated[Int, doc("messages per chat request", gt=0)] = 1_000
     max_tokens: Annotated[Int, doc("largest output bound a request may ask for", gt=0)] = 32_768
     max_stop_strings: Annotated[Int, doc("stop strings per request", ge=0)] = 4
@@ -59,9 +59,9 @@ class RequestBounds:
             gt=0,
         ),
     ] = 10_000
-    max_grpc_connections: Annotated[
-        Int, doc("connections open on the gRPC port at most", gt=0)
-    ] = 4096
+    max_grpc_connections: Annotated[Int, doc("connections open on the gRPC port at most", gt=0)] = (
+        4096
+    )
     request_receive_seconds: Annotated[
         Float,
         doc(
@@ -145,8 +145,7 @@ class HttpConfig:
     idle_timeout_seconds: Annotated[
         Float,
         doc(
-            "a connection with no request in progress that sends nothing for this long is "
-            "closed",
+            "a connection with no request in progress that sends nothing for this long is closed",
             gt=0,
         ),
     ] = 30.0

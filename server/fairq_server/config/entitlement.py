@@ -122,24 +122,24 @@ def check_entitlement(
         ("quotas", quotas, _QUOTA_LIMITS),
         ("budgets", budgets, _BUDGET_LIMITS),
     )
-    for section, entries, limits in sections:
+    for table, entries, limits in sections:
         seen: dict[tuple[str, str, str], int] = {}
         for i, entry in enumerate(entries):
-            what = f"{section}[{i}]"
+            what = f"{table}[{i}]"
             subject = _check_subject(entry, what, known)
             _check_limits(entry, what, limits)
             if entry.mode not in _MODES:
                 raise EntitlementError(f"{what}.mode must be 'hard' or 'soft', not {entry.mode!r}")
             if entry.model:
                 check_name(entry.model, f"{what}.model", MAX_NAME_CHARS)
-            if section == "budgets":
+            if table == "budgets":
                 _check_priced(entry.model, what, prices, served)
             key = (*subject, entry.model)
             if key in seen:
                 raise EntitlementError(
                     f"{what}: {subject[0]} {subject[1]!r}"
                     + (f" model {entry.model!r}" if entry.model else "")
-                    + f" already has an entry ({section}[{seen[key]}]); put its limits in one"
+                    + f" already has an entry ({table}[{seen[key]}]); put its limits in one"
                 )
             seen[key] = i
 

@@ -45,7 +45,7 @@ def doc(
     gt: float | None = None,
     le: float | None = None,
 ) -> Any:
-    """Return a field's help and bounds, for ``Annotated[type, doc(...)]``.
+    """Return a field's help and bounds, the metadata of its ``Annotated`` type.
 
     Args:
         text: what the setting does, in the operator's terms (one or a few sentences).

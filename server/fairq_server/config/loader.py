@@ -38,7 +38,7 @@ from fairq_server.config.identity import (
     check_name,
 )
 from fairq_server.config.schema import Config, ConfigError
-from fairq_server.config.store import StoreError, check_prices
+from fairq_server.config.store import check_prices
 from fairq_server.config.teams import check_teams
 
 __all__ = ["describe", "load_config", "parse_config"]
@@ -222,9 +222,15 @@ def _range(info: FieldInfo, tp: Any, value: object) -> str:
     return f"must be {noun} >= {bounds.get('ge')}"
 
 
-@functools.cache
+# Evaluating the annotations is most of an error's cost; the classes do not change.
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
 def _hints(cls: type[Any]) -> dict[str, Any]:
-    return typing.get_type_hints(cls, include_extras=True)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls, include_extras=True)
+    return hints
 
 
 def _type_at(loc: Loc, *, table: bool = False) -> tuple[Any, FieldInfo | None, Loc]:
@@ -239,7 +245,7 @@ def _type_at(loc: Loc, *, table: bool = False) -> tuple[Any, FieldInfo | None, L
     info: FieldInfo | None = None
     for i, part in enumerate(loc):
         tp = _bare(tp)
-        if dataclasses.is_dataclass(tp) and isinstance(part, str):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(part, str):
             tp, info = _field(tp, part)
         elif typing.get_origin(tp) is tuple and isinstance(part, int):
             item = _bare(typing.get_args(tp)[0])
@@ -302,14 +308,12 @@ def _path(loc: Loc) -> str:
 
 
 def _lookup(raw: object, loc: Loc) -> object:
-    """The raw value at ``loc`` (what the operator wrote), for the error message."""
+    """Return the raw value at ``loc`` (what the operator wrote), for the error message."""
     for part in loc:
-        if isinstance(raw, dict) and part in raw:
-            raw = raw[part]
-        elif isinstance(raw, list) and isinstance(part, int) and part < len(raw):
-            raw = raw[part]
-        else:
+        items = dict(enumerate(raw)) if isinstance(raw, list) else raw
+        if not isinstance(items, dict) or part not in items:
             return raw
+        raw = items[part]
     return raw
 
 

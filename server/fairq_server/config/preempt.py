@@ -27,9 +27,7 @@ class PreemptConfig:
             ge=0,
         ),
     ] = 16
-    max_per_request: Annotated[Int, doc("a request is preempted at most this many times", ge=0)] = (
-        2
-    )
+    max_per_request: Annotated[Int, doc("a request is preempted at most this many times", ge=0)] = 2
     max_per_second: Annotated[
         Float, doc("at most this many preemptions per second per backend", ge=0)
     ] = 4.0

@@ -54,9 +54,9 @@ Options = Mapping[str, Any]
 class SchedulerConfig:
     """Policy names, dispatch timing, caps and prefix grouping."""
 
-    fairness: Annotated[
-        FairnessName, doc("fairness between users: ``round-robin`` or ``vtc``")
-    ] = "round-robin"
+    fairness: Annotated[FairnessName, doc("fairness between users: ``round-robin`` or ``vtc``")] = (
+        "round-robin"
+    )
     fairness_options: Annotated[
         Options,
         doc(
@@ -120,9 +120,7 @@ class SchedulerConfig:
             ge=1,
         ),
     ] = 2
-    backend_timeout_seconds: Annotated[
-        Float, doc("HTTP timeout towards a backend", gt=0)
-    ] = 600.0
+    backend_timeout_seconds: Annotated[Float, doc("HTTP timeout towards a backend", gt=0)] = 600.0
     max_queued_per_user: Annotated[
         Int,
         doc("one user's queued requests at most, over all models (RESOURCE_EXHAUSTED)", gt=0),
@@ -144,9 +142,9 @@ class SchedulerConfig:
         ),
     ] = 0.0
     prefix_block_chars: Annotated[Int, doc("characters per prefix block", gt=0)] = 128
-    prefix_cache_blocks: Annotated[
-        Int, doc("prefix blocks remembered per backend (LRU)", ge=0)
-    ] = 20_000
+    prefix_cache_blocks: Annotated[Int, doc("prefix blocks remembered per backend (LRU)", ge=0)] = (
+        20_000
+    )
     prefix_candidates: Annotated[
         Int, doc("at most this many users are compared per pick (bounds the work)", gt=0)
     ] = 8

@@ -80,9 +80,9 @@ class Config:
     metrics_listen: Annotated[
         Str, doc("address of fairq's own Prometheus ``/metrics`` (empty: off)")
     ] = ""
-    access_log: Annotated[
-        Bool, doc("one JSON line per finished request on standard output")
-    ] = False
+    access_log: Annotated[Bool, doc("one JSON line per finished request on standard output")] = (
+        False
+    )
     scheduler: Annotated[SchedulerConfig, doc("the plugins, dispatch timing and caps")] = field(
         default_factory=SchedulerConfig
     )
@@ -118,9 +118,7 @@ class Config:
     tiers: Annotated[
         tuple[TierConfig, ...], doc("priority tiers in strict order: first is served first")
     ] = DEFAULT_TIERS
-    backends: Annotated[
-        tuple[BackendConfig, ...], doc("backends registered at start-up")
-    ] = ()
+    backends: Annotated[tuple[BackendConfig, ...], doc("backends registered at start-up")] = ()
     keys: Annotated[
         tuple[KeyConfig, ...], doc("API keys (none at all: x-fairq-user names the caller)")
     ] = ()

@@ -53,7 +53,8 @@ class TierConfig:
         ),
     ] = None
     aging_seconds: Annotated[
-        Float | None, doc("serve this tier at least once per interval, even over higher tiers", gt=0)
+        Float | None,
+        doc("serve this tier at least once per interval, even over higher tiers", gt=0),
     ] = None
     max_in_flight: Annotated[
         Int, doc("at most this many of the tier's requests in flight per backend (0: no cap)", ge=0)
