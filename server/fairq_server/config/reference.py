@@ -35,6 +35,7 @@ Numbers must be finite; an integer is accepted where a number is expected. TOML 
 leave a key out to keep its default.
 """
 
+_COLUMNS = "| key | type | default | bounds | meaning |\n|---|---|---|---|---|"
 _NAMES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
@@ -94,7 +95,7 @@ def _bare(tp: Any) -> Any:
 
 
 def _section_of(tp: Any) -> type[Any] | None:
-    """The section class ``tp`` holds (itself, an array of it, a table of it), if any."""
+    """Return the section class ``tp`` holds (itself, an array of it, a table of it), if any."""
     candidates = [tp]
     if typing.get_origin(tp) is tuple:
         candidates = [_bare(typing.get_args(tp)[0])]
@@ -165,7 +166,7 @@ def render() -> str:
                 "Top level" if not table else f"`[{table}]`" if "[" not in table else f"`{table}`"
             )
             out.append(
-                f"\n## {title}\n\n| key | type | default | bounds | meaning |\n|---|---|---|---|---|"
+                f"\n## {title}\n\n{_COLUMNS}"
             )
         out.append(f"| `{key.name}` | {key.type} | {key.default} | {key.bounds} | {key.help} |")
     return "\n".join(out) + "\n"
