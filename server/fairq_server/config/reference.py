@@ -119,9 +119,12 @@ def _type_name(tp: Any) -> str:
 
 
 def _default(f: dataclasses.Field[Any]) -> str:
-    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
         return "required"
-    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     if value is None:
         return "unset"
     if value == "":
@@ -165,9 +168,7 @@ def render() -> str:
             title = (
                 "Top level" if not table else f"`[{table}]`" if "[" not in table else f"`{table}`"
             )
-            out.append(
-                f"\n## {title}\n\n{_COLUMNS}"
-            )
+            out.append(f"\n## {title}\n\n{_COLUMNS}")
         out.append(f"| `{key.name}` | {key.type} | {key.default} | {key.bounds} | {key.help} |")
     return "\n".join(out) + "\n"
 
