@@ -148,7 +148,7 @@ async def test_health_and_reflection(fairq_factory: FairqFactory) -> None:
 
 
 # One backend definition, broken one way at a time: the file and RegisterBackend refuse it
-# for the same reason, in the same words (backends/spec.py holds the rules once).
+# for the same reason, in the same words (config/backends.py holds the rules once).
 _BROKEN = {
     "priority-order": ({"priority_order": "random"}, "backend priority_order must be one of"),
     "fair-share": (

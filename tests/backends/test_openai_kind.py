@@ -299,14 +299,14 @@ async def test_grpc_extra_refused(
 
 def test_grpc_extra_whole_numbers_reach_the_backend_as_integers() -> None:
     from fairq_server.backends.vllm import VllmBackend
-    from fairq_server.config.schema import Limits
+    from fairq_server.config.schema import RequestBounds
     from fairq_server.doors.grpc.validation import to_backend_request
 
     req = scheduler_pb2.GenerateRequest(
         model="sim", prompt="hi",
         extra=struct({"n": 2, "top_k": 5, "frequency_penalty": 0.5, "stream_options": {"x": 1}}),
     )  # fmt: skip
-    backend_request = to_backend_request(req, Limits(max_sequences=2))
+    backend_request = to_backend_request(req, RequestBounds(max_sequences=2))
     _, body = VllmBackend("v", "http://h:1", ["sim"]).payload(backend_request, 0)
     # A Struct holds 2 as 2.0; vLLM's n must be an integer.
     assert type(body["n"]) is int and body["n"] == 2

@@ -44,6 +44,8 @@ def _wrong(tp: Any) -> tuple[object, str]:
     tp = _strip_optional(tp)
     if tp in _SCALARS:
         return _SCALARS[tp]
+    if typing.get_origin(tp) is typing.Literal:  # a closed set of names (plugins)
+        return _SCALARS[str]
     if tp == str | tuple[str, ...]:  # one string or a list of them
         return 12, "expected a string or a list of strings"
     if typing.get_origin(tp) is tuple:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from fairq_server.backends.base import Backend
 from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.kinds import BACKEND_KINDS
-from fairq_server.backends.spec import check_backend_config
+from fairq_server.config.backends import check_backend_config
 from fairq_server.config.schema import BackendConfig
 from fairq_server.errors import InvalidRequestError
 from fairq_server.names import escape
@@ -51,7 +51,7 @@ def make_backend(
         read_limits: bounds on what is read from the backend (defaults when None).
 
     Raises:
-        InvalidRequestError: a rule of :func:`~fairq_server.backends.spec.check_backend_config`
+        InvalidRequestError: a rule of :func:`~fairq_server.config.backends.check_backend_config`
             broken (id, kind, URL, models, settings), or a host outside the allow-list.
 
     """

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
+
+from fairq_server.config.fields import Bool, Float, Int, Str, doc, section
 
 __all__ = ["LOOPBACK_HOSTS", "ConsoleConfig", "check_allowed_hosts", "split_host"]
 
@@ -11,39 +14,62 @@ __all__ = ["LOOPBACK_HOSTS", "ConsoleConfig", "check_allowed_hosts", "split_host
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
+@section
 @dataclass(frozen=True)
 class ConsoleConfig:
-    """The web console under ``/console`` on the HTTP door (admins only).
+    """The web console under ``/console`` on the HTTP door (admins only)."""
 
-    Attributes:
-        enabled: serve the console (needs ``http.listen``); off by default.
-        refresh_seconds: how often the live views are read and pushed to open pages, and how
-            often a replica publishes its view to Redis in a cluster.
-        session_seconds: a login lasts this long (the key is checked again on every request,
-            so a revoked key ends its sessions at once).
-        starved_after_seconds: a backlogged user whose next request has waited this long
-            while it received less than half its entitlement of recent service is marked
-            starved.
-        max_users: at most this many users are listed per model and tier (the busiest first;
-            the counts always cover everyone).
-        allowed_hosts: the host names the console answers to (the ``Host`` the browser sends,
-            or the ``X-Forwarded-Host`` of a trusted proxy, ``http.trusted_proxies``): ``name``
-            on any port, ``name:port`` on that port only. Any other host is answered 421, so a
-            page of another name resolving to fairq's address (DNS rebinding) gets nothing.
-        history_seconds: how often the trends (queue depth, waits, time to first token,
-            tokens per second) are sampled, whether a page is open or not; 0: no trends.
-        history_points: samples kept per figure (360 every 5 s: the last 30 minutes).
-
-    """
-
-    enabled: bool = False
-    refresh_seconds: float = 1.0
-    session_seconds: float = 8 * 3600.0
-    starved_after_seconds: float = 10.0
-    max_users: int = 50
-    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
-    history_seconds: float = 5.0
-    history_points: int = 360
+    enabled: Annotated[Bool, doc("serve the console (needs ``http.listen``)")] = False
+    refresh_seconds: Annotated[
+        Float,
+        doc(
+            "how often the live views are read and pushed to open pages, and how often a "
+            "replica publishes its view to Redis in a cluster",
+            gt=0,
+        ),
+    ] = 1.0
+    session_seconds: Annotated[
+        Float,
+        doc(
+            "a login lasts this long (the key is checked again on every request, so a revoked "
+            "key ends its sessions at once)",
+            gt=0,
+        ),
+    ] = 8 * 3600.0
+    starved_after_seconds: Annotated[
+        Float,
+        doc(
+            "a backlogged user whose next request has waited this long while it received less "
+            "than half its entitlement of recent service is marked starved",
+            gt=0,
+        ),
+    ] = 10.0
+    max_users: Annotated[
+        Int,
+        doc(
+            "at most this many users are listed per model and tier (the busiest first; the "
+            "counts always cover everyone)",
+            gt=0,
+        ),
+    ] = 50
+    allowed_hosts: Annotated[
+        tuple[Str, ...],
+        doc(
+            "the host names the console answers to (``name`` on any port, ``name:port`` on "
+            "that port only); any other host is answered 421 (DNS rebinding)"
+        ),
+    ] = LOOPBACK_HOSTS
+    history_seconds: Annotated[
+        Float,
+        doc(
+            "how often the trends (queue depth, waits, time to first token, tokens per "
+            "second) are sampled (0: no trends)",
+            ge=0,
+        ),
+    ] = 5.0
+    history_points: Annotated[
+        Int, doc("samples kept per figure (360 every 5 s: the last 30 minutes)", ge=0)
+    ] = 360
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:

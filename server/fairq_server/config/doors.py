@@ -9,120 +9,168 @@ from __future__ import annotations
 import functools
 import ipaddress
 from dataclasses import dataclass
+from typing import Annotated
 
-__all__ = ["HttpConfig", "Limits", "Network", "TlsConfig", "parse_networks"]
+from fairq_server.config.fields import Float, Int, Str, doc, section
+
+__all__ = ["HttpConfig", "Network", "RequestBounds", "TlsConfig", "parse_networks"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+@section
 @dataclass(frozen=True)
-class Limits:
-    """Bounds on request input (larger requests get INVALID_ARGUMENT) and on buffering.
+class RequestBounds:
+    """Bounds on request input (larger requests get INVALID_ARGUMENT) and on buffering."""
 
-    Attributes:
-        max_unread_chars: generated text held for a caller that does not read it; past
-            this, the request ends with RESOURCE_EXHAUSTED and its backend request is
-            aborted, so a stalled reader holds neither memory nor a backend slot.
-        max_extra_bytes, max_extra_depth: bound the pass-through parameters (the gRPC
-            ``extra`` Struct, the fields of an HTTP body fairq does not interpret), measured
-            as compact JSON.
-        max_body_bytes: bounds an HTTP request body (413 above it).
-        max_streams_per_connection: HTTP/2 ``MAX_CONCURRENT_STREAMS`` advertised to clients;
-            a client's further calls wait in its own gRPC library for a free stream. A queued
-            request holds its stream: keep it at or above ``max_queued_per_user``.
-        max_grpc_connections: connections open on the gRPC port at most; gRPC closes one
-            more before its handshake.
-        request_receive_seconds: a call whose complete request message has not arrived this
-            long after the call opened is answered DEADLINE_EXCEEDED and its stream freed.
-        default_max_tokens: the output bound sent for a request that gives none (0: the
-            limit ``max_tokens`` itself), so a backend's own default never applies.
-        max_sequences: the largest ``n`` / ``best_of`` passed through to the engine (the gRPC
-            door's ``extra``, HTTP's ``best_of``); those sequences are generated in the one
-            backend slot fairq admitted the request to.
-        max_choices: the largest ``n`` of an HTTP request; each choice is scheduled as its
-            own request (its own backend slot, charged to the caller), as vLLM runs ``n``
-            as ``n`` requests.
-        max_prompts: the longest list of prompts one completions request may carry; each
-            prompt is scheduled as its own request.
+    max_prompt_chars: Annotated[
+        Int, doc("characters of prompt (or messages) per request", gt=0)
+    ] = 1_000_000
+    max_messages: Annotated[Int, doc("messages per chat request", gt=0)] = 1_000
+    max_tokens: Annotated[Int, doc("largest output bound a request may ask for", gt=0)] = 32_768
+    max_stop_strings: Annotated[Int, doc("stop strings per request", ge=0)] = 4
+    max_stop_chars: Annotated[Int, doc("characters of one stop string", ge=0)] = 1_000
+    max_metadata_bytes: Annotated[
+        Int, doc("gRPC metadata (headers) per call; fixed when the gRPC server is built", gt=0)
+    ] = 16_384
+    max_unread_chars: Annotated[
+        Int,
+        doc(
+            "generated text held for a caller that does not read it; past this, the request "
+            "ends with RESOURCE_EXHAUSTED and its backend request is aborted",
+            gt=0,
+        ),
+    ] = 1_000_000
+    max_extra_bytes: Annotated[
+        Int,
+        doc(
+            "pass-through parameters (the gRPC ``extra`` Struct, the fields of an HTTP body "
+            "fairq does not interpret), as compact JSON",
+            ge=0,
+        ),
+    ] = 262_144
+    max_extra_depth: Annotated[Int, doc("nesting depth of the pass-through parameters", gt=0)] = 32
+    max_body_bytes: Annotated[Int, doc("an HTTP request body (413 above it)", gt=0)] = 8_388_608
+    max_streams_per_connection: Annotated[
+        Int,
+        doc(
+            "HTTP/2 ``MAX_CONCURRENT_STREAMS`` advertised to gRPC clients; a queued request "
+            "holds its stream: keep it at or above ``scheduler.max_queued_per_user``",
+            gt=0,
+        ),
+    ] = 10_000
+    max_grpc_connections: Annotated[Int, doc("connections open on the gRPC port at most", gt=0)] = (
+        4096
+    )
+    request_receive_seconds: Annotated[
+        Float,
+        doc(
+            "a call whose complete request message has not arrived this long after the call "
+            "opened is answered DEADLINE_EXCEEDED and its stream freed",
+            gt=0,
+        ),
+    ] = 10.0
+    default_max_tokens: Annotated[
+        Int,
+        doc(
+            "the output bound sent for a request that gives none (0: ``max_tokens`` itself), "
+            "so a backend's own default never applies",
+            ge=0,
+        ),
+    ] = 0
+    max_sequences: Annotated[
+        Int,
+        doc(
+            "the largest ``n`` / ``best_of`` passed through to the engine, generated in the one "
+            "backend slot fairq admitted the request to",
+            gt=0,
+        ),
+    ] = 1
+    max_prompts: Annotated[
+        Int,
+        doc(
+            "the longest list of prompts one completions request may carry; each prompt is "
+            "scheduled as its own request",
+            gt=0,
+        ),
+    ] = 64
+    max_choices: Annotated[
+        Int,
+        doc(
+            "the largest ``n`` of an HTTP request; each choice is scheduled as its own request "
+            "(its own backend slot, charged to the caller)",
+            gt=0,
+        ),
+    ] = 16
 
-    """
 
-    max_prompt_chars: int = 1_000_000
-    max_messages: int = 1_000
-    max_tokens: int = 32_768
-    max_stop_strings: int = 4
-    max_stop_chars: int = 1_000
-    max_metadata_bytes: int = 16_384
-    max_unread_chars: int = 1_000_000
-    max_extra_bytes: int = 262_144
-    max_extra_depth: int = 32
-    max_body_bytes: int = 8_388_608
-    max_streams_per_connection: int = 10_000
-    max_grpc_connections: int = 4096
-    request_receive_seconds: float = 10.0
-    default_max_tokens: int = 0
-    max_sequences: int = 1
-    max_prompts: int = 64
-    max_choices: int = 16
-
-
+@section
 @dataclass(frozen=True)
 class TlsConfig:
-    """TLS for the gRPC port; with ``client_ca_file``, clients must present a certificate.
+    """TLS for the gRPC port; with ``client_ca_file``, clients must present a certificate."""
 
-    Attributes:
-        cert_file: PEM certificate chain of the server.
-        key_file: PEM private key of the server.
-        client_ca_file: PEM CA bundle; when set, mutual TLS is required.
-
-    """
-
-    cert_file: str
-    key_file: str
-    client_ca_file: str = ""
+    cert_file: Annotated[Str, doc("PEM certificate chain of the server")]
+    key_file: Annotated[Str, doc("PEM private key of the server")]
+    client_ca_file: Annotated[Str, doc("PEM CA bundle; when set, mutual TLS is required")] = ""
 
 
+@section
 @dataclass(frozen=True)
 class HttpConfig:
-    """The OpenAI-compatible HTTP door (``/v1/chat/completions``, ``/v1/completions``).
+    """The OpenAI-compatible HTTP door (``/v1/chat/completions``, ``/v1/completions``)."""
 
-    Attributes:
-        listen: ``host:port`` to serve on; empty turns the door off.
-        body_timeout_seconds: a request body must arrive within this (408 otherwise), so a
-            client sending it byte by byte holds nothing for long.
-        queue_comment_seconds: a streaming request that asked for queue events
-            (``x-fairq-queue-events: true``) gets an SSE comment with its position at once
-            and a keep-alive comment at this interval while it stays queued.
-        retry_after_seconds: ``Retry-After`` sent with 429 (queue caps) and 503.
-        head_timeout_seconds: a request's line and headers must be complete this long after
-            their first byte (408 and the connection closed otherwise).
-        idle_timeout_seconds: a connection with no request in progress that sends nothing
-            for this long is closed (new and kept-alive connections alike).
-        max_connections: connections open on the door at most; one more is answered 503
-            and closed.
-        max_connections_per_peer: connections open from one peer address at most (behind a
-            proxy every caller shares its address: raise it there).
-        max_answer_chars: a non-streamed answer is built from the backend's stream; beyond
-            this many characters of it the request is aborted and answered 400
-            (``answer_too_large``). A streamed answer is bounded by
-            ``limits.max_unread_chars`` instead (text the caller has not read).
-        trusted_proxies: IP addresses and networks (``10.0.0.0/8``) of reverse proxies in
-            front of the door whose ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are
-            believed (the console's ``Secure`` cookie, its origin and host checks); empty:
-            nobody's, forwarded headers are ignored.
-
-    """
-
-    listen: str = ""
-    body_timeout_seconds: float = 30.0
-    queue_comment_seconds: float = 5.0
-    retry_after_seconds: int = 1
-    head_timeout_seconds: float = 10.0
-    idle_timeout_seconds: float = 30.0
-    max_connections: int = 1024
-    max_connections_per_peer: int = 256
-    max_answer_chars: int = 16_777_216
-    trusted_proxies: tuple[str, ...] = ()
+    listen: Annotated[Str, doc("``host:port`` to serve on; empty: the door is off")] = ""
+    body_timeout_seconds: Annotated[
+        Float, doc("a request body must arrive within this (408 otherwise)", gt=0)
+    ] = 30.0
+    queue_comment_seconds: Annotated[
+        Float,
+        doc(
+            "a streaming request that asked for queue events gets a keep-alive SSE comment "
+            "with its position at this interval while it stays queued",
+            gt=0,
+        ),
+    ] = 5.0
+    retry_after_seconds: Annotated[
+        Int, doc("``Retry-After`` sent with 429 (queue caps) and 503", ge=0)
+    ] = 1
+    head_timeout_seconds: Annotated[
+        Float,
+        doc(
+            "a request's line and headers must be complete this long after their first byte "
+            "(408 and the connection closed otherwise)",
+            gt=0,
+        ),
+    ] = 10.0
+    idle_timeout_seconds: Annotated[
+        Float,
+        doc(
+            "a connection with no request in progress that sends nothing for this long is closed",
+            gt=0,
+        ),
+    ] = 30.0
+    max_connections: Annotated[
+        Int, doc("connections open on the door at most; one more is answered 503", gt=0)
+    ] = 1024
+    max_connections_per_peer: Annotated[
+        Int,
+        doc("connections open from one peer address at most (raise it behind a proxy)", gt=0),
+    ] = 256
+    max_answer_chars: Annotated[
+        Int,
+        doc(
+            "a non-streamed answer beyond this many characters is aborted and answered 400 "
+            "(a streamed one is bounded by ``limits.max_unread_chars``)",
+            gt=0,
+        ),
+    ] = 16_777_216
+    trusted_proxies: Annotated[
+        tuple[Str, ...],
+        doc(
+            "IP addresses and networks of reverse proxies whose ``X-Forwarded-Proto`` and "
+            "``X-Forwarded-Host`` are believed (empty: nobody's)"
+        ),
+    ] = ()
 
 
 @functools.lru_cache(maxsize=8)

@@ -27,7 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
+from fairq_server.config.fields import Float, Int, Str, doc, section
 from fairq_server.config.identity import MAX_NAME_CHARS, check_name
 
 __all__ = [
@@ -47,52 +49,47 @@ class EntitlementError(ValueError):
     """A ``[[quotas]]`` or ``[[budgets]]`` entry is not usable; the message names it."""
 
 
+_SUBJECT_HELP = {
+    "team": "the team limited (all its users together); empty: ``user`` is",
+    "user": "the user limited (``*``: each user without an entry of its own); empty: ``team`` is",
+    "mode": (
+        "``hard`` (refused when reached) or ``soft`` (served only when no in-quota request of "
+        "the same tier waits for the model)"
+    ),
+}
+
+
+@section
 @dataclass(frozen=True)
 class QuotaConfig:
-    """Token and request limits of one team or user (``[[quotas]]``).
+    """Token and request limits of one team or user (``[[quotas]]``)."""
 
-    Attributes:
-        team: the team limited (all its users together); empty: ``user`` is.
-        user: the user limited (``*``: each user without an entry of its own); empty:
-            ``team`` is.
-        model: the model counted (empty: every model together).
-        tokens_per_minute: input plus output tokens in any rolling 60 seconds.
-        tokens_per_day: input plus output tokens per calendar day (UTC).
-        requests_per_minute: requests dispatched in any rolling 60 seconds.
-        mode: ``hard`` (refused when reached) or ``soft`` (served only when no in-quota
-            request of the same tier waits for the model).
-
-    """
-
-    team: str = ""
-    user: str = ""
-    model: str = ""
-    tokens_per_minute: int | None = None
-    tokens_per_day: int | None = None
-    requests_per_minute: int | None = None
-    mode: str = "hard"
+    team: Annotated[Str, doc(_SUBJECT_HELP["team"])] = ""
+    user: Annotated[Str, doc(_SUBJECT_HELP["user"])] = ""
+    model: Annotated[Str, doc("the model counted (empty: every model together)")] = ""
+    tokens_per_minute: Annotated[
+        Int | None, doc("input plus output tokens in any rolling 60 seconds", gt=0)
+    ] = None
+    tokens_per_day: Annotated[
+        Int | None, doc("input plus output tokens per calendar day (UTC)", gt=0)
+    ] = None
+    requests_per_minute: Annotated[
+        Int | None, doc("requests dispatched in any rolling 60 seconds", gt=0)
+    ] = None
+    mode: Annotated[Str, doc(_SUBJECT_HELP["mode"])] = "hard"
 
 
+@section
 @dataclass(frozen=True)
 class BudgetConfig:
-    """Cost limits of one team or user (``[[budgets]]``), in the units of ``[prices]``.
+    """Cost limits of one team or user (``[[budgets]]``), in the units of ``[prices]``."""
 
-    Attributes:
-        team: as in :class:`QuotaConfig`.
-        user: as in :class:`QuotaConfig`.
-        model: the model counted (empty: every priced model together).
-        per_day: cost per calendar day (UTC).
-        per_month: cost per calendar month (UTC).
-        mode: ``hard`` or ``soft``, as for quotas.
-
-    """
-
-    team: str = ""
-    user: str = ""
-    model: str = ""
-    per_day: float | None = None
-    per_month: float | None = None
-    mode: str = "hard"
+    team: Annotated[Str, doc(_SUBJECT_HELP["team"])] = ""
+    user: Annotated[Str, doc(_SUBJECT_HELP["user"])] = ""
+    model: Annotated[Str, doc("the model counted (empty: every priced model together)")] = ""
+    per_day: Annotated[Float | None, doc("cost per calendar day (UTC)", gt=0)] = None
+    per_month: Annotated[Float | None, doc("cost per calendar month (UTC)", gt=0)] = None
+    mode: Annotated[Str, doc(_SUBJECT_HELP["mode"])] = "hard"
 
 
 _QUOTA_LIMITS = ("tokens_per_minute", "tokens_per_day", "requests_per_minute")
@@ -125,24 +122,24 @@ def check_entitlement(
         ("quotas", quotas, _QUOTA_LIMITS),
         ("budgets", budgets, _BUDGET_LIMITS),
     )
-    for section, entries, limits in sections:
+    for table, entries, limits in sections:
         seen: dict[tuple[str, str, str], int] = {}
         for i, entry in enumerate(entries):
-            what = f"{section}[{i}]"
+            what = f"{table}[{i}]"
             subject = _check_subject(entry, what, known)
             _check_limits(entry, what, limits)
             if entry.mode not in _MODES:
                 raise EntitlementError(f"{what}.mode must be 'hard' or 'soft', not {entry.mode!r}")
             if entry.model:
                 check_name(entry.model, f"{what}.model", MAX_NAME_CHARS)
-            if section == "budgets":
+            if table == "budgets":
                 _check_priced(entry.model, what, prices, served)
             key = (*subject, entry.model)
             if key in seen:
                 raise EntitlementError(
                     f"{what}: {subject[0]} {subject[1]!r}"
                     + (f" model {entry.model!r}" if entry.model else "")
-                    + f" already has an entry ({section}[{seen[key]}]); put its limits in one"
+                    + f" already has an entry ({table}[{seen[key]}]); put its limits in one"
                 )
             seen[key] = i
 

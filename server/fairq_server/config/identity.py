@@ -22,7 +22,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 from urllib.parse import urlsplit
+
+from fairq_server.config.fields import Bool, Float, Int, Str, doc, section
 
 __all__ = [
     "ALGORITHMS",
@@ -52,73 +55,96 @@ _MAX_LEEWAY_SECONDS = 300.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+@section
 @dataclass(frozen=True)
 class KeyConfig:
     """An API key, stored only as its SHA-256 digest (hex); ``team`` empty: no team."""
 
-    user: str
-    sha256: str
-    tiers: tuple[str, ...] = ()
-    admin: bool = False
-    weight: float = 1.0
-    group: str = "default"
-    team: str = ""
+    user: Annotated[Str, doc("the user the key names (the fairness identity)")]
+    sha256: Annotated[Str, doc("hex SHA-256 digest of the key (64 hexadecimal digits)")]
+    tiers: Annotated[
+        tuple[Str, ...],
+        doc("the tiers the key may use: the highest listed is its ceiling (empty: every tier)"),
+    ] = ()
+    admin: Annotated[Bool, doc("the key may make Admin calls and use the console")] = False
+    weight: Annotated[Float, doc("the user's fairness weight", gt=0)] = 1.0
+    group: Annotated[Str, doc("metrics label of the key's requests")] = "default"
+    team: Annotated[Str, doc("the user's team (empty: the user is its own team)")] = ""
 
 
+@section
 @dataclass(frozen=True)
 class JwtConfig:
     """How bearer JWTs are verified and turned into principals.
 
-    Attributes:
-        issuer: the ``iss`` every token must carry (required).
-        audience: the ``aud`` a token must carry (one of these; required).
-        jwks_url: where the identity provider publishes its signing keys (``https://``).
-        jwks_file: or a local JWKS file, re-read when it changes (exactly one of the two).
-        jwks_ca_file: CA bundle to verify the JWKS URL's server with (empty: system CAs).
-        algorithms: signature algorithms accepted (asymmetric only).
-        user_claim: claim naming the user (required in every token).
-        team_claim: claim naming the user's team (empty, or absent from a token: no team,
-            the user is its own team).
-        tiers_claim: claim listing the tiers a token may use (a list, or a space-separated
-            string; values that are not tier names are ignored). Empty, or absent from a
-            token: ``default_tiers``.
-        default_tiers: tiers of a token without a tiers claim (empty: every tier).
-        admin_claim: claim that grants Admin calls when it holds ``admin_value`` (equal to
-            it, or one of its values when it is a list or a space-separated string).
-        admin_value: see ``admin_claim``.
-        group: the metrics label (``group``) of every token holder.
-        leeway_seconds: clock skew tolerated on ``exp`` and ``nbf``.
-        jwks_timeout_seconds: a JWKS fetch (connect and body) must finish within this.
-        jwks_max_bytes: a JWKS larger than this is refused (read no further).
-        jwks_cache_seconds: keys older than this are refreshed in the background (the cached
-            ones keep working while the URL is unreachable).
-        jwks_min_refresh_seconds: a token with an unknown key id makes fairq fetch the JWKS
-            again at most once per this interval, so a flood of made-up key ids cannot
-            hammer the identity provider.
-
     Claim names may be dotted paths into nested objects (``realm_access.roles``); a claim
     whose own name holds dots (``https://example.com/team``) is found first.
-
     """
 
-    issuer: str = ""
-    audience: str | tuple[str, ...] = ()
-    jwks_url: str = ""
-    jwks_file: str = ""
-    jwks_ca_file: str = ""
-    algorithms: tuple[str, ...] = ("RS256", "ES256")
-    user_claim: str = "sub"
-    team_claim: str = ""
-    tiers_claim: str = ""
-    default_tiers: tuple[str, ...] = ()
-    admin_claim: str = ""
-    admin_value: str = ""
-    group: str = "default"
-    leeway_seconds: float = 30.0
-    jwks_timeout_seconds: float = 5.0
-    jwks_max_bytes: int = 256 * 1024
-    jwks_cache_seconds: float = 300.0
-    jwks_min_refresh_seconds: float = 30.0
+    issuer: Annotated[Str, doc("the ``iss`` every token must carry (required)")] = ""
+    audience: Annotated[
+        Str | tuple[Str, ...], doc("the ``aud`` a token must carry (one of these; required)")
+    ] = ()
+    jwks_url: Annotated[
+        Str, doc("where the identity provider publishes its signing keys (``https://``)")
+    ] = ""
+    jwks_file: Annotated[
+        Str, doc("or a local JWKS file, re-read when it changes (exactly one of the two)")
+    ] = ""
+    jwks_ca_file: Annotated[
+        Str, doc("CA bundle to verify the JWKS URL's server with (empty: system CAs)")
+    ] = ""
+    algorithms: Annotated[
+        tuple[Str, ...], doc("signature algorithms accepted (asymmetric only)")
+    ] = ("RS256", "ES256")
+    user_claim: Annotated[Str, doc("claim naming the user (required in every token)")] = "sub"
+    team_claim: Annotated[
+        Str, doc("claim naming the user's team (empty, or absent from a token: no team)")
+    ] = ""
+    tiers_claim: Annotated[
+        Str,
+        doc(
+            "claim listing the tiers a token may use (a list, or a space-separated string); "
+            "empty, or absent from a token: ``default_tiers``"
+        ),
+    ] = ""
+    default_tiers: Annotated[
+        tuple[Str, ...], doc("tiers of a token without a tiers claim (empty: every tier)")
+    ] = ()
+    admin_claim: Annotated[
+        Str,
+        doc(
+            "claim that grants Admin calls when it holds ``admin_value`` (equal to it, or one "
+            "of its values)"
+        ),
+    ] = ""
+    admin_value: Annotated[Str, doc("see ``admin_claim``")] = ""
+    group: Annotated[Str, doc("the metrics label (``group``) of every token holder")] = "default"
+    leeway_seconds: Annotated[
+        Float, doc("clock skew tolerated on ``exp`` and ``nbf`` (at most 300)", ge=0)
+    ] = 30.0
+    jwks_timeout_seconds: Annotated[
+        Float, doc("a JWKS fetch (connect and body) must finish within this", gt=0)
+    ] = 5.0
+    jwks_max_bytes: Annotated[
+        Int, doc("a JWKS larger than this is refused (read no further)", gt=0)
+    ] = 256 * 1024
+    jwks_cache_seconds: Annotated[
+        Float,
+        doc(
+            "keys older than this are refreshed in the background (the cached ones keep "
+            "working while the URL is unreachable)",
+            gt=0,
+        ),
+    ] = 300.0
+    jwks_min_refresh_seconds: Annotated[
+        Float,
+        doc(
+            "a token with an unknown key id makes fairq fetch the JWKS again at most once per "
+            "this interval",
+            ge=0,
+        ),
+    ] = 30.0
 
 
 def audiences(config: JwtConfig) -> list[str]:

@@ -28,7 +28,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import quote
+
+from fairq_server.config.fields import Float, Int, Str, doc, section
 
 __all__ = [
     "DEFAULT_SQLITE_NAME",
@@ -55,52 +58,53 @@ class StoreError(ValueError):
     """The store's settings are invalid; the message names the key."""
 
 
+@section
 @dataclass(frozen=True)
 class StoreConfig:
-    """Where the usage ledger and the stored keys live.
+    """Where the usage ledger and the stored keys live."""
 
-    Attributes:
-        url: ``sqlite:///path/file.db`` or ``postgresql://user@host:5432/db`` (empty: a
-            SQLite file beside ``state_file``, else ``fairq.db`` in the working directory).
-        password_env: environment variable holding the database password (overrides the
-            URL's).
-        batch_rows: most usage rows written in one transaction.
-        buffer_rows: most rows held in memory while the database is slow or down; a row
-            finished beyond that is dropped and counted (``fairq_ledger_rows_dropped_total``).
-        flush_seconds: longest a finished request's row waits before it is written.
-        key_poll_seconds: how often a replica asks the store whether keys changed (a revoked
-            key is refused everywhere within this and one read).
-        stop_flush_seconds: how long a stopping fairq keeps trying to write what it holds.
-        connect_timeout_seconds: bound on opening a connection.
-        audit_retention_days: how long the audit log keeps a change (console and Admin API).
-        audit_max_rows: most rows the audit log keeps (the oldest go first).
-
-    """
-
-    url: str = ""
-    password_env: str = ""
-    batch_rows: int = 500
-    buffer_rows: int = 100_000
-    flush_seconds: float = 1.0
-    key_poll_seconds: float = 0.25
-    stop_flush_seconds: float = 10.0
-    connect_timeout_seconds: float = 5.0
-    audit_retention_days: float = 90.0
-    audit_max_rows: int = 100_000
+    url: Annotated[
+        Str,
+        doc(
+            "``sqlite:///path/file.db`` or ``postgresql://user@host:5432/db`` (empty: a SQLite "
+            "file beside ``state_file``, else ``fairq.db`` in the working directory)"
+        ),
+    ] = ""
+    password_env: Annotated[
+        Str, doc("environment variable holding the database password (overrides the URL's)")
+    ] = ""
+    batch_rows: Annotated[Int, doc("most usage rows written in one transaction", ge=1)] = 500
+    buffer_rows: Annotated[
+        Int,
+        doc(
+            "most rows held in memory while the database is slow or down; a row finished "
+            "beyond that is dropped and counted (``fairq_ledger_rows_dropped_total``)",
+            ge=1,
+        ),
+    ] = 100_000
+    flush_seconds: Annotated[
+        Float, doc("longest a finished request's row waits before it is written", gt=0)
+    ] = 1.0
+    key_poll_seconds: Annotated[
+        Float,
+        doc(
+            "how often a replica asks the store whether keys changed (a revoked key is refused "
+            "everywhere within this and one read)",
+            gt=0,
+        ),
+    ] = 0.25
+    stop_flush_seconds: Annotated[
+        Float, doc("how long a stopping fairq keeps trying to write what it holds", gt=0)
+    ] = 10.0
+    connect_timeout_seconds: Annotated[Float, doc("bound on opening a connection", gt=0)] = 5.0
+    audit_retention_days: Annotated[
+        Float, doc("how long the audit log keeps a change (console and Admin API)", gt=0)
+    ] = 90.0
+    audit_max_rows: Annotated[
+        Int, doc("most rows the audit log keeps (the oldest go first)", ge=1)
+    ] = 100_000
 
     def __post_init__(self) -> None:
-        for name in ("batch_rows", "buffer_rows", "audit_max_rows"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise StoreError(f"store.{name} must be an integer >= 1, not {value!r}")
-        for name in ("flush_seconds", "key_poll_seconds", "stop_flush_seconds",
-                     "connect_timeout_seconds", "audit_retention_days"):  # fmt: skip
-            value = getattr(self, name)
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or value <= 0:
-                raise StoreError(f"store.{name} must be a finite number above 0, not {value!r}")
-        if not isinstance(self.url, str) or not isinstance(self.password_env, str):
-            raise StoreError("store.url and store.password_env must be strings")
         if self.url:
             scheme = self.url.partition(":")[0].lower()
             if scheme not in _DRIVERS or "://" not in self.url:
@@ -109,12 +113,13 @@ class StoreConfig:
                 )
 
 
+@section
 @dataclass(frozen=True)
 class PriceConfig:
     """What one model's tokens cost, in the operator's units per million tokens."""
 
-    input_per_million: float = 0.0
-    output_per_million: float = 0.0
+    input_per_million: Annotated[Float, doc("cost of a million input tokens", ge=0)] = 0.0
+    output_per_million: Annotated[Float, doc("cost of a million output tokens", ge=0)] = 0.0
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         """Return the cost of ``input_tokens`` in and ``output_tokens`` out."""

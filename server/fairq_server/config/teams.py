@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Annotated
+
+from fairq_server.config.fields import Float, Str, doc, section
 
 __all__ = [
     "DEFAULT_TEAM_WEIGHT",
@@ -34,18 +37,15 @@ class TeamError(ValueError):
     """The ``[[teams]]`` table, or a key's team, is not usable."""
 
 
+@section
 @dataclass(frozen=True)
 class TeamConfig:
-    """A team and its share of each tier.
+    """A team and its share of each tier."""
 
-    Attributes:
-        name: the team's name, as keys and tokens give it (verbatim).
-        weight: service owed against the other teams (> 0); 2 is twice a team of weight 1.
-
-    """
-
-    name: str
-    weight: float = DEFAULT_TEAM_WEIGHT
+    name: Annotated[Str, doc("the team's name, as keys and tokens give it (verbatim)")]
+    weight: Annotated[
+        Float, doc("service owed against the other teams; 2 is twice a team of weight 1", gt=0)
+    ] = DEFAULT_TEAM_WEIGHT
 
 
 def check_teams(teams: Iterable[TeamConfig], key_teams: Iterable[tuple[str, str]]) -> None:

@@ -16,13 +16,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fairq_server.backends.output_bound import ENGINE_TOKEN_LIMITS, SEQUENCE_COUNTS
-from fairq_server.config.schema import Limits
+from fairq_server.config.schema import RequestBounds
 from fairq_server.errors import InvalidRequestError
 
 __all__ = ["check_extra", "json_depth", "output_bound", "string_chars"]
 
 
-def output_bound(limits: Limits, requested: int | None) -> int:
+def output_bound(limits: RequestBounds, requested: int | None) -> int:
     """Return the output bound to send: ``requested``, or the default when the caller gave none.
 
     Sent always, so an engine's own default (vLLM's: the rest of the context) never applies.
@@ -95,7 +95,7 @@ def _whole_numbers(value: Any) -> Any:
 
 def check_extra(
     extra: Mapping[str, Any],
-    limits: Limits,
+    limits: RequestBounds,
     *,
     field: str,
     reserved: Iterable[str],
@@ -140,7 +140,7 @@ def check_extra(
     return dict(extra)
 
 
-def _check_engine_fields(extra: Mapping[str, Any], limits: Limits, field: str) -> None:
+def _check_engine_fields(extra: Mapping[str, Any], limits: RequestBounds, field: str) -> None:
     """Refuse an engine's own output bound, and more sequences than one slot may hold."""
     native = sorted(set(extra) & ENGINE_TOKEN_LIMITS)
     if native:

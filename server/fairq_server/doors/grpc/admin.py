@@ -81,7 +81,7 @@ class AdminServicer(EntitlementAdmin, admin_pb2_grpc.AdminServicer):
                 api_key_env=b.api_key_env,
                 preempt=b.preempt,
             )
-            # The rules of a backend definition (backends/spec.py) are checked as it is built.
+            # The rules of a backend definition (config/backends.py) are checked as it is built.
             state = await self._core.register_remote(cfg)
         except SchedulerError as exc:
             await context.abort(*status_for(exc))

@@ -10,7 +10,7 @@ from google.protobuf import json_format
 
 from fairq.v1 import scheduler_pb2
 from fairq_server.backends.request import BackendRequest, Sampling
-from fairq_server.config.schema import Limits
+from fairq_server.config.schema import RequestBounds
 from fairq_server.doors.estimate import CHARS_PER_TOKEN
 from fairq_server.doors.passthrough import check_extra, output_bound
 from fairq_server.errors import InvalidRequestError
@@ -48,7 +48,7 @@ def models_hint(models: Iterable[str], max_chars: int = 1000) -> str:
     return f"; models: {listed}" + (f" (and {rest} more)" if rest else "")
 
 
-def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> BackendRequest:
+def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: RequestBounds) -> BackendRequest:
     """Validate ``req`` and return the backend-neutral request.
 
     Raises:
@@ -115,7 +115,7 @@ def to_backend_request(req: scheduler_pb2.GenerateRequest, limits: Limits) -> Ba
     )
 
 
-def _token_ids(ids: Sequence[int], limits: Limits) -> tuple[int, ...]:
+def _token_ids(ids: Sequence[int], limits: RequestBounds) -> tuple[int, ...]:
     """Check a token-id prompt as the HTTP door does (a token counts as 4 characters)."""
     if not ids:
         raise InvalidRequestError("prompt_token_ids is empty")
@@ -130,7 +130,7 @@ def _token_ids(ids: Sequence[int], limits: Limits) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _sampling(s: scheduler_pb2.SamplingParams, limits: Limits) -> Sampling:
+def _sampling(s: scheduler_pb2.SamplingParams, limits: RequestBounds) -> Sampling:
     max_tokens = s.max_tokens if s.HasField("max_tokens") else None
     if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
         raise InvalidRequestError(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fairq_server.backends.request import BackendRequest, Sampling
-from fairq_server.config.schema import Limits
+from fairq_server.config.schema import RequestBounds
 from fairq_server.doors.estimate import CHARS_PER_TOKEN
 from fairq_server.doors.passthrough import check_extra, output_bound, string_chars
 from fairq_server.errors import InvalidRequestError
@@ -113,7 +113,7 @@ def _text_of(content: object, where: str) -> str:
 
 
 def _messages(
-    raw: object, limits: Limits
+    raw: object, limits: RequestBounds
 ) -> tuple[tuple[tuple[str, str], ...], tuple[dict[str, Any], ...]]:
     if not isinstance(raw, list):
         raise _bad("messages must be a list", "messages")
@@ -155,7 +155,7 @@ Prompt = str | tuple[int, ...]
 _TOKEN_LIMIT = 2**31
 
 
-def _prompts(raw: object, limits: Limits) -> tuple[Prompt, ...]:
+def _prompts(raw: object, limits: RequestBounds) -> tuple[Prompt, ...]:
     """Return the prompts of a completions body: a string, token ids, or a list of either.
 
     Each prompt is bounded by ``max_prompt_chars`` (a token id counting as
@@ -190,7 +190,7 @@ def _prompts(raw: object, limits: Limits) -> tuple[Prompt, ...]:
     return tuple(prompts)
 
 
-def _text_prompt(raw: str, where: str, limits: Limits) -> str:
+def _text_prompt(raw: str, where: str, limits: RequestBounds) -> str:
     if not raw.strip():
         raise _bad(f"{where} is empty", where)
     if len(raw) > limits.max_prompt_chars:
@@ -200,7 +200,7 @@ def _text_prompt(raw: str, where: str, limits: Limits) -> str:
     return raw
 
 
-def _token_prompt(raw: list[Any], where: str, limits: Limits) -> tuple[int, ...]:
+def _token_prompt(raw: list[Any], where: str, limits: RequestBounds) -> tuple[int, ...]:
     if not raw:
         raise _bad(f"{where} is an empty list of token ids", where)
     limit = limits.max_prompt_chars // CHARS_PER_TOKEN
@@ -216,7 +216,7 @@ def _token_prompt(raw: list[Any], where: str, limits: Limits) -> tuple[int, ...]
     return tuple(raw)
 
 
-def _stop(raw: object, limits: Limits) -> tuple[str, ...]:
+def _stop(raw: object, limits: RequestBounds) -> tuple[str, ...]:
     if raw is None:
         return ()
     stops = [raw] if isinstance(raw, str) else raw
@@ -229,7 +229,7 @@ def _stop(raw: object, limits: Limits) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
+def _sampling(body: dict[str, Any], limits: RequestBounds, kind: Kind) -> Sampling:
     max_tokens = _integer(body, "max_tokens")
     for key in ("max_tokens", "max_completion_tokens"):  # on either route: engines may read both
         value = _integer(body, key)
@@ -262,7 +262,7 @@ def _sampling(body: dict[str, Any], limits: Limits, kind: Kind) -> Sampling:
     )
 
 
-def parse_request(body: object, kind: Kind, limits: Limits) -> ParsedRequest:
+def parse_request(body: object, kind: Kind, limits: RequestBounds) -> ParsedRequest:
     """Check an OpenAI chat or completions body and build the backend request.
 
     Raises:
@@ -340,7 +340,7 @@ def parse_request(body: object, kind: Kind, limits: Limits) -> ParsedRequest:
     )
 
 
-def _choices(body: dict[str, Any], limits: Limits) -> int:
+def _choices(body: dict[str, Any], limits: RequestBounds) -> int:
     """Return ``n``, the choices asked for (1 when not given)."""
     n = body.get("n")
     if n is None:
