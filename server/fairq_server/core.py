@@ -34,7 +34,9 @@ from fairq_server.config.schema import BackendConfig, Config, ConfigError
 from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError, QueueFullError
 from fairq_server.names import escape
 from fairq_server.runtime.loop_monitor import LoopMonitor
+from fairq_server.runtime.loop_tools import LoopTools
 from fairq_server.runtime.supervisor import stop_task, supervise
+from fairq_server.scheduling.attempt_stream import StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState, Health
 from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.policies import Policies
@@ -63,6 +65,8 @@ class FairqCore:
         telemetry: metrics sink (a fresh registry if None).
         on_health: told False when scheduling stops working (the dispatcher loop crashed)
             and True when it works again.
+        tools: the event loop's clock, time-slicer and pace, handed to every part that
+            shares the loop (a fresh set on the real clock if None).
 
     """
 
@@ -71,23 +75,30 @@ class FairqCore:
         config: Config,
         telemetry: Telemetry | None = None,
         on_health: Callable[[bool], None] = lambda serving: None,
+        tools: LoopTools | None = None,
     ) -> None:
         self._config = config
+        #: The loop's clock, share and pace: the doors, outboxes, readers and the loop
+        #: monitor all use these (docs/design/runtime.md).
+        self.tools = tools if tools is not None else LoopTools()
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.tier_names = tuple(t.name for t in config.tiers)
         self.cluster: ClusterNode | None = None
-        launcher = None
+        window = config.scheduler.stream_coalesce_seconds
+        launcher = StreamLauncher(lambda event: self.dispatcher.post(event), window, self.tools)
+        book = None
         if config.cluster is not None:
             # Imported only here: one process without [cluster] never loads the Redis client.
             from fairq_server.cluster.launcher import ClusterLauncher
             from fairq_server.cluster.node import ClusterNode
 
             self.cluster = ClusterNode(config.cluster, self.telemetry.registry)
-            launcher = ClusterLauncher(
-                lambda event: self.dispatcher.post(event), config.scheduler.stream_coalesce_seconds,
+            cluster_launcher = ClusterLauncher(
+                lambda event: self.dispatcher.post(event), window,
                 self.cluster, lambda: self.dispatcher.settings, lambda: self.dispatcher.now(),
+                self.tools,
             )  # fmt: skip
-        book = launcher.quota if launcher is not None else None  # a cluster counts in Redis
+            launcher, book = cluster_launcher, cluster_launcher.quota  # a cluster counts in Redis
         # Fail at start-up on unknown policy names, not at the first request.
         self.dispatcher = Dispatcher(
             config.tiers, config.scheduler, self.telemetry, self._policies(config), launcher,
@@ -110,7 +121,7 @@ class FairqCore:
         self._closing: set[asyncio.Task[None]] = set()
         self._adapters: set[Backend] = set()
         self._loop_monitor = LoopMonitor(
-            self.telemetry.loop_lag.observe, report=self.telemetry.loop_sample
+            self.telemetry.loop_lag.observe, self.tools, report=self.telemetry.loop_sample
         )
 
     @property
@@ -302,6 +313,7 @@ class FairqCore:
         await self._stop_polling(backend.id)
         old = self.dispatcher.backend(backend.id)
         self._adapters.add(backend)
+        backend.loop_share = self.tools.share  # its reads share the loop with the rest
         state = await self.dispatcher.add_backend(backend)
         if old is not None:
             self._close_when_idle(old)

@@ -45,6 +45,8 @@ class DoorBase:
         self, core: FairqCore, auth: Authenticator, request_log: RequestLog | None = None
     ) -> None:
         self._core = core
+        # Writing to callers is bulk work: turns on the loop's share, bound once (per token).
+        self._turn = core.tools.share.turn
         self._auth = auth
         self._request_log = request_log if request_log is not None else RequestLog()
 
@@ -105,7 +107,12 @@ def open_ticket(
             config.scheduler.prefix_block_chars,
             token_ids=request.prompt_token_ids,
         ),
-        outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
+        outbox=Outbox(
+            config.limits.max_unread_chars,
+            config.scheduler.stream_coalesce_seconds,
+            core.tools.pace,
+            core.tools.clock,
+        ),
     )
     core.dispatcher.submit(ticket)
     return ticket

@@ -52,7 +52,6 @@ from fairq_server.doors.lifecycle import (
 )
 from fairq_server.errors import SchedulerError
 from fairq_server.identity.auth import Authenticator, Principal
-from fairq_server.runtime import loop_share
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Started, Text
 
 __all__ = ["OpenAIHandlers"]
@@ -274,9 +273,9 @@ class OpenAIHandlers(DoorBase):
                     if not out:
                         continue
                     resp = resp or await prepare(request, request_id)
-                    # Writing to clients is bulk work (see loop_share); the first write,
+                    # Writing to clients is bulk work (see runtime/loop_share); the first write,
                     # which carries the first token, an urgent turn.
-                    await loop_share.turn(urgent)
+                    await self._turn(urgent)
                     urgent = False
                     if out[-1] is DONE:  # the last batch: written with the end of the body
                         await resp.write_eof(b"".join(out))
