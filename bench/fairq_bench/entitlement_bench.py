@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 
 from fairq_server.config.entitlement import ANY_USER, BudgetConfig, QuotaConfig
-from fairq_server.config.store import PriceConfig
+from fairq_server.config.prices import PriceConfig
 from fairq_server.tenancy.books.book import Claim
 from fairq_server.tenancy.books.local import LocalBook
 from fairq_server.tenancy.checker import Entitlement

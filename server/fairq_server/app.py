@@ -85,6 +85,7 @@ class FairqServer:
             lambda generation, seconds: self.core.telemetry.gc_pause.labels(
                 str(generation)
             ).observe(seconds),
+            clock=self.core.tools.clock,
         )
 
     def _scheduling_health(self, serving: bool) -> None:

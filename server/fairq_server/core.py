@@ -40,11 +40,15 @@ from fairq_server.errors import (
     SchedulerError,
 )
 from fairq_server.names import escape
+from fairq_server.port import Submission, Submitted
 from fairq_server.runtime.loop_monitor import LoopMonitor
+from fairq_server.runtime.loop_tools import LoopTools
 from fairq_server.runtime.supervisor import stop_task, supervise
+from fairq_server.scheduling.attempt_stream import StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState, Health
 from fairq_server.scheduling.backend_view import view_of
 from fairq_server.scheduling.dispatcher import Dispatcher
+from fairq_server.scheduling.outbox import Outbox
 from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.queue_view import BackendView, QueueView
 from fairq_server.scheduling.ticket import Ticket
@@ -73,6 +77,8 @@ class FairqCore:
         telemetry: metrics sink (a fresh registry if None).
         on_health: told False when scheduling stops working (the dispatcher loop crashed)
             and True when it works again.
+        tools: the event loop's clock, time-slicer and pace, handed to every part that
+            shares the loop (a fresh set on the real clock if None).
 
     """
 
@@ -81,23 +87,30 @@ class FairqCore:
         config: Config,
         telemetry: Telemetry | None = None,
         on_health: Callable[[bool], None] = lambda serving: None,
+        tools: LoopTools | None = None,
     ) -> None:
         self._config = config
+        #: The loop's clock, share and pace: the doors, outboxes, readers and the loop
+        #: monitor all use these (docs/design/runtime.md).
+        self.tools = tools if tools is not None else LoopTools()
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.tier_names = tuple(t.name for t in config.tiers)
         self.cluster: ClusterNode | None = None
-        launcher = None
+        window = config.scheduler.stream_coalesce_seconds
+        launcher = StreamLauncher(lambda event: self.dispatcher.post(event), window, self.tools)
+        book = None
         if config.cluster is not None:
             # Imported only here: one process without [cluster] never loads the Redis client.
             from fairq_server.cluster.launcher import ClusterLauncher
             from fairq_server.cluster.node import ClusterNode
 
             self.cluster = ClusterNode(config.cluster, self.telemetry.registry)
-            launcher = ClusterLauncher(
-                lambda event: self.dispatcher.post(event), config.scheduler.stream_coalesce_seconds,
+            cluster_launcher = ClusterLauncher(
+                lambda event: self.dispatcher.post(event), window,
                 self.cluster, lambda: self.dispatcher.settings, lambda: self.dispatcher.now(),
+                self.tools,
             )  # fmt: skip
-        book = launcher.quota if launcher is not None else None  # a cluster counts in Redis
+            launcher, book = cluster_launcher, cluster_launcher.quota  # a cluster counts in Redis
         # Fail at start-up on unknown policy names, not at the first request.
         self.dispatcher = Dispatcher(
             config.tiers, config.scheduler, self.telemetry, self._policies(config), launcher,
@@ -120,7 +133,7 @@ class FairqCore:
         self._closing: set[asyncio.Task[None]] = set()
         self._adapters: set[Backend] = set()
         self._loop_monitor = LoopMonitor(
-            self.telemetry.loop_lag.observe, report=self.telemetry.loop_sample
+            self.telemetry.loop_lag.observe, self.tools, report=self.telemetry.loop_sample
         )
 
     @property
@@ -265,13 +278,37 @@ class FairqCore:
         serving = [b.backend for b in self.backends() if model in b.backend.models]
         return sorted({b.kind for b in serving if not b.token_prompts})
 
-    def submit(self, ticket: Ticket) -> None:
-        """Queue ``ticket`` (see :meth:`Dispatcher.submit`)."""
+    def submit(self, submission: Submission) -> Ticket:
+        """Queue a door's request as a ticket (see :meth:`Dispatcher.submit`)."""
+        config = self.config
+        ticket = Ticket(
+            request=submission.request,
+            user=submission.user,
+            tier=submission.tier,
+            weight=submission.weight,
+            team=submission.team,
+            team_weight=submission.team_weight,
+            group=submission.group,
+            prompt_tokens=submission.prompt_tokens,
+            max_tokens=submission.max_tokens,
+            arrival=submission.arrival,
+            prefix=submission.prefix,
+            outbox=Outbox(
+                config.limits.max_unread_chars,
+                config.scheduler.stream_coalesce_seconds,
+                self.tools.pace,
+                self.tools.clock,
+                relay=submission.request.relay_chunks,
+            ),
+        )
         self.dispatcher.submit(ticket)
+        return ticket
 
-    def cancel(self, ticket: Ticket) -> None:
-        """Take ``ticket`` out of the queue or abort its backend request (idempotent)."""
-        self.dispatcher.cancel(ticket)
+    def cancel(self, submitted: Submitted) -> None:
+        """Take a ticket out of the queue or abort its backend request (idempotent)."""
+        if not isinstance(submitted, Ticket):
+            raise TypeError(f"not a ticket of this core: {submitted!r}")
+        self.dispatcher.cancel(submitted)
 
     def queue_view(self) -> QueueView:
         """Return queue depths, queued users and each backend's status and gate, now."""
@@ -371,6 +408,7 @@ class FairqCore:
         await self._stop_polling(backend.id)
         old = self.dispatcher.backend(backend.id)
         self._adapters.add(backend)
+        backend.loop_share = self.tools.share  # its reads share the loop with the rest
         state = await self.dispatcher.add_backend(backend)
         if old is not None:
             self._close_when_idle(old)

@@ -16,8 +16,8 @@ import pytest
 from fairq.v1 import scheduler_pb2_grpc
 from fairq_server.app import FairqServer
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.prices import PriceConfig
 from fairq_server.config.schema import Config, KeyConfig
-from fairq_server.config.store import PriceConfig
 from fairq_server.config.teams import TeamConfig
 from fairq_server.identity.auth import hash_key
 from fairq_sim import SimServer

@@ -148,7 +148,8 @@ async def test_health_is_not_serving_while_the_dispatcher_loop_restarts(
             return int(reply.status)
 
         dispatcher.wake()
-        async with asyncio.timeout(5):  # down for the 1 s restart delay
+        # Real clock: a live server's dispatcher is down for its 1 s restart delay.
+        async with asyncio.timeout(5):
             while await status() != health_pb2.HealthCheckResponse.NOT_SERVING:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
         assert dispatcher.crashes == 1

@@ -1,6 +1,6 @@
 """The HTTP door over a fake core: a door needs nothing of the core but its port.
 
-The fake implements :class:`~fairq_server.doors.port.CorePort` and answers each ticket from a
+The fake implements :class:`~fairq_server.port.CorePort` and answers each ticket from a
 script; the door runs for real on a loopback port and is called over HTTP. What is checked is
 the door's own work: authentication, parsing, the answer's shape, refusals and cancellation.
 """
@@ -10,24 +10,34 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
 
-from fairq_server.backends.request import StreamEnd
+from fairq_server.backends.request import BackendRequest, StreamEnd
 from fairq_server.config.identity import KeyConfig
 from fairq_server.config.schema import BackendConfig, Config
 from fairq_server.doors.http.server import HttpDoor
-from fairq_server.doors.port import CorePort
 from fairq_server.errors import QuotaExceededError, SchedulerError
 from fairq_server.identity.api_keys import hash_key
 from fairq_server.identity.auth import Authenticator
-from fairq_server.scheduling.outbox import Finished, Queued, Started
+from fairq_server.port import CorePort, Submission, Submitted
+from fairq_server.runtime.loop_tools import LoopTools
+from fairq_server.scheduling.outbox import Finished, Outbox, Queued, Started
 from fairq_server.scheduling.queue_view import BackendView, QueueView
-from fairq_server.scheduling.ticket import Ticket
 from fairq_server.telemetry import Telemetry
 
 KEY = "fake-core-key"
+
+
+@dataclass
+class FakeTicket:
+    """What the fake hands back for a submitted request."""
+
+    request: BackendRequest
+    tier: int
+    outbox: Outbox
 
 
 class FakeCore:
@@ -37,10 +47,11 @@ class FakeCore:
         self.config = Config()
         self.tier_names = tuple(t.name for t in self.config.tiers)
         self.telemetry = Telemetry()
+        self.tools = LoopTools()
         self.reply = reply
         self.refuse: SchedulerError | None = None
-        self.submitted: list[Ticket] = []
-        self.cancelled: list[Ticket] = []
+        self.submitted: list[Submission] = []
+        self.cancelled: list[str] = []
         self.cancel_seen = asyncio.Event()
 
     def served_models(self) -> set[str]:
@@ -55,11 +66,12 @@ class FakeCore:
     def token_prompt_refusers(self, model: str) -> list[str]:
         return []
 
-    def submit(self, ticket: Ticket) -> None:
-        self.submitted.append(ticket)
+    def submit(self, submission: Submission) -> Submitted:
+        self.submitted.append(submission)
+        ticket = FakeTicket(submission.request, submission.tier, Outbox(relay=True))
         if self.reply is None:
             ticket.outbox.put(Queued(position=0))
-            return
+            return ticket
         outbox, tier = ticket.outbox, self.tier_names[ticket.tier]
         outbox.put(Started("fake", 0.0, tier))
         # The HTTP door relays the backend's own chunks: the fake is an OpenAI-style backend.
@@ -72,9 +84,11 @@ class FakeCore:
         }
         outbox.put_text(f"data: {json.dumps(chunk)}\n\n")
         outbox.put(Finished(StreamEnd("stop", 3, 2), 3, 2, 0.0, 0.0, 0.0))
+        return ticket
 
-    def cancel(self, ticket: Ticket) -> None:
-        self.cancelled.append(ticket)
+    def cancel(self, submitted: Submitted) -> None:
+        assert isinstance(submitted, FakeTicket)
+        self.cancelled.append(submitted.request.request_id)
         self.cancel_seen.set()
 
     def backend_views(self) -> list[BackendView]:
@@ -151,4 +165,4 @@ async def test_a_caller_who_goes_away_cancels_its_ticket(door: tuple[FakeCore, s
         assert (await resp.content.readline()).startswith(b": fairq queued")  # it is queued
         resp.close()
     await asyncio.wait_for(core.cancel_seen.wait(), timeout=30)
-    assert core.cancelled == core.submitted
+    assert core.cancelled == [s.request.request_id for s in core.submitted]

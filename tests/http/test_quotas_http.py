@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.prices import PriceConfig
 from fairq_server.config.schema import HttpConfig
-from fairq_server.config.store import PriceConfig
 from fairq_sim import SimServer
 
 from ..api.test_quotas import Clock, entitlement

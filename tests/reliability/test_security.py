@@ -362,7 +362,8 @@ async def test_queue_ttl_applies_to_a_request_requeued_for_retry() -> None:
                     lambda: entry.sample is not None and entry.sample.waiting == 50,
                     what="busy backend seen",
                 )
-                await asyncio.sleep(0.4)  # let the request age past the TTL while it runs
+                # Real clock: a live server ages the running request past the TTL.
+                await asyncio.sleep(0.4)
                 release.set()
                 out = Outcome()
                 with contextlib.suppress(TimeoutError):

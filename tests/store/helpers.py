@@ -9,8 +9,9 @@ from typing import Any
 
 from sqlalchemy import select
 
+from fairq_server.config.prices import PriceConfig
 from fairq_server.config.schema import BackendConfig, Config, HttpConfig, KeyConfig
-from fairq_server.config.store import PriceConfig, StoreConfig
+from fairq_server.config.store import StoreConfig
 from fairq_server.store.engine import open_engine
 from fairq_server.store.schema import usage
 

@@ -60,6 +60,7 @@ async def test_the_log_tells_a_revoked_or_expired_key_from_an_unknown_one(
         ("fq_nobody", "not a known key"),
     ]:
         if secret == expired:  # the expiry itself is the subject
+            # Real clock: a live server compares the key's expires_at with time.time().
             await asyncio.sleep(max(old.expires_at - time.time(), 0) + 0.05)  # type: ignore[operator]
         caplog.clear()
         # The caller is told nothing of it; each refusal is one line (the throttle reset).

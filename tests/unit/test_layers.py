@@ -29,7 +29,7 @@ _LAYERS = (
     ("doors",),
     ("observe", "tools"),
     ("core.py",),
-    ("cluster",),
+    ("cluster", "port.py"),
     ("scheduling",),
     ("telemetry.py",),
     ("tenancy",),
@@ -51,6 +51,7 @@ _FORBIDDEN = {
     "errors.py": ("doors", "scheduling", "cluster", "app", "cli"),
     "config": ("doors", "store", "identity", "tenancy", "console", "app", "cli"),
     "core.py": ("doors", "console", "app", "cli"),
+    "port.py": ("doors", "console", "core", "app", "cli"),
 }
 
 

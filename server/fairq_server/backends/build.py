@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from fairq_server.backends.base import Backend
 from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.kinds import BACKEND_KINDS
-from fairq_server.config.backends import check_backend_config
-from fairq_server.config.schema import BackendConfig
+from fairq_server.config.backends import BackendConfig, check_backend_config
 from fairq_server.errors import InvalidRequestError
 from fairq_server.names import escape
 

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from fairq_server.backends.registrations import backend_from_json, backend_to_json
 from fairq_server.cluster.connection import REDIS_ERRORS
-from fairq_server.config.schema import BackendConfig
+from fairq_server.config.backends import BackendConfig
 from fairq_server.runtime.supervisor import stop_asked
 
 __all__ = ["RedisRegistrations", "watch"]

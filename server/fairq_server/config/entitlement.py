@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fairq_server.config.fields import Float, Int, Str, doc, section
-from fairq_server.config.identity import MAX_NAME_CHARS, check_name
+from fairq_server.names import MAX_NAME_CHARS, check_name
 
 __all__ = [
     "ANY_USER",

@@ -19,40 +19,31 @@ No ``[jwt]`` section: bearer JWTs are refused, API keys work as before.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import urlsplit
 
 from fairq_server.config.fields import Bool, Float, Int, Str, doc, section
+from fairq_server.names import check_name
 
 __all__ = [
     "ALGORITHMS",
     "MAX_CLAIM_NAME_CHARS",
     "MAX_KEY_USER_CHARS",
-    "MAX_NAME_CHARS",
     "JwtConfig",
     "KeyConfig",
     "audiences",
     "check_jwt",
-    "check_name",
 ]
 
 #: Asymmetric algorithms fairq verifies. HS* (a shared secret) and ``none`` never are: a
 #: JWKS publishes public keys, and a public key used as an HMAC secret forges any token.
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512")
-#: Longest team name, wherever one is given (``[[teams]]``, a key's team in the file or the
-#: store, a quota's or budget's team, a token's team claim), and longest user name of a token
-#: or a quota (OpenID Connect bounds ``sub`` at 255 characters).
-MAX_NAME_CHARS = 256
 #: Longest user name of an API key, in the file or the store.
 MAX_KEY_USER_CHARS = 128
 MAX_CLAIM_NAME_CHARS = 256
 _MAX_LEEWAY_SECONDS = 300.0
-# C0 and C1 controls, DEL, and the Unicode line/paragraph separators: never in a name, so a
-# name cannot end a log line.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @section
@@ -152,25 +143,6 @@ def audiences(config: JwtConfig) -> list[str]:
     if isinstance(config.audience, str):
         return [config.audience]
     return list(config.audience)
-
-
-def check_name(value: object, what: str, max_chars: int = MAX_NAME_CHARS) -> str:
-    """Return ``value`` if it is a usable user or team name, else raise.
-
-    Any text is a name (unicode, spaces, something shaped like a key): it is kept verbatim.
-    Only emptiness, length and control characters (which would forge log lines) are refused.
-
-    Raises:
-        ValueError: with a message naming ``what``.
-
-    """
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string")
-    if len(value) > max_chars:
-        raise ValueError(f"{what} is longer than {max_chars} characters")
-    if _CONTROL.search(value):
-        raise ValueError(f"{what} contains control characters")
-    return value
 
 
 def check_jwt(config: JwtConfig, tier_names: Sequence[str]) -> None:

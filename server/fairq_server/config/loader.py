@@ -31,15 +31,11 @@ from fairq_server.config.backends import check_backend_config
 from fairq_server.config.console import check_allowed_hosts
 from fairq_server.config.doors import parse_networks
 from fairq_server.config.entitlement import check_entitlement
-from fairq_server.config.identity import (
-    MAX_KEY_USER_CHARS,
-    MAX_NAME_CHARS,
-    check_jwt,
-    check_name,
-)
+from fairq_server.config.identity import MAX_KEY_USER_CHARS, check_jwt
+from fairq_server.config.prices import check_prices
 from fairq_server.config.schema import Config, ConfigError
-from fairq_server.config.store import check_prices
 from fairq_server.config.teams import check_teams
+from fairq_server.names import MAX_NAME_CHARS, check_name
 
 __all__ = ["describe", "load_config", "parse_config"]
 

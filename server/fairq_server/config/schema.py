@@ -44,8 +44,9 @@ from fairq_server.config.doors import HttpConfig, RequestBounds, TlsConfig
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
 from fairq_server.config.fields import Bool, Str, doc, section
 from fairq_server.config.identity import JwtConfig, KeyConfig
+from fairq_server.config.prices import PriceConfig
 from fairq_server.config.scheduler import SchedulerConfig
-from fairq_server.config.store import PriceConfig, StoreConfig
+from fairq_server.config.store import StoreConfig
 from fairq_server.config.teams import TeamConfig
 from fairq_server.config.tiers import DEFAULT_TIERS, TierConfig
 from fairq_server.errors import ConfigError

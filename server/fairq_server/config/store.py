@@ -1,4 +1,4 @@
-"""The ``[store]`` and ``[prices]`` sections: where usage and keys are kept, and what tokens cost.
+"""The ``[store]`` section: where usage and keys are kept (prices: :mod:`.prices`).
 
 Example::
 
@@ -12,10 +12,6 @@ Example::
     audit_retention_days = 90
     audit_max_rows = 100000
 
-    [prices.llama-70b]                  # cost units per million tokens
-    input_per_million = 0.5
-    output_per_million = 1.5
-
 No ``[store]`` section: the usage ledger and the key store are a SQLite file beside
 ``state_file`` (or ``fairq.db`` in the working directory), so one process needs no database
 server.
@@ -23,9 +19,7 @@ server.
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -35,10 +29,8 @@ from fairq_server.config.fields import Float, Int, Str, doc, section
 
 __all__ = [
     "DEFAULT_SQLITE_NAME",
-    "PriceConfig",
     "StoreConfig",
     "StoreError",
-    "check_prices",
     "default_sqlite_path",
     "engine_url",
 ]
@@ -111,43 +103,6 @@ class StoreConfig:
                 raise StoreError(
                     f"store.url must start with sqlite:/// or postgresql://, not {self.url!r}"
                 )
-
-
-@section
-@dataclass(frozen=True)
-class PriceConfig:
-    """What one model's tokens cost, in the operator's units per million tokens."""
-
-    input_per_million: Annotated[Float, doc("cost of a million input tokens", ge=0)] = 0.0
-    output_per_million: Annotated[Float, doc("cost of a million output tokens", ge=0)] = 0.0
-
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        """Return the cost of ``input_tokens`` in and ``output_tokens`` out."""
-        return (
-            input_tokens * self.input_per_million + output_tokens * self.output_per_million
-        ) / 1e6
-
-
-def check_prices(prices: Mapping[str, PriceConfig], served: set[str]) -> None:
-    """Refuse a negative or non-finite price, or a price for a model no backend serves.
-
-    Raises:
-        StoreError: naming the ``prices.<model>`` key.
-
-    """
-    for model, price in prices.items():
-        for name in ("input_per_million", "output_per_million"):
-            value = getattr(price, name)
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or value < 0:
-                raise StoreError(
-                    f"prices.{model}.{name} must be a finite number >= 0, not {value!r}"
-                )
-        if model not in served:
-            raise StoreError(
-                f"prices.{model}: no configured backend serves model {model!r} "
-                f"(served: {sorted(served)})"
-            )
 
 
 def default_sqlite_path(state_file: str = "") -> Path:

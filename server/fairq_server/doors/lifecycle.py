@@ -17,13 +17,12 @@ from collections.abc import AsyncIterator, Callable
 from fairq_server.backends.request import BackendRequest
 from fairq_server.doors.access_log import RequestLog, RequestTrace
 from fairq_server.doors.estimate import estimate_tokens
-from fairq_server.doors.port import CorePort
 from fairq_server.doors.tier import resolve_tier
 from fairq_server.errors import InvalidRequestError, SchedulerError
 from fairq_server.identity.auth import Authenticator, Principal
-from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
+from fairq_server.port import CorePort, Submission, Submitted
+from fairq_server.scheduling.outbox import Finished, OutboxEvent
 from fairq_server.scheduling.prefix import prefix_hashes
-from fairq_server.scheduling.ticket import Ticket
 from fairq_server.tenancy.teams import team_weights
 
 __all__ = ["DoorBase", "check_token_prompt", "count_rejection", "open_ticket", "ticket_events"]
@@ -45,6 +44,8 @@ class DoorBase:
         self, core: CorePort, auth: Authenticator, request_log: RequestLog | None = None
     ) -> None:
         self._core = core
+        # Writing to callers is bulk work: turns on the loop's share, bound once (per token).
+        self._turn = core.tools.share.turn
         self._auth = auth
         self._request_log = request_log if request_log is not None else RequestLog()
 
@@ -62,8 +63,8 @@ def open_ticket(
     *,
     arrival: float | None = None,
     max_tokens: int | None = None,
-) -> Ticket:
-    """Resolve the tier, build ``request``'s ticket and submit it to the dispatcher.
+) -> Submitted:
+    """Resolve the tier, describe ``request`` and submit it to the core.
 
     Args:
         core: the scheduling core.
@@ -86,7 +87,7 @@ def open_ticket(
     refused = core.refusal(principal.user, team, request.model)
     if refused is not None:
         raise refused
-    ticket = Ticket(
+    submission = Submission(
         request=request,
         user=principal.user,
         tier=tier,
@@ -103,14 +104,8 @@ def open_ticket(
             config.scheduler.prefix_block_chars,
             token_ids=request.prompt_token_ids,
         ),
-        outbox=Outbox(
-            config.limits.max_unread_chars,
-            config.scheduler.stream_coalesce_seconds,
-            relay=request.relay_chunks,
-        ),
     )
-    core.submit(ticket)
-    return ticket
+    return core.submit(submission)
 
 
 def check_token_prompt(core: CorePort, request: BackendRequest) -> None:
@@ -134,7 +129,7 @@ def check_token_prompt(core: CorePort, request: BackendRequest) -> None:
 
 async def ticket_events(
     core: CorePort,
-    ticket: Ticket,
+    ticket: Submitted,
     on_end: Callable[[str], None] = lambda outcome: None,
     trace: RequestTrace | None = None,
 ) -> AsyncIterator[list[OutboxEvent]]:

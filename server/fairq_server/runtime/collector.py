@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from fairq_server.runtime.clock import SYSTEM_CLOCK, Clock
 from fairq_server.runtime.supervisor import stop_task
 
 __all__ = ["Collector"]
@@ -52,6 +53,8 @@ class Collector:
         quiet_requests: at most this many requests held counts as quiet.
         min_interval: the shortest time between two full passes at quiet moments.
         max_interval: the longest time between two full passes, quiet or not.
+        clock: what the intervals are measured and waited on (a pass's own duration is
+            always the real time it held the interpreter).
 
     """
 
@@ -64,7 +67,9 @@ class Collector:
         quiet_requests: int = 500,
         min_interval: float = 10.0,
         max_interval: float = 600.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self._clock = clock
         self._live_requests = live_requests
         self._observe = observe
         self._check_interval = check_interval
@@ -74,7 +79,7 @@ class Collector:
         # Passes may run in any thread (the metrics server's too); the loop reports them.
         self._passes: deque[tuple[int, float]] = deque()
         self._started_at = 0.0
-        self._last_full = time.monotonic()
+        self._last_full = self._clock.monotonic()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -88,7 +93,7 @@ class Collector:
             gc.freeze()
             gc.set_threshold(young, middle, _NEVER)
         _active.append(self)
-        self._last_full = time.monotonic()
+        self._last_full = self._clock.monotonic()
         self._task = asyncio.create_task(self._run(), name="collector")
 
     async def stop(self) -> None:
@@ -110,18 +115,18 @@ class Collector:
         # middle pass, i.e. only when objects were promoted to the oldest generation since.
         if gc.get_count()[2] == 0:
             return False
-        since = time.monotonic() - self._last_full
+        since = self._clock.monotonic() - self._last_full
         quiet = self._live_requests() <= self._quiet_requests and since >= self._min_interval
         if not quiet and since < self._max_interval:
             return False
         gc.collect()
-        self._last_full = time.monotonic()
+        self._last_full = self._clock.monotonic()
         self._report()
         return True
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._check_interval)
+            await self._clock.sleep(self._check_interval)
             self.collect_if_due()
 
     def _on_pass(self, phase: str, info: dict[str, Any]) -> None:

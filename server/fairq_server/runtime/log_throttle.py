@@ -8,7 +8,8 @@ per interval, saying how many it held back since the last.
 from __future__ import annotations
 
 import logging
-import time
+
+from fairq_server.runtime.clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["Throttled"]
 
@@ -19,10 +20,14 @@ class Throttled:
     Args:
         interval: seconds between two lines.
         logger: where the lines go.
+        clock: what the interval is measured on.
 
     """
 
-    def __init__(self, interval: float, logger: logging.Logger) -> None:
+    def __init__(
+        self, interval: float, logger: logging.Logger, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self._clock = clock
         self._interval = interval
         self._logger = logger
         self._last = -float("inf")
@@ -30,7 +35,7 @@ class Throttled:
 
     def log(self, level: int, message: str, *args: object) -> None:
         """Log ``message`` unless a line went out less than an interval ago (then count it)."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now - self._last < self._interval:
             self._suppressed += 1
             return

@@ -7,7 +7,9 @@ histogram (``fairq_event_loop_lag_seconds``), measures how long the loop went wi
 back to its timers. A stall of S seconds shows as a tick late by between S - ``interval`` and
 S; at 10 ms the bound is tight. The tick is a plain timer callback, not a task sleeping in a
 loop: a hundred wake-ups a second are then a callback each (no task step, no future), a
-fifth of an idle fairq's CPU before (docs/design/hot-path.md).
+fifth of an idle fairq's CPU before (docs/design/hot-path.md). The timer, the time and the CPU
+time are the :class:`~fairq_server.runtime.clock.Clock`'s, so a test drives the monitor by
+moving a fake clock.
 
 Every :data:`~fairq_server.runtime.pace.SAMPLE_TICKS` ticks the monitor also samples the loop's load
 for the coalescing window's stretch (:mod:`~fairq_server.runtime.pace`).
@@ -15,11 +17,11 @@ for the coalescing window's stretch (:mod:`~fairq_server.runtime.pace`).
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 
-from fairq_server.runtime import loop_share, pace
+from fairq_server.runtime import pace
+from fairq_server.runtime.clock import Timer
+from fairq_server.runtime.loop_tools import LoopTools
 
 __all__ = ["LoopMonitor"]
 
@@ -29,6 +31,8 @@ class LoopMonitor:
 
     Args:
         observe: called with each tick's lateness in seconds.
+        tools: the loop's clock (ticks, time, CPU time), its share (the backlog) and the
+            pace the samples set.
         interval: the timer's period.
         report: called with each load sample and the stretch it set (e.g. to set gauges).
 
@@ -37,56 +41,56 @@ class LoopMonitor:
     def __init__(
         self,
         observe: Callable[[float], None],
+        tools: LoopTools,
         interval: float = 0.01,
         report: Callable[[float, float], None] | None = None,
     ) -> None:
         self._observe = observe
+        self._clock = tools.clock
+        self._share = tools.share
+        self._pace = tools.pace
         self._interval = interval
         self._report = report
-        # uvloop's call_at returns a plain Handle, with no ``when()``, for a time already past
-        # (the observer or the OS held the tick longer than an interval): the due time is
-        # kept here instead.
-        self._timer: asyncio.Handle | None = None
+        # The due time is kept here, not read from the timer: uvloop hands back a plain
+        # Handle, with no ``when()``, for a time already past.
+        self._timer: Timer | None = None
         self._due = 0.0
-        self._pace: pace.Pace | None = None
         self._ticks = 0  # since the last load sample
         self._behind = 0  # of those, ticks at which bulk work waited for a later pass
         self._since = (0.0, 0.0)  # (wall, loop thread CPU) at the last load sample
 
     def start(self) -> None:
         """Start measuring on the running loop."""
-        loop = asyncio.get_running_loop()
-        self._pace = pace.for_loop(loop)
         self._ticks = self._behind = 0
-        self._since = (time.monotonic(), time.thread_time())
-        self._due = loop.time() + self._interval
-        self._timer = loop.call_at(self._due, self._tick, loop)
+        now = self._clock.monotonic()
+        self._since = (now, self._clock.thread_time())
+        self._due = now + self._interval
+        self._timer = self._clock.call_later(self._interval, self._tick)
 
     async def stop(self) -> None:
         """Stop measuring."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._pace is not None:
-            self._pace.reset()
+        self._pace.reset()
 
-    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
+    def _tick(self) -> None:
+        now = self._clock.monotonic()
         self._observe(max(0.0, now - self._due))
         self._ticks += 1
-        if loop_share.backlogged(loop):
+        if self._share.backlogged:
             self._behind += 1
         if self._ticks >= pace.SAMPLE_TICKS:
             self._sample()
         self._due = now + self._interval
-        self._timer = loop.call_at(self._due, self._tick, loop)
+        self._timer = self._clock.call_later(self._interval, self._tick)
 
     def _sample(self) -> None:
-        wall, cpu = time.monotonic(), time.thread_time()  # the tick runs on the loop's thread
+        # The tick runs on the loop's thread: its CPU time is the loop's.
+        wall, cpu = self._clock.monotonic(), self._clock.thread_time()
         spent = (cpu - self._since[1]) / max(wall - self._since[0], 1e-6)
         load = max(spent, self._behind / self._ticks)
         self._since, self._ticks, self._behind = (wall, cpu), 0, 0
-        assert self._pace is not None
         self._pace.observe(load)
         if self._report is not None:
             self._report(load, self._pace.stretch)

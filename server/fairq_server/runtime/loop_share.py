@@ -15,6 +15,10 @@ completes a pass and polls its sockets and timers. A burst is spread over severa
 about one slice of bulk work each, and the latency-sensitive work in between waits about a
 slice instead of the whole burst. An idle loop pays one clock read per turn.
 
+One :class:`LoopShare` serves a loop: the process makes it at assembly and hands it to all
+bulk work, the doors' writers and the backends' readers
+(:class:`~fairq_server.runtime.loop_tools.LoopTools`).
+
 A stream's *first* pieces of work (opening the backend request, its first read, the first
 write towards the caller) are asked for as *urgent* turns: they go to the head of the line
 instead of its end. They are few (a handful per request, against one per token for the
@@ -27,11 +31,11 @@ passes as before.
 from __future__ import annotations
 
 import asyncio
-import time
-import weakref
 from collections import deque
 
-__all__ = ["SLICE_SECONDS", "LoopShare", "backlogged", "turn"]
+from fairq_server.runtime.clock import SYSTEM_CLOCK, Clock
+
+__all__ = ["SLICE_SECONDS", "LoopShare"]
 
 #: Wall time one epoch may spend on bulk work before the rest waits for a later pass. Short
 #: enough that a health check waiting behind a burst is answered within a few slices, long
@@ -49,12 +53,18 @@ class LoopShare:
     goes back to the head of the line. Every epoch wakes as many waiters as the last full
     epoch granted turns (twice as many after an epoch that had time to spare), so a long line
     costs about one wake-up per turn, not one per epoch.
+
+    Args:
+        slice_seconds: the time one epoch may spend on bulk work.
+        clock: what the slice is measured on.
+
     """
 
-    def __init__(self, slice_seconds: float = SLICE_SECONDS) -> None:
+    def __init__(self, slice_seconds: float = SLICE_SECONDS, clock: Clock = SYSTEM_CLOCK) -> None:
         self._slice = slice_seconds
+        self._now = clock.monotonic  # bound once: read at every turn
         self._open = False  # an epoch has started (a turn was granted since the last boundary)
-        self._opened = 0.0  # perf_counter() of its first turn
+        self._opened = 0.0  # the clock's time at its first turn
         self._granted = 0  # turns granted in it
         self._full = False  # the current epoch refused a turn: its slice is used up
         self._batch = 1  # waiters to wake per epoch: how many turns the last full one held
@@ -67,6 +77,11 @@ class LoopShare:
         """Turns waiting for a later epoch (cancelled ones included until skipped)."""
         return len(self._waiters)
 
+    @property
+    def backlogged(self) -> bool:
+        """Whether bulk work is waiting for a later pass (the loop is behind)."""
+        return bool(self._waiters)
+
     async def turn(self, urgent: bool = False) -> None:
         """Return when the caller may run its next piece of bulk work.
 
@@ -77,7 +92,7 @@ class LoopShare:
             await self._wait(urgent)
 
     def _grant(self) -> bool:
-        now = time.perf_counter()
+        now = self._now()
         if not self._open:
             self._open, self._opened, self._granted, self._full = True, now, 0, False
             self._schedule_boundary()
@@ -126,23 +141,3 @@ class LoopShare:
                 woken += 1
         if self._waiters:
             self._schedule_boundary()
-
-
-_SHARES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopShare] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-async def turn(urgent: bool = False) -> None:
-    """Take a turn of bulk work on the running loop's :class:`LoopShare` (one per loop)."""
-    loop = asyncio.get_running_loop()
-    share = _SHARES.get(loop)
-    if share is None:
-        share = _SHARES[loop] = LoopShare()
-    await share.turn(urgent)
-
-
-def backlogged(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether bulk work on ``loop`` is waiting for a later pass (the loop is behind)."""
-    share = _SHARES.get(loop)
-    return share is not None and share.waiting > 0

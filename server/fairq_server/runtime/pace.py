@@ -19,10 +19,7 @@ which shortens the window again: the stretch settles where the load stays below 
 
 from __future__ import annotations
 
-import asyncio
-import weakref
-
-__all__ = ["FULL", "HALF", "MAX_STRETCH", "SAMPLE_TICKS", "Pace", "for_loop"]
+__all__ = ["FULL", "HALF", "MAX_STRETCH", "SAMPLE_TICKS", "Pace"]
 
 #: The longest window, in multiples of the configured one (20 ms -> 100 ms: still a steady
 #: flow to a reader, and five times fewer messages).
@@ -39,7 +36,12 @@ _SMOOTHING = 0.5
 
 
 class Pace:
-    """The stretch of the coalescing window on one loop (1.0: as configured)."""
+    """The stretch of the coalescing window on one loop (1.0: as configured).
+
+    One per loop, made at assembly: the loop monitor writes it, the outboxes and stream
+    readers of that loop read :attr:`stretch`. A fresh one (never written) keeps the window
+    as configured.
+    """
 
     def __init__(self) -> None:
         self.stretch = 1.0
@@ -54,15 +56,3 @@ class Pace:
     def reset(self) -> None:
         """Back to the configured window (the loop is no longer measured)."""
         self.stretch, self.load = 1.0, 0.0
-
-
-_PACES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Pace] = weakref.WeakKeyDictionary()
-
-
-def for_loop(loop: asyncio.AbstractEventLoop | None = None) -> Pace:
-    """Return the :class:`Pace` of ``loop`` (default: the running loop), made at first use."""
-    loop = loop or asyncio.get_running_loop()
-    pace = _PACES.get(loop)
-    if pace is None:
-        pace = _PACES[loop] = Pace()
-    return pace

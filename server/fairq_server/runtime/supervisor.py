@@ -21,6 +21,8 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
+from fairq_server.runtime.clock import SYSTEM_CLOCK, Clock
+
 __all__ = ["RESTART_DELAYS", "OwnedTask", "cancel_all", "stop_asked", "stop_task", "supervise"]
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ async def supervise(
     on_crash: Callable[[BaseException], None] = lambda exc: None,
     on_restart: Callable[[], None] = lambda: None,
     delays: Sequence[float] = RESTART_DELAYS,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     """Run ``run()`` until cancelled, restarting it whenever it raises.
 
@@ -46,6 +49,7 @@ async def supervise(
             affected, report NOT_SERVING).
         on_restart: told when the loop is started again.
         delays: restart delays; the last repeats.
+        clock: what the delays are waited on.
 
     """
     crashes = 0
@@ -56,7 +60,7 @@ async def supervise(
         except Exception as exc:
             log.exception("%s crashed (%d so far); restarting", name, crashes + 1)
             on_crash(exc)
-            await asyncio.sleep(delays[min(crashes, len(delays) - 1)])
+            await clock.sleep(delays[min(crashes, len(delays) - 1)])
             crashes += 1
             on_restart()
 

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.poller import ScrapeResult
-from fairq_server.config.schema import SchedulerConfig, TierConfig
+from fairq_server.config.scheduler import SchedulerConfig
+from fairq_server.config.tiers import TierConfig
 from fairq_server.errors import InternalError, SchedulerError, ShuttingDownError
 from fairq_server.runtime.supervisor import RESTART_DELAYS, stop_task, supervise
 from fairq_server.scheduling import events as ev

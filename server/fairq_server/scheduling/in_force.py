@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fairq_server.config.schema import SchedulerConfig, TierConfig
+from fairq_server.config.scheduler import SchedulerConfig
+from fairq_server.config.tiers import TierConfig
 from fairq_server.scheduling.policies import Policies
 
 __all__ = ["Settings"]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairq_server.config.schema import SchedulerConfig
+from fairq_server.config.scheduler import SchedulerConfig
 from fairq_server.errors import ConfigError
 from fairq_server.scheduling.counters import LocalCounters
 from fairq_server.scheduling.fairness.hierarchy import TeamFairness

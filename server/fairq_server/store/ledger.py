@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fairq_server.config.store import PriceConfig, StoreConfig
+from fairq_server.config.prices import PriceConfig
+from fairq_server.config.store import StoreConfig
 from fairq_server.runtime.log_throttle import Throttled
 from fairq_server.runtime.supervisor import OwnedTask, stop_asked
 from fairq_server.store.engine import short_error

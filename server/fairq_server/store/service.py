@@ -14,7 +14,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fairq_server.config.store import PriceConfig, StoreConfig, default_sqlite_path, engine_url
+from fairq_server.config.prices import PriceConfig
+from fairq_server.config.store import StoreConfig, default_sqlite_path, engine_url
 from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import describe, open_engine, upgrade
 from fairq_server.store.entitlement import StoredEntitlement

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
-from fairq_server.config.store import PriceConfig
+from fairq_server.config.prices import PriceConfig
 from fairq_server.errors import QuotaExceededError
 from fairq_server.tenancy.books.book import (
     Claim,

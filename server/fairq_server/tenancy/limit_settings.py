@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
-from fairq_server.config.store import PriceConfig
+from fairq_server.config.prices import PriceConfig
 
 __all__ = ["LimitSettings"]
 

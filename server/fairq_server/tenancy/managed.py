@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig, check_entitlement
-from fairq_server.config.identity import MAX_NAME_CHARS, check_name
 from fairq_server.config.teams import TeamConfig, check_teams
 from fairq_server.errors import InvalidRequestError
+from fairq_server.names import MAX_NAME_CHARS, check_name
 from fairq_server.store.audit import AuditLog
 from fairq_server.store.entitlement import (
     LimitEntry,

@@ -16,9 +16,10 @@ import argparse
 import json
 import sys
 
-from fairq_server.config.identity import MAX_KEY_USER_CHARS, MAX_NAME_CHARS
+from fairq_server.config.identity import MAX_KEY_USER_CHARS
 from fairq_server.config.schema import DEFAULT_TIERS, ConfigError
 from fairq_server.identity.api_keys import KEY_PREFIX, hash_key, new_key
+from fairq_server.names import MAX_NAME_CHARS
 
 __all__ = ["KEY_PREFIX", "key_entry", "main", "new_key"]
 

@@ -45,6 +45,7 @@ class Scripted:
             answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await answer.prepare(request)
             for _ in range(self.events):
+                # Real clock: a loopback HTTP server's gaps against the idle watch's loop timer.
                 await asyncio.sleep(self.gap)
                 await answer.write(EVENT)
             if not self.end:

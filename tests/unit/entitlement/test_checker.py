@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
-from fairq_server.config.store import PriceConfig
+from fairq_server.config.prices import PriceConfig
 from fairq_server.errors import QuotaExceededError
 from fairq_server.tenancy.books.book import Claim, Measure, Scope, Window
 from fairq_server.tenancy.books.local import LocalBook

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
-from fairq_server.config.store import PriceConfig
+from fairq_server.config.prices import PriceConfig
 from fairq_server.tenancy.books.book import Grant, LimitKey, LimitUse, Refusal, Window
 from fairq_server.tenancy.books.local import LocalBook, period_end
 from fairq_server.tenancy.checker import Entitlement

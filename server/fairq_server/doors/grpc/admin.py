@@ -11,10 +11,10 @@ from fairq_server.config.schema import BackendConfig
 from fairq_server.doors.grpc.admin_entitlement import EntitlementAdmin
 from fairq_server.doors.grpc.snapshot import KIND_VALUES, backend_status, build_snapshot
 from fairq_server.doors.grpc.status import status_for
-from fairq_server.doors.port import CorePort
 from fairq_server.errors import InvalidRequestError, SchedulerError
 from fairq_server.identity.auth import Authenticator
 from fairq_server.observe.recent import RecentService
+from fairq_server.port import CorePort
 from fairq_server.store.service import Store
 from fairq_server.tenancy.managed import ManagedEntitlement
 

@@ -26,7 +26,6 @@ from fairq_server.doors.lifecycle import (
     ticket_events,
 )
 from fairq_server.errors import ModelNotFoundError, SchedulerError
-from fairq_server.runtime import loop_share
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Relayed, Started, Text
 
 __all__ = ["SchedulerServicer"]
@@ -73,9 +72,9 @@ class SchedulerServicer(DoorBase, scheduler_pb2_grpc.SchedulerServicer):
             ):
                 for event in events:
                     # Writing to the client is bulk work: the tokens of all streams on a
-                    # backend arrive in the same engine step (see loop_share). Up to the
+                    # backend arrive in the same engine step (see runtime/loop_share). Up to the
                     # first text, urgent turns: the time to first token waits for them.
-                    await loop_share.turn(urgent)
+                    await self._turn(urgent)
                     urgent = urgent and not isinstance(event, Text)
                     yield _response(event, backend_request.request_id)
         except SchedulerError as exc:

@@ -17,8 +17,8 @@ from fairq_server.doors.grpc.discovery import HealthServicer, enable_reflection
 from fairq_server.doors.grpc.receive import RequestGuard
 from fairq_server.doors.grpc.scheduler import SchedulerServicer
 from fairq_server.doors.listening import add_grpc_port
-from fairq_server.doors.port import CorePort
 from fairq_server.identity.auth import Authenticator
+from fairq_server.port import CorePort
 from fairq_server.store.service import Store
 from fairq_server.tenancy.managed import ManagedEntitlement
 

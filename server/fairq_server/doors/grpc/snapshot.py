@@ -1,7 +1,7 @@
 """The queue snapshot behind ``Admin/GetQueueSnapshot`` and ``fairq top``.
 
 Everything read from the scheduling core is read by the core's
-:meth:`~fairq_server.doors.port.CorePort.queue_view`, synchronously on the event loop (so the
+:meth:`~fairq_server.port.CorePort.queue_view`, synchronously on the event loop (so the
 figures are of one moment), into plain values; :func:`build_snapshot` turns those into the
 response.
 """

@@ -49,10 +49,9 @@ from fairq_server.doors.lifecycle import (
     open_ticket,
     ticket_events,
 )
-from fairq_server.doors.port import CorePort
 from fairq_server.errors import SchedulerError
 from fairq_server.identity.auth import Authenticator, Principal
-from fairq_server.runtime import loop_share
+from fairq_server.port import CorePort
 from fairq_server.scheduling.outbox import Finished, OutboxEvent, Queued, Relayed, Started
 
 __all__ = ["OpenAIHandlers"]
@@ -104,7 +103,7 @@ class OpenAIHandlers(DoorBase):
     def _models_for(self, principal: Principal) -> list[str]:
         """Return the models served now if ``principal`` may use any tier, else none.
 
-        Only models a backend serves (:meth:`~fairq_server.doors.port.CorePort.served_models`):
+        Only models a backend serves (:meth:`~fairq_server.port.CorePort.served_models`):
         a model registered for a backend that is down, or that does not list it, would be
         offered and then refused with 503 on every request.
         """
@@ -274,9 +273,9 @@ class OpenAIHandlers(DoorBase):
                     if not out:
                         continue
                     resp = resp or await prepare(request, request_id)
-                    # Writing to clients is bulk work (see loop_share); the first write,
+                    # Writing to clients is bulk work (see runtime/loop_share); the first write,
                     # which carries the first token, an urgent turn.
-                    await loop_share.turn(urgent)
+                    await self._turn(urgent)
                     urgent = False
                     if out[-1] is DONE:  # the last batch: written with the end of the body
                         await resp.write_eof(b"".join(out))

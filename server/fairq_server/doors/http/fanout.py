@@ -39,11 +39,10 @@ from fairq_server.doors.http.errors import HttpError, error_response
 from fairq_server.doors.http.parse import ParsedRequest
 from fairq_server.doors.http.sse import DONE, error_event
 from fairq_server.doors.lifecycle import count_rejection, open_ticket, ticket_events
-from fairq_server.doors.port import CorePort
 from fairq_server.errors import SchedulerError
 from fairq_server.identity.auth import Principal
+from fairq_server.port import CorePort, Submitted
 from fairq_server.scheduling.outbox import OutboxEvent, Relayed, Started
-from fairq_server.scheduling.ticket import Ticket
 
 __all__ = ["answer_batch"]
 
@@ -69,7 +68,7 @@ async def answer_batch(
     retry_after = core.config.http.retry_after_seconds
     tier = request.headers.get("x-fairq-tier", "")
     bound = parsed.request.extra.get("max_completion_tokens")
-    tickets: list[Ticket] = []
+    tickets: list[Submitted] = []
     streams: list[AsyncIterator[list[OutboxEvent]]] = []
     try:
         for each in parsed.batch:

@@ -18,8 +18,8 @@ from fairq_server.doors.access_log import RequestLog
 from fairq_server.doors.http.connections import ConnectionGuard, ConnectionLimits
 from fairq_server.doors.http.door import OpenAIHandlers
 from fairq_server.doors.http.errors import HttpError, error_response
-from fairq_server.doors.port import CorePort
 from fairq_server.identity.auth import Authenticator
+from fairq_server.port import CorePort
 
 __all__ = ["HttpDoor", "Mounted"]
 

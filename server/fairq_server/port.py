@@ -6,19 +6,71 @@ its quotas, the backends (for the Admin door) and a view of the queues. :class:`
 names exactly that; :class:`~fairq_server.core.FairqCore` implements it, and a door's tests may
 hand a door a fake. A door imports this module, never :mod:`fairq_server.core`: what a door
 reaches stays the door's own modules, the request's types and the configuration.
+It stands beside the core it describes, below the doors that use it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
+from fairq_server.backends.request import BackendRequest
 from fairq_server.config.schema import BackendConfig, Config
 from fairq_server.errors import SchedulerError
+from fairq_server.runtime.loop_tools import LoopTools
+from fairq_server.scheduling.outbox import Outbox
 from fairq_server.scheduling.queue_view import BackendView, QueueView
-from fairq_server.scheduling.ticket import Ticket
 from fairq_server.telemetry import Telemetry
 
-__all__ = ["CorePort"]
+__all__ = ["CorePort", "Submission", "Submitted"]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A request as a door hands it to the core: what to run, who asks, in which tier.
+
+    Attributes:
+        request: what to send to the backend.
+        user: fairness identity.
+        tier: index into the configured tiers (0 is served first).
+        weight: the user's fairness weight (against the other users of its team).
+        team: the user's team (None: the user is its own team).
+        team_weight: the team's weight against the other teams of the tier.
+        group: the user's group (for metrics).
+        prompt_tokens: estimated prompt length in tokens.
+        max_tokens: requested output bound (0 if unset).
+        arrival: monotonic arrival time.
+        prefix: chained hashes of the prompt's leading blocks (prefix grouping).
+
+    """
+
+    request: BackendRequest
+    user: str
+    tier: int
+    weight: float
+    team: str | None
+    team_weight: float
+    group: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    prefix: tuple[int, ...]
+
+
+class Submitted(Protocol):
+    """What a door holds of a request it submitted: what it asked for, and its events."""
+
+    @property
+    def request(self) -> BackendRequest:
+        """Return what was asked for."""
+
+    @property
+    def tier(self) -> int:
+        """Return the tier it runs in (an index into the tiers)."""
+
+    @property
+    def outbox(self) -> Outbox:
+        """Return its events on their way to the caller."""
 
 
 class CorePort(Protocol):
@@ -31,6 +83,10 @@ class CorePort(Protocol):
     @property
     def tier_names(self) -> tuple[str, ...]:
         """Return the tier names, highest priority first."""
+
+    @property
+    def tools(self) -> LoopTools:
+        """Return the event loop's clock, time-slicer and pace (writers take turns on it)."""
 
     @property
     def telemetry(self) -> Telemetry:
@@ -48,11 +104,11 @@ class CorePort(Protocol):
     def token_prompt_refusers(self, model: str) -> list[str]:
         """Return the kinds of ``model``'s backends that do not take token-id prompts."""
 
-    def submit(self, ticket: Ticket) -> None:
-        """Queue ``ticket``; its outbox then carries what happens to it."""
+    def submit(self, submission: Submission) -> Submitted:
+        """Queue a request; its outbox then carries what happens to it."""
 
-    def cancel(self, ticket: Ticket) -> None:
-        """Take ``ticket`` out of the queue, or abort its backend request (idempotent)."""
+    def cancel(self, submitted: Submitted) -> None:
+        """Take a request out of the queue, or abort its backend request (idempotent)."""
 
     def backend_views(self) -> list[BackendView]:
         """Return every registered backend, as registered and as it stands now."""
