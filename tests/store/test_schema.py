@@ -12,13 +12,8 @@ from alembic.runtime.migration import MigrationContext
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection
 
-from fairq_server.config.store import (
-    PriceConfig,
-    StoreConfig,
-    StoreError,
-    check_prices,
-    engine_url,
-)
+from fairq_server.config.prices import PriceConfig, PriceError, check_prices
+from fairq_server.config.store import StoreConfig, StoreError, engine_url
 from fairq_server.store.engine import current_revision, head_revision, open_engine, upgrade
 from fairq_server.store.schema import metadata
 from fairq_server.store.service import Store
@@ -57,9 +52,9 @@ def test_engine_urls_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_prices_are_checked() -> None:
     check_prices({"m": PriceConfig(1.0, 2.0)}, {"m"})
-    with pytest.raises(StoreError, match=r"prices.m.output_per_million must be a finite number"):
+    with pytest.raises(PriceError, match=r"prices.m.output_per_million must be a finite number"):
         check_prices({"m": PriceConfig(1.0, float("inf"))}, {"m"})
-    with pytest.raises(StoreError, match=r"prices.x: no configured backend serves model 'x'"):
+    with pytest.raises(PriceError, match=r"prices.x: no configured backend serves model 'x'"):
         check_prices({"x": PriceConfig()}, {"m"})
     assert PriceConfig(2.0, 10.0).cost(1_000_000, 500_000) == pytest.approx(7.0)
 

@@ -1,8 +1,8 @@
 """The console's store views: stored keys (create, rotate, revoke) and usage (table, CSV).
 
-They call the store's own operations, the ones the Admin RPCs (``api/admin_store.py``) and the
-``fairq keys`` / ``fairq usage`` commands reach, so a key revoked here is refused on every
-replica as one revoked by the CLI is. Every change is logged with who made it and what it
+They call the store's own operations, the ones the Admin RPCs
+(``doors/grpc/admin_store.py``) and the ``fairq keys`` / ``fairq usage`` commands reach, so a
+key revoked here is refused on every replica as one revoked by the CLI is. Every change is logged with who made it and what it
 was (``fairq_server.console``). Forms post only from a logged-in page of this origin, with
 the session's CSRF token; a secret is shown once, on the page that answers its creation.
 """

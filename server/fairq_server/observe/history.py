@@ -53,7 +53,7 @@ class Trend:
             ``user ann``).
         name: the figure (``queued``, ``running``, ``queue wait``, ``time to first token``,
             ``tokens/s``).
-        unit: its unit (``requests``, ``s``, ``tokens/s``).
+        unit: its unit (``doors``, ``s``, ``tokens/s``).
         values: one per sample, oldest first (None: nothing to say then, e.g. no request
             reached a backend in that interval, or the user was not among the top ones).
 

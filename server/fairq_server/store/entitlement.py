@@ -4,7 +4,7 @@ The rows are written by :class:`~fairq_server.tenancy.managed.ManagedEntitlement
 checks them first) and read here as the configuration file's own entries
 (:class:`~fairq_server.tenancy.teams.TeamConfig`, :class:`QuotaConfig`, :class:`BudgetConfig`). Each
 replica keeps what it read in memory and, like the key store, learns every
-``key_poll_seconds`` whether the ``entitlement`` counter of ``store_versions`` moved (one
+``key_poll_seconds`` whether the ``tenancy`` counter of ``store_versions`` moved (one
 query reads both counters: :mod:`~fairq_server.store.versions`); every change raises it in
 its own transaction. When it moved, the rows are
 read again and ``on_change`` is called, so a weight or a limit set on one replica holds on

@@ -31,7 +31,7 @@ class Asked:
     """A request as the browser made it.
 
     Attributes:
-        scheme: ``https`` or ``http``.
+        scheme: ``https`` or ``doors/http``.
         host: the ``Host`` the browser sent (``name[:port]``), lower-case.
         via_proxy: a trusted proxy said so (else both are what this door saw).
         scheme_known: the scheme is the browser's own: the connection was TLS, or a trusted

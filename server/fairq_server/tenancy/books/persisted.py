@@ -136,7 +136,7 @@ class PersistedBook:
 
 
 async def keep_state(entitlement: Entitlement | None, state: LimitState, now: float) -> None:
-    """Put ``entitlement``'s book under :class:`PersistedBook` on ``state``, restored from it.
+    """Put ``tenancy``'s book under :class:`PersistedBook` on ``state``, restored from it.
 
     Called once at start, before the dispatcher runs. A store or Redis that fails the reading
     back is logged; serving starts anyway, with the day and month counted from zero.
