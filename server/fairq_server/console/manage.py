@@ -2,9 +2,10 @@
 
 They call the store's own operations, the ones the Admin RPCs
 (``doors/grpc/admin_store.py``) and the ``fairq keys`` / ``fairq usage`` commands reach, so a
-key revoked here is refused on every replica as one revoked by the CLI is. Every change is logged with who made it and what it
-was (``fairq_server.console``). Forms post only from a logged-in page of this origin, with
-the session's CSRF token; a secret is shown once, on the page that answers its creation.
+key revoked here is refused on every replica as one revoked by the CLI is. Every change is
+logged with who made it and what it was (``fairq_server.console``). Forms post only from a
+logged-in page of this origin, with the session's CSRF token; a secret is shown once, on the
+page that answers its creation.
 """
 
 from __future__ import annotations
