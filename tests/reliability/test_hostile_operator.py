@@ -45,7 +45,7 @@ UNAPPLICABLE = {
         'models = ["m"]\n',
         "backend id may contain only",
     ),
-    "unknown-policy": ("", "unknown fairness policy 'lottery'"),
+    "unknown-policy": ("", "scheduler.fairness 'lottery' unknown"),
     # Wrong types, which the old reader accepted: models "m" became ("m",), tiers "batch"
     # became five one-letter tiers.
     "models-a-string": (
