@@ -45,6 +45,7 @@ __all__ = [
     "BackendError",
     "BackendFailedError",
     "BackendFailure",
+    "BackendHttpError",
     "ConfigError",
     "EvictedError",
     "InternalError",
@@ -88,6 +89,24 @@ class BackendError(Exception):
         super().__init__(message)
         self.kind = kind
         self.retryable = retryable
+
+
+class BackendHttpError(BackendError):
+    """The backend refused the request with an HTTP error before streaming.
+
+    Attributes:
+        status: the backend's HTTP status.
+        body: its answer (at most ``read_limits.error_bytes``; a longer one is cut there),
+            for the HTTP door to pass on unchanged.
+        content_type: the answer's content type.
+
+    """
+
+    def __init__(self, error: BackendError, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(str(error), error.kind, retryable=error.retryable)
+        self.status = status
+        self.body = body
+        self.content_type = content_type
 
 
 class ConfigError(ValueError):

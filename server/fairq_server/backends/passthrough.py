@@ -31,29 +31,11 @@ from fairq_server.backends.http_reading import (
 )
 from fairq_server.backends.openai_wire import STREAM_HEADERS, json_body
 from fairq_server.backends.request import BackendRequest, StreamEvent, TextDelta
-from fairq_server.errors import BackendError
+from fairq_server.errors import BackendHttpError
 
-__all__ = ["BackendHttpError", "RawDelta", "openai_stream"]
+__all__ = ["RawDelta", "openai_stream"]
 
 _OUTPUT_KEYS = ("content", "tool_calls", "reasoning_content", "reasoning", "refusal")
-
-
-class BackendHttpError(BackendError):
-    """The backend refused the request with an HTTP error before streaming.
-
-    Attributes:
-        status: the backend's HTTP status.
-        body: its answer (at most ``read_limits.error_bytes``; a longer one is cut there),
-            for the HTTP door to pass on unchanged.
-        content_type: the answer's content type.
-
-    """
-
-    def __init__(self, error: BackendError, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(str(error), error.kind, retryable=error.retryable)
-        self.status = status
-        self.body = body
-        self.content_type = content_type
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,14 @@ from typing import Any
 
 from aiohttp import web
 
-from fairq_server.backends.passthrough import BackendHttpError
 from fairq_server.doors.http.errors import HttpError, error_body, error_for, error_response
 from fairq_server.doors.http.sse import SSE_HEADERS
-from fairq_server.errors import BackendFailedError, ModelNotFoundError, SchedulerError
+from fairq_server.errors import (
+    BackendFailedError,
+    BackendHttpError,
+    ModelNotFoundError,
+    SchedulerError,
+)
 
 __all__ = [
     "answer_too_large",
