@@ -21,6 +21,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from fairq_server.observe.waits import WaitTally
 from fairq_server.team_labels import TeamLabels
 
 if TYPE_CHECKING:
@@ -209,6 +210,8 @@ class Telemetry:
             ["team", "kind"], registry=r,
         )  # fmt: skip
         self.team_labels = TeamLabels()
+        # Per user and team waits for the console's trends (no label per user: unbounded).
+        self.waits = WaitTally()
         # The children the per-request path touches, kept (see Children).
         self.queue_wait_of = Children(self.queue_wait)
         self.ttft_of = Children(self.ttft)

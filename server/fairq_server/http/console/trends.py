@@ -24,9 +24,19 @@ _SECTIONS = (
     ("model", "Queues per model"),
     ("tier", "Waits per tier (mean over each interval)"),
     ("all", "Tokens per second"),
-    ("team", "Per team: tokens per second, and the most queued"),
-    ("user", "Per user: the most served (tokens per second, about the last minute) and queued"),
+    (
+        "team",
+        "Per team: tokens per second, the most queued, and the waits of those who "
+        "waited the most (mean over each interval; the other teams together)",
+    ),
+    (
+        "user",
+        "Per user: the most served (tokens per second, about the last minute), the most "
+        "queued, and the waits of those who waited the most (the other users together)",
+    ),
 )
+# The group of a kind's "others" (no name can be empty, so no named group is spelt so).
+_OTHERS = {"team": "other teams", "user": "other users"}
 
 
 def _figure(value: float, unit: str) -> str:
@@ -61,7 +71,8 @@ def _sparkline(trend: Trend, index: int, span: str) -> str:
     last = next((v for v in reversed(trend.values) if v is not None), None)
     top = max(known, default=0.0)
     now = _figure(last, trend.unit) if last is not None else "—"
-    summary = f"{trend.group}, {trend.name}: now {now}, highest {_figure(top, trend.unit)}"
+    group = _OTHERS.get(trend.group, trend.group)
+    summary = f"{group}, {trend.name}: now {now}, highest {_figure(top, trend.unit)}"
     summary += f" over the last {span}"
     lines = "".join(
         f'<polyline class="s{index % 9}" points="{run}"/>' if " " in run else
@@ -75,7 +86,7 @@ def _sparkline(trend: Trend, index: int, span: str) -> str:
         f'data-values="{data}" data-last="{"" if last is None else f"{last:.6g}"}">'
         f"<title>{_e(summary)}</title>"
         f'<line class="base" x1="0" y1="{_H - _PAD}" x2="{_W}" y2="{_H - _PAD}"/>{lines}</svg>'
-        f"<figcaption><strong>{_e(trend.group)}</strong> {_e(trend.name)}: "
+        f"<figcaption><strong>{_e(group)}</strong> {_e(trend.name)}: "
         f'<span class="now">{_e(now)}</span> <span class="detail">(highest '
         f"{_e(_figure(top, trend.unit))})</span></figcaption></figure>"
     )
