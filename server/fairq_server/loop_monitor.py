@@ -10,12 +10,19 @@ loop: a hundred wake-ups a second are then a callback each (no task step, no fut
 fifth of an idle fairq's CPU before (docs/design/hot-path.md).
 
 Every :data:`~fairq_server.pace.SAMPLE_TICKS` ticks the monitor also samples the loop's load
-for the coalescing window's stretch (:mod:`~fairq_server.pace`).
+for the coalescing window's stretch (:mod:`~fairq_server.pace`). The loop's thread is busy
+while it runs and while it is ready to run but waits for a core another process holds: on a
+shared core the CPU time alone reads as the core's share (half of it beside one busy process)
+while the loop never rests. Linux says both in ``/proc/thread-self/schedstat`` (the time run
+and the time waited on a run queue, in nanoseconds), read with one ``pread`` per sample;
+elsewhere, the thread's CPU time alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 from collections.abc import Callable
 
@@ -51,14 +58,18 @@ class LoopMonitor:
         self._pace: pace.Pace | None = None
         self._ticks = 0  # since the last load sample
         self._behind = 0  # of those, ticks at which bulk work waited for a later pass
-        self._since = (0.0, 0.0)  # (wall, loop thread CPU) at the last load sample
+        self._since = (0.0, 0.0)  # (wall, loop thread busy) at the last load sample
+        self._schedstat: int | None = None  # the loop thread's schedstat, open
 
     def start(self) -> None:
         """Start measuring on the running loop."""
         loop = asyncio.get_running_loop()
         self._pace = pace.for_loop(loop)
         self._ticks = self._behind = 0
-        self._since = (time.monotonic(), time.thread_time())
+        self._close()
+        with contextlib.suppress(OSError):  # not Linux: the CPU time alone
+            self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        self._since = (time.monotonic(), self._busy())
         self._due = loop.time() + self._interval
         self._timer = loop.call_at(self._due, self._tick, loop)
 
@@ -69,6 +80,25 @@ class LoopMonitor:
             self._timer = None
         if self._pace is not None:
             self._pace.reset()
+        self._close()
+
+    def _close(self) -> None:
+        if self._schedstat is not None:
+            os.close(self._schedstat)
+            self._schedstat = None
+
+    def _busy(self) -> float:
+        """Seconds the loop's thread has run or waited for a core (its CPU time, if unknown).
+
+        Called on the loop's thread (the schedstat file is the thread's that opened it).
+        """
+        if self._schedstat is not None:
+            try:
+                ran, waited = os.pread(self._schedstat, 128, 0).split()[:2]
+                return (int(ran) + int(waited)) / 1e9
+            except (OSError, ValueError):  # unreadable after all: the CPU time from now on
+                self._close()
+        return time.thread_time()
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
@@ -82,10 +112,10 @@ class LoopMonitor:
         self._timer = loop.call_at(self._due, self._tick, loop)
 
     def _sample(self) -> None:
-        wall, cpu = time.monotonic(), time.thread_time()  # the tick runs on the loop's thread
-        spent = (cpu - self._since[1]) / max(wall - self._since[0], 1e-6)
+        wall, busy = time.monotonic(), self._busy()  # the tick runs on the loop's thread
+        spent = (busy - self._since[1]) / max(wall - self._since[0], 1e-6)
         load = max(spent, self._behind / self._ticks)
-        self._since, self._ticks, self._behind = (wall, cpu), 0, 0
+        self._since, self._ticks, self._behind = (wall, busy), 0, 0
         assert self._pace is not None
         self._pace.observe(load)
         if self._report is not None:

@@ -100,8 +100,9 @@ class Telemetry:
         )
         self.loop_load = Gauge(
             "fairq_event_loop_load",
-            "Load of fairq's event loop over the last 100 ms (0-1): its thread's CPU time over "
-            "the wall time, or the share of the time bulk work waited for a later pass, "
+            "Load of fairq's event loop over the last 100 ms (0-1): the time its thread ran or "
+            "waited for a core (Linux; elsewhere its CPU time) over the wall time, or the share "
+            "of the time bulk work waited for a later pass, "
             "whichever is larger.",
             registry=r,
         )
