@@ -7,17 +7,19 @@ so the ledger's final rows are written before the process exits.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fairq_server.store.audit import AuditLog
-from fairq_server.store.engine import describe, open_engine, upgrade
+from fairq_server.store.engine import describe, open_engine, poll_forever, upgrade
 from fairq_server.store.entitlement import StoredEntitlement
-from fairq_server.store.keys import KeyStore
+from fairq_server.store.keys import LAST_USE_SECONDS, KeyStore
 from fairq_server.store.ledger import Ledger
 from fairq_server.store.limits import LimitState
 from fairq_server.store.records import UsageRecord
@@ -26,6 +28,7 @@ from fairq_server.store.schema import ENTITLEMENT_VERSION, KEYS_VERSION
 from fairq_server.store.series import Series, usage_series
 from fairq_server.store.settings import PriceConfig, StoreConfig, default_sqlite_path, engine_url
 from fairq_server.store.versions import Follower, VersionWatch
+from fairq_server.supervisor import stop_task
 
 __all__ = ["Store"]
 
@@ -70,6 +73,7 @@ class Store:
         self._limits: LimitState | None = None
         self._entitlement: StoredEntitlement | None = None
         self._watch: VersionWatch | None = None
+        self._uses: asyncio.Task[None] | None = None
 
     @property
     def described(self) -> str:
@@ -135,6 +139,10 @@ class Store:
         followers: dict[str, Follower] = {KEYS_VERSION: keys, ENTITLEMENT_VERSION: entitlement}
         self._watch = VersionWatch(engine, self.config.key_poll_seconds, followers)
         self._watch.start()
+        # The keys' last uses, written in one batch a minute (never per request).
+        self._uses = asyncio.create_task(
+            poll_forever(keys.write_uses, LAST_USE_SECONDS, _uses_unwritten), name="key-uses"
+        )
         self._engine, self._keys, self._entitlement = engine, keys, entitlement
         retention = self.config.audit_retention_days * 86400
         self._audit = AuditLog(engine, self._replica, retention, self.config.audit_max_rows)
@@ -197,5 +205,15 @@ class Store:
             await self._limits.close()
         if self._watch is not None:
             await self._watch.close()
+        if self._uses is not None:
+            await stop_task(self._uses)
+            self._uses = None
+        if self._keys is not None:
+            with contextlib.suppress(OSError, SQLAlchemyError):  # the last minute's, if it can
+                await self._keys.write_uses()
         if self._engine is not None:
             await self._engine.dispose()
+
+
+def _uses_unwritten(error: str) -> None:
+    log.warning("store: keys' last uses not written (kept for the next try): %s", error)

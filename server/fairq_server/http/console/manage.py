@@ -71,15 +71,16 @@ class ManageRoutes:
     async def keys_page(self, csrf: str, notice: str = "") -> str:
         """Return the keys view's body: the create form, every stored key, the file's keys.
 
-        Each key says when it expires and when its user's last request ended (the ledger
-        records users, not keys: a user with two keys shows the same moment on both), over the
-        last :data:`LAST_USE_DAYS` days.
+        Each key says when it expires and when it was last used: a stored key its own last
+        use (recorded by the replicas, written a minute at a time), a file key its user's
+        last request over the last :data:`LAST_USE_DAYS` days (the ledger records users, not
+        keys: a user with two file keys shows the same moment on both).
         """
         now = time.time()
         keys = await self._store.keys.list(include_revoked=True)
         file_keys = list(self._file_keys())
-        users = {k.user for k in keys} | {k.user for k in file_keys}
-        last = await self._store.last_requests(users, now - LAST_USE_DAYS * 86400)
+        users = {k.user for k in file_keys}
+        last = await self._store.last_requests(users, now - LAST_USE_DAYS * 86400) if users else {}
         rows = []
         for k in keys:
             if k.revoked_at:
@@ -103,12 +104,12 @@ class ManageRoutes:
                 f"<td>{_e(k.user)}</td><td>{_e(k.team or '—')}</td>"
                 f"<td>{_e(', '.join(k.tiers) or 'all')}</td><td>{'yes' if k.admin else 'no'}</td>"
                 f"<td>{_when(k.created_at)}</td><td>{expires}</td>"
-                f"<td>{_last(last.get(k.user), now)}</td><td>{state}</td><td>{actions}</td></tr>"
+                f"<td>{_last(k.last_used_at, now)}</td><td>{state}</td><td>{actions}</td></tr>"
             )
         table = _keys_table(
             "Stored keys",
-            ("Id", "User", "Team", "Tiers", "Admin", "Created", "Expires",
-             f"Last request of its user ({LAST_USE_DAYS} days)", "State", ""),
+            ("Id", "User", "Team", "Tiers", "Admin", "Created", "Expires", "Last used", "State",
+             ""),
             rows,
         )  # fmt: skip
         file_rows = [
