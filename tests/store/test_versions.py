@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fairq_server.auth import hash_key
 from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.entitlement import StoredEntitlement
 from fairq_server.store.keys import KeyStore
@@ -100,3 +101,41 @@ async def test_a_failing_reload_does_not_keep_the_other_from_its_own(
     with pytest.raises(OSError, match="disk gone"):
         await watch.poll()
     assert [t.name for t in entitlement.current.teams] == ["research"]
+
+
+async def test_key_uses_are_noted_in_memory_and_written_in_one_batch(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    """Lookups write nothing; one batch writes every key's last use, only ever later.
+
+    Not a key change: the other replica's poll reloads nothing for it.
+    """
+    here, elsewhere = KeyStore(engines[0], TIERS), KeyStore(engines[1], TIERS)
+    ada, ada_secret = await here.create("ada")
+    bo, _ = await here.create("bo")
+    await elsewhere.refresh()
+    _, _, watch = await followers(engines[1])
+    sent = count_statements(engines[0])
+    for _ in range(100):
+        assert here.lookup(hash_key_bytes(ada_secret)) is not None
+    assert sent == []  # a hundred requests, no statement
+    mine = {k.id: k.last_used_at for k in await here.list()}
+    assert mine[ada.id] is not None and mine[bo.id] is None  # this replica's, not written yet
+    assert {k.id: k.last_used_at for k in await elsewhere.list()} == {ada.id: None, bo.id: None}
+    await here.write_uses()
+    assert len([s for s in sent if s.lstrip().upper().startswith("UPDATE")]) == 1, sent
+    theirs = {k.id: k.last_used_at for k in await elsewhere.list()}
+    assert theirs[ada.id] == pytest.approx(mine[ada.id], abs=1e-3) and theirs[bo.id] is None
+    # An earlier use written later (a replica behind) leaves the later one.
+    elsewhere.lookup(hash_key_bytes(ada_secret))
+    elsewhere._used = {k: v - 3600 for k, v in elsewhere._used.items()}
+    await elsewhere.write_uses()
+    again = {k.id: k.last_used_at for k in await here.list()}
+    assert again[ada.id] == pytest.approx(mine[ada.id], abs=1e-3)
+    polled = count_statements(engines[1])
+    await watch.poll()  # the other replica: the version did not move, nothing reloaded
+    assert polled and not [s for s in polled if "api_keys" in s], polled
+
+
+def hash_key_bytes(secret: str) -> bytes:
+    return bytes.fromhex(hash_key(secret))

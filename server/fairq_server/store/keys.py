@@ -15,6 +15,7 @@ meanwhile applies once the store answers again) and logs that, at most every 10 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -24,7 +25,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import bindparam, or_, select, update
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fairq_server.auth import Principal, hash_key, new_key
@@ -303,14 +303,20 @@ class KeyStore:
             raise
 
     async def list(self, *, include_revoked: bool = False) -> list[StoredKey]:
-        """Return the stored keys, oldest first (this replica's last uses written first)."""
-        with contextlib.suppress(OSError, SQLAlchemyError):  # then the read says what failed
-            await self.write_uses()
+        """Return the stored keys, oldest first (with this replica's last uses not yet written)."""
         query = select(api_keys).order_by(api_keys.c.created_at, api_keys.c.id)
         if not include_revoked:
             query = query.where(api_keys.c.revoked_at.is_(None))
         async with self._engine.connect() as conn:
-            return [_from_row(row) for row in (await conn.execute(query)).all()]
+            rows = (await conn.execute(query)).all()
+        keys = []
+        for row in rows:
+            key = _from_row(row)
+            pending = self._used.get(bytes.fromhex(row.sha256))
+            if pending is not None and (key.last_used_at or 0.0) < pending:
+                key = dataclasses.replace(key, last_used_at=pending)
+            keys.append(key)
+        return keys
 
     async def revoke(self, key_id: str) -> StoredKey | None:
         """Revoke key ``key_id`` on every replica; None when there is no such key."""
