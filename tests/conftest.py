@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from fairq_server.app import FairqServer
-from fairq_server.auth import hash_key
-from fairq_server.config import BackendConfig, Config, KeyConfig, SchedulerConfig
+from fairq_server.config.schema import BackendConfig, Config, KeyConfig, SchedulerConfig
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimConfig, SimServer
 
 from .stacks import task_stacks

@@ -1,7 +1,7 @@
 """Micro-benchmark of quotas and budgets on the request path, in one process.
 
 What one request costs the dispatcher's loop with quotas and budgets configured, on the
-one-process book (:class:`~fairq_server.entitlement.local_book.LocalBook`):
+one-process book (:class:`~fairq_server.tenancy.books.local.LocalBook`):
 
 - *admit*: :meth:`Entitlement.refusal` (the hard limits' check before the request queues);
 - *reserve*: :meth:`Entitlement.reserve` at dispatch (every limit that holds, all or nothing);
@@ -33,10 +33,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from fairq_server.entitlement.checker import Claim, Entitlement
-from fairq_server.entitlement.local_book import LocalBook
-from fairq_server.entitlement_config import ANY_USER, BudgetConfig, QuotaConfig
-from fairq_server.store.settings import PriceConfig
+from fairq_server.config.entitlement import ANY_USER, BudgetConfig, QuotaConfig
+from fairq_server.config.prices import PriceConfig
+from fairq_server.tenancy.books.book import Claim
+from fairq_server.tenancy.books.local import LocalBook
+from fairq_server.tenancy.checker import Entitlement
 
 __all__ = ["main", "run"]
 

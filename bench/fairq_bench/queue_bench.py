@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairq_server.backends.request import BackendRequest, Sampling
-from fairq_server.config import SchedulerConfig
+from fairq_server.config.schema import SchedulerConfig
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.registry import make_fairness, make_ordering

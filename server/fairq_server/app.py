@@ -1,8 +1,8 @@
 """The fairq process, assembled above both doors.
 
 :class:`FairqServer` wires the configuration to the scheduling core (dispatcher, backends,
-cluster), the gRPC door (:mod:`fairq_server.api`), the OpenAI-compatible HTTP door
-(:mod:`fairq_server.http`), the request log, the metrics endpoint and the collector, and owns
+cluster), the gRPC door (:mod:`fairq_server.doors.grpc`), the OpenAI-compatible HTTP door
+(:mod:`fairq_server.doors.http`), the request log, the metrics endpoint and the collector, and owns
 their order at start, reload and stop. The doors know nothing of each other or of this module.
 """
 
@@ -18,20 +18,20 @@ from dataclasses import replace
 
 from prometheus_client import start_http_server
 
-from fairq_server.api.server import GrpcDoor
-from fairq_server.auth import Authenticator
-from fairq_server.collector import Collector
-from fairq_server.config import Config
+from fairq_server.config.schema import Config
+from fairq_server.console import build_console
 from fairq_server.core import FairqCore
-from fairq_server.entitlement.managed import ManagedEntitlement
-from fairq_server.entitlement.persisted import keep_state
+from fairq_server.doors.access_log import RequestLog
+from fairq_server.doors.grpc.server import GrpcDoor
+from fairq_server.doors.http import HttpDoor
+from fairq_server.doors.listening import listening
 from fairq_server.errors import ConfigError
-from fairq_server.http import HttpDoor
-from fairq_server.http.console import build_console
-from fairq_server.listening import listening
-from fairq_server.requests.access_log import RequestLog
+from fairq_server.identity.auth import Authenticator
+from fairq_server.runtime.collector import Collector
 from fairq_server.store.service import Store
 from fairq_server.telemetry import Telemetry
+from fairq_server.tenancy.books.persisted import keep_state
+from fairq_server.tenancy.managed import ManagedEntitlement
 
 __all__ = ["FairqServer"]
 
@@ -85,6 +85,7 @@ class FairqServer:
             lambda generation, seconds: self.core.telemetry.gc_pause.labels(
                 str(generation)
             ).observe(seconds),
+            clock=self.core.tools.clock,
         )
 
     def _scheduling_health(self, serving: bool) -> None:

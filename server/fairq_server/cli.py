@@ -63,10 +63,12 @@ def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from fairq_server.app import FairqServer
-    from fairq_server.config_file import load_config
+    from fairq_server.config.loader import load_config
+    from fairq_server.scheduling.policies import check_policies
 
     try:
         config = load_config(args.config)
+        check_policies(config.scheduler)  # the plugins' own options: a typo stops serve here
         if args.access_log:
             config = dataclasses.replace(config, access_log=True)
         loop_factory = event_loop_factory(args.loop)
@@ -120,11 +122,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _reload(server: FairqServer, path: str, access_log: bool) -> None:
-    from fairq_server.config_file import load_config
+    from fairq_server.config.loader import load_config
+    from fairq_server.scheduling.policies import check_policies
 
     log = logging.getLogger("fairq")
     try:
         config = load_config(path)
+        check_policies(config.scheduler)
         if access_log:  # the command line's --access-log outlives reloads
             config = dataclasses.replace(config, access_log=True)
         await server.reload(config)

@@ -15,31 +15,45 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from fairq_server.backends.base import Backend
+from fairq_server.backends.build import make_backend
 from fairq_server.backends.credentials import refuse_unserved
 from fairq_server.backends.http_reading import ReadLimits
 from fairq_server.backends.poller import MetricsPoller
-from fairq_server.backends.registry import make_backend
-from fairq_server.config import BackendConfig, Config, ConfigError
-from fairq_server.entitlement.factory import build_entitlement
-from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError, QueueFullError
-from fairq_server.loop_monitor import LoopMonitor
-from fairq_server.names import escape
-from fairq_server.registrations import (
+from fairq_server.backends.registrations import (
     FileRegistrations,
     Registrations,
     backend_from_json,
     backend_to_json,
 )
+from fairq_server.config.schema import BackendConfig, Config, ConfigError
+from fairq_server.errors import (
+    BackendError,
+    BackendFailure,
+    InvalidRequestError,
+    QueueFullError,
+    SchedulerError,
+)
+from fairq_server.names import escape
+from fairq_server.port import Submission, Submitted
+from fairq_server.runtime.loop_monitor import LoopMonitor
+from fairq_server.runtime.loop_tools import LoopTools
+from fairq_server.runtime.supervisor import stop_task, supervise
+from fairq_server.scheduling.attempt_stream import StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState, Health
+from fairq_server.scheduling.backend_view import view_of
 from fairq_server.scheduling.dispatcher import Dispatcher
+from fairq_server.scheduling.outbox import Outbox
 from fairq_server.scheduling.policies import Policies
-from fairq_server.supervisor import stop_task, supervise
+from fairq_server.scheduling.queue_view import BackendView, QueueView
+from fairq_server.scheduling.ticket import Ticket
 from fairq_server.telemetry import Telemetry
+from fairq_server.tenancy.factory import build_entitlement
 
 if TYPE_CHECKING:
     from fairq_server.cluster.node import ClusterNode
@@ -63,6 +77,8 @@ class FairqCore:
         telemetry: metrics sink (a fresh registry if None).
         on_health: told False when scheduling stops working (the dispatcher loop crashed)
             and True when it works again.
+        tools: the event loop's clock, time-slicer and pace, handed to every part that
+            shares the loop (a fresh set on the real clock if None).
 
     """
 
@@ -71,23 +87,30 @@ class FairqCore:
         config: Config,
         telemetry: Telemetry | None = None,
         on_health: Callable[[bool], None] = lambda serving: None,
+        tools: LoopTools | None = None,
     ) -> None:
         self._config = config
+        #: The loop's clock, share and pace: the doors, outboxes, readers and the loop
+        #: monitor all use these (docs/design/runtime.md).
+        self.tools = tools if tools is not None else LoopTools()
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.tier_names = tuple(t.name for t in config.tiers)
         self.cluster: ClusterNode | None = None
-        launcher = None
+        window = config.scheduler.stream_coalesce_seconds
+        launcher = StreamLauncher(lambda event: self.dispatcher.post(event), window, self.tools)
+        book = None
         if config.cluster is not None:
             # Imported only here: one process without [cluster] never loads the Redis client.
             from fairq_server.cluster.launcher import ClusterLauncher
             from fairq_server.cluster.node import ClusterNode
 
             self.cluster = ClusterNode(config.cluster, self.telemetry.registry)
-            launcher = ClusterLauncher(
-                lambda event: self.dispatcher.post(event), config.scheduler.stream_coalesce_seconds,
+            cluster_launcher = ClusterLauncher(
+                lambda event: self.dispatcher.post(event), window,
                 self.cluster, lambda: self.dispatcher.settings, lambda: self.dispatcher.now(),
+                self.tools,
             )  # fmt: skip
-        book = launcher.quota if launcher is not None else None  # a cluster counts in Redis
+            launcher, book = cluster_launcher, cluster_launcher.quota  # a cluster counts in Redis
         # Fail at start-up on unknown policy names, not at the first request.
         self.dispatcher = Dispatcher(
             config.tiers, config.scheduler, self.telemetry, self._policies(config), launcher,
@@ -98,7 +121,7 @@ class FairqCore:
         # Where RPC registrations outlive this process: Redis in a cluster, else state_file.
         self.registrations: Registrations | None = None
         if self.cluster is not None:
-            from fairq_server.cluster.registry import RedisRegistrations
+            from fairq_server.cluster.shared_registrations import RedisRegistrations
 
             prefix = self.cluster.config.key_prefix
             self.registrations = RedisRegistrations(self.cluster.client, prefix)
@@ -110,7 +133,7 @@ class FairqCore:
         self._closing: set[asyncio.Task[None]] = set()
         self._adapters: set[Backend] = set()
         self._loop_monitor = LoopMonitor(
-            self.telemetry.loop_lag.observe, report=self.telemetry.loop_sample
+            self.telemetry.loop_lag.observe, self.tools, report=self.telemetry.loop_sample
         )
 
     @property
@@ -236,6 +259,89 @@ class FairqCore:
         """Return the states of every registered backend."""
         return self.dispatcher.backends()
 
+    def known_models(self) -> set[str]:
+        """Return every model a backend is registered for, up or down."""
+        return self.dispatcher.models()
+
+    def refusal(self, user: str, team: str | None, model: str) -> SchedulerError | None:
+        """Return the quota or budget refusal ``user`` meets for ``model`` now, if any."""
+        entitlement = self.dispatcher.entitlement
+        if entitlement is None or not entitlement.active:
+            return None
+        return entitlement.refusal(user, team, model)
+
+    def token_prompt_refusers(self, model: str) -> list[str]:
+        """Return the kinds of ``model``'s backends that do not take token-id prompts.
+
+        Every backend of the model must take them: the dispatcher may pick any of them.
+        """
+        serving = [b.backend for b in self.backends() if model in b.backend.models]
+        return sorted({b.kind for b in serving if not b.token_prompts})
+
+    def submit(self, submission: Submission) -> Ticket:
+        """Queue a door's request as a ticket (see :meth:`Dispatcher.submit`)."""
+        config = self.config
+        ticket = Ticket(
+            request=submission.request,
+            user=submission.user,
+            tier=submission.tier,
+            weight=submission.weight,
+            team=submission.team,
+            team_weight=submission.team_weight,
+            group=submission.group,
+            prompt_tokens=submission.prompt_tokens,
+            max_tokens=submission.max_tokens,
+            arrival=submission.arrival,
+            prefix=submission.prefix,
+            outbox=Outbox(
+                config.limits.max_unread_chars,
+                config.scheduler.stream_coalesce_seconds,
+                self.tools.pace,
+                self.tools.clock,
+                relay=submission.request.relay_chunks,
+            ),
+        )
+        self.dispatcher.submit(ticket)
+        return ticket
+
+    def cancel(self, submitted: Submitted) -> None:
+        """Take a ticket out of the queue or abort its backend request (idempotent)."""
+        if not isinstance(submitted, Ticket):
+            raise TypeError(f"not a ticket of this core: {submitted!r}")
+        self.dispatcher.cancel(submitted)
+
+    def queue_view(self) -> QueueView:
+        """Return queue depths, queued users and each backend's status and gate, now."""
+        config = self.config
+        now = time.monotonic()
+        stale_after = config.scheduler.stale_after_seconds
+        view = QueueView(tiers=self.tier_names)
+        for model in sorted(self.dispatcher.model_states(), key=lambda m: m.name):
+            queue = model.queue
+            view.models[model.name] = [len(tier) for tier in queue.tiers]
+            users: set[str] = set()
+            for tier in queue.tiers:
+                users.update(tier.users())
+            view.queued_users[model.name] = len(users)
+            for user in users:
+                view.user_queued[user] = view.user_queued.get(user, 0) + queue.user_len(user)
+        gate = self.policies.gate
+        for backend in sorted(self.backends(), key=lambda b: b.backend.id):
+            # The gate is a pure check: asking it here changes nothing, counts no refusal.
+            gates = [gate.check(backend, tier, now, stale_after).value for tier in config.tiers]
+            view.backends.append((view_of(backend, stale_after, now), gates))
+        return view
+
+    async def register_remote(self, cfg: BackendConfig) -> BackendView:
+        """Register a backend asked for over the Admin API (held to ``admin``'s allowlist)."""
+        state = await self.register_backend(cfg, from_rpc=True)
+        return view_of(state, self.config.scheduler.stale_after_seconds, time.monotonic())
+
+    def backend_views(self) -> list[BackendView]:
+        """Return every registered backend as plain values, now."""
+        now, stale_after = time.monotonic(), self.config.scheduler.stale_after_seconds
+        return [view_of(b, stale_after, now) for b in self.backends()]
+
     def served_models(self) -> set[str]:
         """Return the models some backend serves now: one registered for it and not down.
 
@@ -252,7 +358,7 @@ class FairqCore:
             return
         from_file = {b.id for b in self.config.backends}
         if self.cluster is not None:
-            from fairq_server.cluster.registry import RedisRegistrations, watch
+            from fairq_server.cluster.shared_registrations import RedisRegistrations, watch
 
             assert isinstance(self.registrations, RedisRegistrations)
             self._watcher = asyncio.create_task(
@@ -302,6 +408,7 @@ class FairqCore:
         await self._stop_polling(backend.id)
         old = self.dispatcher.backend(backend.id)
         self._adapters.add(backend)
+        backend.loop_share = self.tools.share  # its reads share the loop with the rest
         state = await self.dispatcher.add_backend(backend)
         if old is not None:
             self._close_when_idle(old)

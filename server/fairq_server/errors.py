@@ -30,8 +30,8 @@ backend's own terms (they know nothing of either door); the dispatcher decides f
 ``retryable`` whether another backend may take the request, and wraps it in
 :class:`BackendFailedError` when it gives up on the request. Each door maps these classes to
 its wire in one table of its own (through :func:`door_entry`): gRPC status codes in
-:mod:`fairq_server.api.status`, HTTP statuses and OpenAI error bodies in
-:mod:`fairq_server.http.errors`. Anything unmapped is an internal error there;
+:mod:`fairq_server.doors.grpc.status`, HTTP statuses and OpenAI error bodies in
+:mod:`fairq_server.doors.http.errors`. Anything unmapped is an internal error there;
 ``asyncio.CancelledError`` is never caught by either: a cancelled client is not an error.
 """
 

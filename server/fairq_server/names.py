@@ -15,8 +15,10 @@ __all__ = [
     "MAX_ID_CHARS",
     "MAX_MODELS_PER_BACKEND",
     "MAX_MODEL_CHARS",
+    "MAX_NAME_CHARS",
     "TOKEN_ALPHABET",
     "check_model",
+    "check_name",
     "check_request_id",
     "check_token",
     "escape",
@@ -28,6 +30,10 @@ _TOKEN = re.compile(r"[A-Za-z0-9._~:/@+=-]+")
 MAX_ID_CHARS = 128
 MAX_MODEL_CHARS = 256
 MAX_MODELS_PER_BACKEND = 64
+#: Longest team name, wherever one is given (``[[teams]]``, a key's team in the file or the
+#: store, a quota's or budget's team, a token's team claim), and longest user name of a token
+#: or a quota (OpenID Connect bounds ``sub`` at 255 characters).
+MAX_NAME_CHARS = 256
 # C0 and C1 controls, DEL, and the Unicode line/paragraph separators some log viewers honour.
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
@@ -43,6 +49,25 @@ def check_token(value: str, what: str, max_chars: int = MAX_ID_CHARS) -> None:
         raise ValueError(f"{what} must be 1-{max_chars} characters")
     if _TOKEN.fullmatch(value) is None:
         raise ValueError(f"{what} may contain only {TOKEN_ALPHABET}")
+
+
+def check_name(value: object, what: str, max_chars: int = MAX_NAME_CHARS) -> str:
+    """Return ``value`` if it is a usable user or team name, else raise.
+
+    Any text is a name (unicode, spaces, something shaped like a key): it is kept verbatim.
+    Only emptiness, length and control characters (which would forge log lines) are refused.
+
+    Raises:
+        ValueError: with a message naming ``what``.
+
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string")
+    if len(value) > max_chars:
+        raise ValueError(f"{what} is longer than {max_chars} characters")
+    if _UNSAFE.search(value):
+        raise ValueError(f"{what} contains control characters")
+    return value
 
 
 def check_request_id(value: str) -> None:

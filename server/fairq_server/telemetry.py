@@ -21,8 +21,8 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from fairq_server.observe.waits import WaitTally
-from fairq_server.team_labels import TeamLabels
+from fairq_server.tenancy.team_labels import TeamLabels
+from fairq_server.tenancy.waits import WaitTally
 
 if TYPE_CHECKING:
     from fairq_server.backends.request import MetricsSample

@@ -8,7 +8,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
 from fairq_server.errors import ConfigError
 from fairq_sim import SimConfig, SimServer
 
@@ -148,7 +148,7 @@ async def test_health_and_reflection(fairq_factory: FairqFactory) -> None:
 
 
 # One backend definition, broken one way at a time: the file and RegisterBackend refuse it
-# for the same reason, in the same words (backends/spec.py holds the rules once).
+# for the same reason, in the same words (config/backends.py holds the rules once).
 _BROKEN = {
     "priority-order": ({"priority_order": "random"}, "backend priority_order must be one of"),
     "fair-share": (

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.config import TierConfig
+from fairq_server.config.schema import TierConfig
 from fairq_sim import SimConfig, SimRequest, SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend

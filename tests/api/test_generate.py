@@ -223,7 +223,7 @@ async def test_queue_caps_count_every_model(sim: SimServer, fairq_factory: Fairq
 
 
 async def test_no_healthy_backend_is_unavailable(fairq_factory: FairqFactory) -> None:
-    from fairq_server.config import BackendConfig
+    from fairq_server.config.schema import BackendConfig
 
     dead = BackendConfig("dead", "vllm", "http://127.0.0.1:9", ("sim",))
     server = await fairq_factory(make_config([dead]))

@@ -10,7 +10,7 @@ from dataclasses import replace
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fairq_server.config import Limits
+from fairq_server.config.schema import RequestBounds
 
 from ..conftest import FairqFactory, make_config
 
@@ -26,7 +26,7 @@ async def check(port: int) -> grpc.StatusCode:
 
 
 async def test_connections_beyond_the_cap_are_refused(fairq_factory: FairqFactory) -> None:
-    config = replace(make_config(), limits=Limits(max_grpc_connections=2))
+    config = replace(make_config(), limits=RequestBounds(max_grpc_connections=2))
     server = await fairq_factory(config)
     silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
     try:

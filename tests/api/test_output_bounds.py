@@ -14,7 +14,7 @@ from google.protobuf import struct_pb2
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.config import HttpConfig, Limits
+from fairq_server.config.schema import HttpConfig, RequestBounds
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
@@ -22,7 +22,7 @@ from ..conftest import FairqFactory, make_config, sim_backend
 
 async def start(fairq_factory: FairqFactory, sim: SimServer, **limits: int) -> FairqServer:
     config = make_config([sim_backend(sim)])
-    config = replace(config, http=HttpConfig(listen="127.0.0.1:0"), limits=Limits(**limits))
+    config = replace(config, http=HttpConfig(listen="127.0.0.1:0"), limits=RequestBounds(**limits))
     return await fairq_factory(config)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fairq_server.app import FairqServer
-from fairq_server.config import Config, HttpConfig
-from fairq_server.listening import ListenError
+from fairq_server.config.schema import Config, HttpConfig
+from fairq_server.doors.listening import ListenError
 
 
 @pytest.fixture

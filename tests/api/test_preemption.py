@@ -17,8 +17,8 @@ import pytest
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.config import DEFAULT_TIERS
-from fairq_server.preempt_config import PreemptConfig
+from fairq_server.config.preempt import PreemptConfig
+from fairq_server.config.schema import DEFAULT_TIERS
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

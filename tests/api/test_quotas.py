@@ -15,14 +15,14 @@ import pytest
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.auth import hash_key
 from fairq_server.cli import _reload
-from fairq_server.config import Config, KeyConfig
-from fairq_server.config_file import load_config
-from fairq_server.entitlement.book import LimitKey, Measure, Scope, Window
-from fairq_server.entitlement.checker import Entitlement
-from fairq_server.entitlement_config import QuotaConfig
-from fairq_server.teams import TeamConfig
+from fairq_server.config.entitlement import QuotaConfig
+from fairq_server.config.loader import load_config
+from fairq_server.config.schema import Config, KeyConfig
+from fairq_server.config.teams import TeamConfig
+from fairq_server.identity.auth import hash_key
+from fairq_server.tenancy.books.book import LimitKey, Measure, Scope, Window
+from fairq_server.tenancy.checker import Entitlement
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend

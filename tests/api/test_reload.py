@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.config import ConfigError, SchedulerConfig, TierConfig
+from fairq_server.config.schema import ConfigError, SchedulerConfig, TierConfig
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend

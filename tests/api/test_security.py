@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.config import AdminConfig, TlsConfig
+from fairq_server.config.schema import AdminConfig, TlsConfig
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend

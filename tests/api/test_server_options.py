@@ -11,10 +11,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fairq_server.api import server as server_module
-from fairq_server.api.server import UNREQUESTED_MIN_SECONDS, server_options
 from fairq_server.app import FairqServer
-from fairq_server.config import Config
+from fairq_server.config.schema import Config
+from fairq_server.doors.grpc import server as server_module
+from fairq_server.doors.grpc.server import UNREQUESTED_MIN_SECONDS, server_options
 
 from ..conftest import FairqFactory, make_config
 

@@ -12,7 +12,7 @@ import pytest
 
 import fairq
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.config import HttpConfig
+from fairq_server.config.schema import HttpConfig
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend

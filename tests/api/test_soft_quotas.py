@@ -15,11 +15,11 @@ import pytest
 
 from fairq.v1 import scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.auth import hash_key
-from fairq_server.config import Config, KeyConfig
-from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
-from fairq_server.store.settings import PriceConfig
-from fairq_server.teams import TeamConfig
+from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.prices import PriceConfig
+from fairq_server.config.schema import Config, KeyConfig
+from fairq_server.config.teams import TeamConfig
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import Limits
+from fairq_server.config.schema import RequestBounds
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
@@ -73,7 +73,7 @@ async def test_a_client_that_stops_reading_is_cut_off_at_the_limit(
     long_sim: SimServer, fairq_factory: FairqFactory
 ) -> None:
     config = make_config([sim_backend(long_sim)])
-    server = await fairq_factory(replace(config, limits=Limits(max_unread_chars=2_000)))
+    server = await fairq_factory(replace(config, limits=RequestBounds(max_unread_chars=2_000)))
     state = server.core.backend("sim-a")
     assert state is not None
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=NO_AUTOTUNE) as ch:
@@ -148,7 +148,8 @@ async def test_health_is_not_serving_while_the_dispatcher_loop_restarts(
             return int(reply.status)
 
         dispatcher.wake()
-        async with asyncio.timeout(5):  # down for the 1 s restart delay
+        # Real clock: a live server's dispatcher is down for its 1 s restart delay.
+        async with asyncio.timeout(5):
             while await status() != health_pb2.HealthCheckResponse.NOT_SERVING:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
         assert dispatcher.crashes == 1

@@ -7,9 +7,9 @@ from dataclasses import replace
 import grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.auth import hash_key
-from fairq_server.config import KeyConfig
-from fairq_server.teams import TeamConfig
+from fairq_server.config.schema import KeyConfig
+from fairq_server.config.teams import TeamConfig
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import BackendConfig
+from fairq_server.config.schema import BackendConfig
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

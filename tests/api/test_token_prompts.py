@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from fairq.v1 import scheduler_pb2
-from fairq_server.config import BackendConfig, Limits
+from fairq_server.config.schema import BackendConfig, RequestBounds
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
@@ -51,7 +51,7 @@ async def test_token_ids_are_checked(
     sim: SimServer, fairq_factory: FairqFactory, ids: list[int], needle: str
 ) -> None:
     config = make_config([sim_backend(sim)])
-    config = replace(config, limits=Limits(max_prompt_chars=100))
+    config = replace(config, limits=RequestBounds(max_prompt_chars=100))
     server = await fairq_factory(config)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await call(server.port, request(ids))

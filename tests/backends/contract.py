@@ -26,7 +26,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq_server.api.status import status_for
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
@@ -36,6 +35,7 @@ from fairq_server.backends.request import (
     TextDelta,
 )
 from fairq_server.backends.vllm import VllmBackend
+from fairq_server.doors.grpc.status import status_for
 from fairq_server.errors import BackendError
 
 from ..scripted_http import RecordingProxy

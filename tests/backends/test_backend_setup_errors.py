@@ -15,7 +15,7 @@ from dataclasses import replace
 import openai
 import pytest
 
-from fairq_server.config import BackendConfig, HttpConfig
+from fairq_server.config.schema import BackendConfig, HttpConfig
 from fairq_server.scheduling.backend_state import Health
 from fairq_sim import SimServer
 

@@ -24,7 +24,7 @@ from fairq_server.backends.continuation import Progress
 from fairq_server.backends.openai import OpenAIBackend
 from fairq_server.backends.passthrough import RawDelta
 from fairq_server.backends.request import BackendRequest, Sampling, TextDelta
-from fairq_server.config import BackendConfig
+from fairq_server.config.schema import BackendConfig
 
 # Four tokens generated, three chunks: the second token's bytes came with the third's.
 _CHUNKS = [("He", 1), ("llé", 3), ("!", 4)]

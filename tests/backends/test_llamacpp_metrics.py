@@ -19,7 +19,7 @@ from aiohttp import web
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_server.backends.openai import METRIC_PRESETS, OpenAIBackend
-from fairq_server.config import BackendConfig, TierConfig
+from fairq_server.config.schema import BackendConfig, TierConfig
 from fairq_server.scheduling.metric_gaps import gaps, relied_on
 
 from ..conftest import FairqFactory, make_config

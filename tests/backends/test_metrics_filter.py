@@ -134,7 +134,8 @@ async def test_a_filtered_scrape_that_times_out_keeps_the_filter() -> None:
     async def slow_once(request: web.BaseRequest) -> web.StreamResponse:
         calls.append(request.path)
         if len(calls) == 1:
-            await asyncio.sleep(2.0)  # a simulated stalled exporter, past the 0.3 s timeout
+            # Real clock: aiohttp's 0.3 s timeout runs on the loop's own; the exporter stalls.
+            await asyncio.sleep(2.0)
         return filtering(request, vllm_registry())
 
     async with serve(slow_once) as url:

@@ -14,8 +14,8 @@ from google.protobuf import json_format, struct_pb2
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.backends.openai import OpenAIBackend, metric_map
-from fairq_server.config import BackendConfig, ConfigError
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
+from fairq_server.config.schema import BackendConfig, ConfigError
 from fairq_server.errors import InvalidRequestError
 from fairq_sim import SimConfig, SimServer
 
@@ -298,15 +298,15 @@ async def test_grpc_extra_refused(
 
 
 def test_grpc_extra_whole_numbers_reach_the_backend_as_integers() -> None:
-    from fairq_server.api.validation import to_backend_request
     from fairq_server.backends.vllm import VllmBackend
-    from fairq_server.config import Limits
+    from fairq_server.config.schema import RequestBounds
+    from fairq_server.doors.grpc.validation import to_backend_request
 
     req = scheduler_pb2.GenerateRequest(
         model="sim", prompt="hi",
         extra=struct({"n": 2, "top_k": 5, "frequency_penalty": 0.5, "stream_options": {"x": 1}}),
     )  # fmt: skip
-    backend_request = to_backend_request(req, Limits(max_sequences=2))
+    backend_request = to_backend_request(req, RequestBounds(max_sequences=2))
     _, body = VllmBackend("v", "http://h:1", ["sim"]).payload(backend_request, 0)
     # A Struct holds 2 as 2.0; vLLM's n must be an integer.
     assert type(body["n"]) is int and body["n"] == 2

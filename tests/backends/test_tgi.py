@@ -15,7 +15,6 @@ import grpc
 import httpx
 import pytest
 
-from fairq_server.api.status import status_for
 from fairq_server.backends.request import (
     BackendRequest,
     MetricsSample,
@@ -24,6 +23,7 @@ from fairq_server.backends.request import (
     TextDelta,
 )
 from fairq_server.backends.tgi import TgiBackend
+from fairq_server.doors.grpc.status import status_for
 from fairq_server.errors import BackendError
 from fairq_sim import SimConfig, SimServer
 

@@ -13,7 +13,7 @@ from fairq_bench.scenarios.service import Ledger, jain, water_fill
 from fairq_bench.scenarios.tracing import Trace
 from fairq_bench.scenarios.workloads import CHAT, arrivals, prompt_text
 from fairq_bench.workload import RequestSpec
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
 from fairq_server.scheduling.fairness import VtcFairness
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.registry import make_fairness

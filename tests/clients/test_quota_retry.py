@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 import fairq
-from fairq_server.entitlement_config import QuotaConfig
+from fairq_server.config.entitlement import QuotaConfig
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from fairq_server.cluster.connection import connect
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.entitlement.book import (
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.tenancy.books.book import (
     Grant,
     LimitBook,
     LimitKey,
@@ -17,7 +17,7 @@ from fairq_server.entitlement.book import (
     Scope,
     Window,
 )
-from fairq_server.entitlement.redis_book import RedisBook
+from fairq_server.tenancy.books.redis import RedisBook
 
 
 class CountingBook(LimitBook):

@@ -12,7 +12,7 @@ import grpc
 
 from fairq.v1 import scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.config import ClusterConfig, ConsoleConfig, HttpConfig
+from fairq_server.config.schema import ClusterConfig, ConsoleConfig, HttpConfig
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend

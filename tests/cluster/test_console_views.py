@@ -7,11 +7,11 @@ import logging
 import pytest
 
 from fairq_server.cluster.connection import connect
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.http.console.render import fragment
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.console.render import fragment
 from fairq_server.observe.live import LiveView, ModelRow, UserRow
 from fairq_server.observe.replicas import MAX_VIEW_BYTES, ReplicaViews
-from fairq_server.observe.standing import LimitRow, TeamRow
+from fairq_server.tenancy.standing import LimitRow, TeamRow
 
 
 async def test_views_round_trip_expire_and_skip_what_is_not_a_view(

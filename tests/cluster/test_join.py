@@ -18,8 +18,8 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.config import Config, TierConfig
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.config.schema import Config, TierConfig
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import gen_request, generate

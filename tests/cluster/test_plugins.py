@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from fairq_bench.redis_process import RedisProcess
-from fairq_server.config import Config, TierConfig
+from fairq_server.config.schema import Config, TierConfig
 from fairq_server.scheduling import registry
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.counters import LocalCounters

@@ -19,9 +19,9 @@ import grpc
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.config import DEFAULT_TIERS
-from fairq_server.preempt_config import PreemptConfig
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.config.preempt import PreemptConfig
+from fairq_server.config.schema import DEFAULT_TIERS
 from fairq_sim import SimConfig, SimServer
 from tests.cluster.credit_helpers import requests_held
 from tests.conftest import FairqFactory, make_config, sim_backend

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fairq_server.entitlement.book import Grant, LimitKey, LimitUse, Measure, Refusal, Scope
-from fairq_server.entitlement.book import Window as W
-from fairq_server.entitlement.redis_book import RedisBook, redis_key
+from fairq_server.tenancy.books.book import Grant, LimitKey, LimitUse, Measure, Refusal, Scope
+from fairq_server.tenancy.books.book import Window as W
+from fairq_server.tenancy.books.redis import RedisBook, redis_key
 from tests.cluster.quota_helpers import books, tpm
 
 

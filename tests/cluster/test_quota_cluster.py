@@ -12,10 +12,10 @@ from redis.asyncio.connection import AbstractConnection
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.cluster.connection import run_scripts
 from fairq_server.cluster.node import ClusterNode
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.entitlement.book import Grant, LimitUse, Refusal, Window
-from fairq_server.entitlement.cluster_book import ClusterBook, Ride
-from fairq_server.entitlement.redis_book import RedisBook
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.tenancy.books.book import Grant, LimitUse, Refusal, Window
+from fairq_server.tenancy.books.cluster import ClusterBook, Ride
+from fairq_server.tenancy.books.redis import RedisBook
 from tests.cluster.quota_helpers import CountingBook, books, tpm
 
 

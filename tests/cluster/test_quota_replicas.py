@@ -13,10 +13,10 @@ import pytest
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.entitlement.book import LimitKey, LimitUse, Measure, Refusal, Scope, Window
-from fairq_server.entitlement_config import QuotaConfig
-from fairq_server.store.settings import StoreConfig
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.config.entitlement import QuotaConfig
+from fairq_server.config.store import StoreConfig
+from fairq_server.tenancy.books.book import LimitKey, LimitUse, Measure, Refusal, Scope, Window
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import gen_request, until

@@ -12,9 +12,9 @@ import pytest
 
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.cluster.connection import connect
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.config import ConfigError
-from fairq_server.config_file import parse_config
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.config.loader import parse_config
+from fairq_server.config.schema import ConfigError
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import gen_request, generate, run_call, until
@@ -80,7 +80,7 @@ def test_cluster_section_is_parsed_and_checked() -> None:
 def test_single_process_path_does_not_import_redis() -> None:
     """No ``[cluster]``: the server modules load without the Redis client."""
     code = (
-        "import sys, fairq_server.app, fairq_server.cli, fairq_server.config;"
+        "import sys, fairq_server.app, fairq_server.cli, fairq_server.config.schema;"
         "sys.exit('redis' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

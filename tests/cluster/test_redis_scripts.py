@@ -13,7 +13,7 @@ from fairq_bench.redis_process import RedisProcess
 from fairq_server.cluster.connection import connect, run_scripts
 from fairq_server.cluster.fairness import SharedCounters
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
-from fairq_server.cluster_config import ClusterConfig
+from fairq_server.config.cluster import ClusterConfig
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.counters import Journal, PeerHeads
 

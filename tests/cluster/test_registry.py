@@ -14,8 +14,8 @@ import grpc
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.config import Config
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.config.schema import Config
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config
 from tests.reliability.helpers import until

@@ -16,8 +16,8 @@ import pytest
 
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.config import Config, TierConfig
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.config.schema import Config, TierConfig
 from fairq_sim import SimConfig, SimServer
 from tests.cluster.credit_helpers import requests_held
 from tests.conftest import FairqFactory, make_config, sim_backend

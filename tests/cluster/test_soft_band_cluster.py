@@ -11,11 +11,11 @@ import pytest
 
 from fairq.v1 import scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.auth import hash_key
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.config import KeyConfig
-from fairq_server.entitlement_config import QuotaConfig
-from fairq_server.teams import TeamConfig
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.config.entitlement import QuotaConfig
+from fairq_server.config.schema import KeyConfig
+from fairq_server.config.teams import TeamConfig
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, freeze_gate, make_config, sim_backend
 from tests.reliability.helpers import gen_request, until

@@ -16,10 +16,10 @@ import grpc
 
 from fairq_bench.redis_process import RedisProcess
 from fairq_server.app import FairqServer
-from fairq_server.auth import hash_key
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.config import Config, KeyConfig, TierConfig
-from fairq_server.teams import TeamConfig
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.config.schema import Config, KeyConfig, TierConfig
+from fairq_server.config.teams import TeamConfig
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimConfig, SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend
 from tests.reliability.helpers import gen_request, generate, until

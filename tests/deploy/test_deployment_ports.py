@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from fairq_server.config import Config
-from fairq_server.config_file import load_config, parse_config
+from fairq_server.config.loader import load_config, parse_config
+from fairq_server.config.schema import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

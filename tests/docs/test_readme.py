@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fairq_server.config import HttpConfig
+from fairq_server.config.schema import HttpConfig
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend

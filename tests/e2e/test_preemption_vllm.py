@@ -21,8 +21,8 @@ import grpc
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.config import BackendConfig, HttpConfig, TierConfig
-from fairq_server.preempt_config import PreemptConfig
+from fairq_server.config.preempt import PreemptConfig
+from fairq_server.config.schema import BackendConfig, HttpConfig, TierConfig
 
 from ..conftest import FairqFactory, make_config
 from .vllm_process import VllmProcess

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from fairq_server.app import FairqServer
-from fairq_server.config import HttpConfig
+from fairq_server.config.schema import HttpConfig
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend

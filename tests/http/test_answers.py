@@ -19,7 +19,7 @@ from aiohttp import web
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.config import BackendConfig, HttpConfig
+from fairq_server.config.schema import BackendConfig, HttpConfig
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config

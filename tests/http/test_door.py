@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.config import BackendConfig, HttpConfig
+from fairq_server.config.schema import BackendConfig, HttpConfig
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, freeze_gate, make_config, sim_backend

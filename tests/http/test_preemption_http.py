@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fairq_server.config import DEFAULT_TIERS, HttpConfig
-from fairq_server.preempt_config import PreemptConfig
+from fairq_server.config.preempt import PreemptConfig
+from fairq_server.config.schema import DEFAULT_TIERS, HttpConfig
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from fairq_server.config import BackendConfig, HttpConfig, Limits
+from fairq_server.config.schema import BackendConfig, HttpConfig, RequestBounds
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
@@ -32,7 +32,7 @@ async def start(
     fairq_factory: FairqFactory, sim: SimServer, *backends: BackendConfig, **limits: Any
 ) -> Door:
     config = make_config(backends or [sim_backend(sim)])
-    config = replace(config, http=HttpConfig(listen="127.0.0.1:0"), limits=Limits(**limits))
+    config = replace(config, http=HttpConfig(listen="127.0.0.1:0"), limits=RequestBounds(**limits))
     server = await fairq_factory(config)
     return Door(server, sim)
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 import openai
 import pytest
 
-from fairq_server.config import HttpConfig
-from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
-from fairq_server.store.settings import PriceConfig
+from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.prices import PriceConfig
+from fairq_server.config.schema import HttpConfig
 from fairq_sim import SimServer
 
 from ..api.test_quotas import Clock, entitlement

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fairq_server.config import ConfigError
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
+from fairq_server.config.schema import ConfigError
 
 KEY = {"user": "alice", "sha256": "a" * 64}
 JWT = {"issuer": "https://sso.example.test", "audience": "fairq", "jwks_url": "https://sso/certs"}

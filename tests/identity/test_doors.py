@@ -15,9 +15,9 @@ import pytest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.auth import hash_key
-from fairq_server.config import ConfigError, HttpConfig, KeyConfig
-from fairq_server.identity.settings import JwtConfig
+from fairq_server.config.identity import JwtConfig
+from fairq_server.config.schema import ConfigError, HttpConfig, KeyConfig
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

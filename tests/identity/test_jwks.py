@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from fairq_server.config.identity import JwtConfig
 from fairq_server.errors import UnauthenticatedError
 from fairq_server.identity.jwks import FileJwks, UrlJwks
 from fairq_server.identity.jwt import JwtVerifier
 from fairq_server.identity.keyset import JwksError, parse_jwks
-from fairq_server.identity.settings import JwtConfig
 
 from .idp import AUDIENCE, ISSUER, TIERS, SigningKey, claims, jwks, serve_jwks, tls_files
 
@@ -192,7 +192,8 @@ async def test_a_remembered_token_is_refused_once_its_key_is_gone_or_it_expires(
     new = NEW.sign(claims(exp=exp))
     for _ in range(2):
         assert (await verifier.verify(new)).user == "alice"
-    await asyncio.sleep(exp - time.time() + 0.05)  # the real clock must pass exp
+    # Real clock: PyJWT checks exp against the wall clock (time.time), which must pass it.
+    await asyncio.sleep(exp - time.time() + 0.05)
     assert "JWT expired" in await refusal(verifier, new)
 
 

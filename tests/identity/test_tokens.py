@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from fairq_server.auth import Authenticator, Principal, hash_key
-from fairq_server.config import KeyConfig
+from fairq_server.config.identity import JwtConfig
+from fairq_server.config.schema import KeyConfig
 from fairq_server.errors import UnauthenticatedError
-from fairq_server.identity.settings import JwtConfig
+from fairq_server.identity.auth import Authenticator, Principal, hash_key
 
 from .idp import (
     AUDIENCE,

@@ -24,7 +24,7 @@ from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq.v1.scheduler_pb2 import GenerateResponse
 from fairq_bench.load import ChildProcess, process_group_alive, start_fairq, start_sim
 from fairq_server.app import FairqServer
-from fairq_server.config import BackendConfig
+from fairq_server.config.schema import BackendConfig
 from fairq_server.scheduling.interfaces import GateOutcome
 from fairq_sim import SimConfig, SimServer
 

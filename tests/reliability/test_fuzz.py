@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2
 from fairq_server.app import FairqServer
-from fairq_server.config import Config, Limits
+from fairq_server.config.schema import Config, RequestBounds
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import KEYS, make_config, sim_backend
@@ -32,7 +32,7 @@ from .helpers import Outcome, generate, run_call, send_raw
 CALL_TIMEOUT = 15.0  # a call still running after this is a hang, and fails the test
 FAULT_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 # A request without max_tokens is sent default_max_tokens: as short as the bounded ones.
-LIMITS = Limits(
+LIMITS = RequestBounds(
     max_prompt_chars=2_000, max_messages=8, max_tokens=400, max_stop_chars=20, default_max_tokens=16
 )
 ROOT = ("authorization", "Bearer root-key")

@@ -18,7 +18,7 @@ from fairq_bench.hostile_backend import HostileBackend
 from fairq_server.app import FairqServer
 from fairq_server.backends.base import Backend
 from fairq_server.backends.request import BackendRequest, MetricsSample, StreamEvent
-from fairq_server.config import BackendConfig
+from fairq_server.config.schema import BackendConfig
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

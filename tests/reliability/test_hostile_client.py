@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_bench.hostile_backend import HostileBackend
 from fairq_server.app import FairqServer
-from fairq_server.config import Limits
+from fairq_server.config.schema import RequestBounds
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend
@@ -164,7 +164,7 @@ async def test_streams_that_never_deliver_a_request_are_answered_and_freed(
     DEADLINE_EXCEEDED after limits.request_receive_seconds (it used to be held for ever),
     a truncated message with END_STREAM is answered at once, and the freed streams take
     new calls on the same connection."""
-    limits = Limits(max_streams_per_connection=8, request_receive_seconds=0.5)
+    limits = RequestBounds(max_streams_per_connection=8, request_receive_seconds=0.5)
     server = await fairq_factory(replace(make_config(), limits=limits))
     peer = await H2Peer.connect(server.port)
     try:

@@ -16,7 +16,7 @@ from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_bench.hostile_backend import HostileBackend
 from fairq_bench.load import ChildProcess, start_sim
 from fairq_server.app import FairqServer
-from fairq_server.config import AdminConfig, BackendConfig
+from fairq_server.config.schema import AdminConfig, BackendConfig
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend

@@ -24,7 +24,7 @@ from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq.v1.scheduler_pb2 import GenerateResponse
 from fairq_bench.load import ChildProcess, start_fairq
 from fairq_server.app import FairqServer
-from fairq_server.config import BackendConfig, Limits
+from fairq_server.config.schema import BackendConfig, RequestBounds
 from fairq_sim import SimConfig, SimServer
 
 from ..conftest import FairqFactory, make_config, sim_backend
@@ -362,7 +362,8 @@ async def test_queue_ttl_applies_to_a_request_requeued_for_retry() -> None:
                     lambda: entry.sample is not None and entry.sample.waiting == 50,
                     what="busy backend seen",
                 )
-                await asyncio.sleep(0.4)  # let the request age past the TTL while it runs
+                # Real clock: a live server ages the running request past the TTL.
+                await asyncio.sleep(0.4)
                 release.set()
                 out = Outcome()
                 with contextlib.suppress(TimeoutError):
@@ -418,7 +419,7 @@ async def test_metadata_over_the_limit_is_always_refused(
     """max_metadata_bytes is a limit: metadata over it is refused every time, not now and
     then (17 KB against the default 16 KiB; 8 KB against a configured 4 KiB)."""
     config = make_config([sim_backend(fast_sim)])
-    server = await fairq_factory(replace(config, limits=Limits(max_metadata_bytes=limit)))
+    server = await fairq_factory(replace(config, limits=RequestBounds(max_metadata_bytes=limit)))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         outs = [
             await run_call(generate(ch, gen_request(max_tokens=1),

@@ -9,10 +9,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from fairq_server.config import BackendConfig, Config, HttpConfig, KeyConfig
+from fairq_server.config.prices import PriceConfig
+from fairq_server.config.schema import BackendConfig, Config, HttpConfig, KeyConfig
+from fairq_server.config.store import StoreConfig
 from fairq_server.store.engine import open_engine
 from fairq_server.store.schema import usage
-from fairq_server.store.settings import PriceConfig, StoreConfig
 
 from ..conftest import make_config
 

@@ -16,11 +16,12 @@ from sqlalchemy import select
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
 from fairq_bench.postgres_process import PostgresProcess
-from fairq_server.config import ConsoleConfig
+from fairq_server.config.loader import parse_config
+from fairq_server.config.schema import ConfigError, ConsoleConfig
+from fairq_server.config.store import StoreConfig
 from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.schema import audit_log
-from fairq_server.store.settings import StoreConfig, StoreError
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend
@@ -63,10 +64,11 @@ async def test_recorded_newest_first_filtered_and_pruned_by_age_and_rows(store_u
 
 
 def test_audit_bounds_are_checked() -> None:
-    with pytest.raises(StoreError, match=r"store\.audit_max_rows must be an integer >= 1"):
-        StoreConfig(audit_max_rows=0)
-    with pytest.raises(StoreError, match=r"store\.audit_retention_days must be a finite"):
-        StoreConfig(audit_retention_days=float("inf"))
+    # The bounds are the schema's: checked where a file is read.
+    with pytest.raises(ConfigError, match=r"store\.audit_max_rows must be an integer >= 1"):
+        parse_config({"store": {"audit_max_rows": 0}})
+    with pytest.raises(ConfigError, match=r"store\.audit_retention_days must be a finite"):
+        parse_config({"store": {"audit_retention_days": float("inf")}})
 
 
 async def test_admin_api_changes_are_recorded_with_the_admin(

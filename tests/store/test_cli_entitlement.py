@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fairq_server.teams import team_weights
+from fairq_server.tenancy.teams import team_weights
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend

@@ -13,7 +13,7 @@ import aiohttp
 import grpc
 
 from fairq.v1 import scheduler_pb2_grpc
-from fairq_server.config import ConsoleConfig
+from fairq_server.config.schema import ConsoleConfig
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend

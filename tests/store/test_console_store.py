@@ -17,7 +17,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from fairq.v1 import scheduler_pb2_grpc
-from fairq_server.config import ConsoleConfig
+from fairq_server.config.schema import ConsoleConfig
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend

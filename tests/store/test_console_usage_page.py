@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
-from fairq_server.config import ConsoleConfig
+from fairq_server.config.schema import ConsoleConfig
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend

@@ -53,13 +53,14 @@ async def test_the_log_tells_a_revoked_or_expired_key_from_an_unknown_one(
     await keys.revoke(gone.id)
     old, expired = await keys.create("bo", expires_at=time.time() + 0.5)
     target = f"127.0.0.1:{server.port}"
-    caplog.set_level(logging.INFO, logger="fairq_server.auth")
+    caplog.set_level(logging.INFO, logger="fairq_server.identity.auth")
     for secret, said in [
         (revoked, f"stored key {gone.id} of user 'ann', revoked at "),
         (expired, f"stored key {old.id} of user 'bo', expired at "),
         ("fq_nobody", "not a known key"),
     ]:
         if secret == expired:  # the expiry itself is the subject
+            # Real clock: a live server compares the key's expires_at with time.time().
             await asyncio.sleep(max(old.expires_at - time.time(), 0) + 0.05)  # type: ignore[operator]
         caplog.clear()
         # The caller is told nothing of it; each refusal is one line (the throttle reset).

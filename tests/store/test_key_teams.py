@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
-from fairq_server.config import ConsoleConfig
-from fairq_server.teams import TeamConfig
+from fairq_server.config.schema import ConsoleConfig
+from fairq_server.config.teams import TeamConfig
 from fairq_server.tools import stored_keys
 from fairq_sim import SimServer
 

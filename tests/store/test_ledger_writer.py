@@ -14,10 +14,10 @@ from sqlalchemy import event
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.postgres_process import PostgresProcess
+from fairq_server.config.store import StoreConfig
 from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.ledger import Ledger
 from fairq_server.store.records import UsageRecord
-from fairq_server.store.settings import StoreConfig
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, sim_backend

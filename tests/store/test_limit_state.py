@@ -12,7 +12,11 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import select, update
 
 from fairq_bench.postgres_process import PostgresProcess
-from fairq_server.entitlement.book import (
+from fairq_server.config.store import StoreConfig
+from fairq_server.store.engine import open_engine, upgrade
+from fairq_server.store.period_counters import LimitState, period_of
+from fairq_server.store.schema import limit_usage
+from fairq_server.tenancy.books.book import (
     Grant,
     LimitKey,
     LimitUse,
@@ -21,12 +25,8 @@ from fairq_server.entitlement.book import (
     Scope,
     Window,
 )
-from fairq_server.entitlement.local_book import LocalBook
-from fairq_server.entitlement.persisted import PersistedBook, counter_name
-from fairq_server.store.engine import open_engine, upgrade
-from fairq_server.store.limits import LimitState, period_of
-from fairq_server.store.schema import limit_usage
-from fairq_server.store.settings import StoreConfig
+from fairq_server.tenancy.books.local import LocalBook
+from fairq_server.tenancy.books.persisted import PersistedBook, counter_name
 from fairq_sim import SimServer
 
 from ..conftest import FairqFactory, sim_backend
@@ -174,7 +174,7 @@ async def test_fairq_restarted_keeps_refusing_a_spent_daily_quota(
 ) -> None:
     from fairq.v1 import scheduler_pb2_grpc
     from fairq_server.app import FairqServer
-    from fairq_server.entitlement_config import QuotaConfig
+    from fairq_server.config.entitlement import QuotaConfig
     from tests.reliability.helpers import gen_request
 
     config = store_config(store_url, [sim_backend(sim)])

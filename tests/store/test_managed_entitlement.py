@@ -10,12 +10,13 @@ import grpc
 import pytest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc
-from fairq_server.config import Config
-from fairq_server.entitlement.managed import effective
-from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
+from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.schema import Config
+from fairq_server.config.teams import TeamConfig
 from fairq_server.errors import InvalidRequestError
 from fairq_server.store.entitlement import Stored
-from fairq_server.teams import TeamConfig, team_weights
+from fairq_server.tenancy.managed import effective
+from fairq_server.tenancy.teams import team_weights
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, make_config, sim_backend

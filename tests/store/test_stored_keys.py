@@ -15,7 +15,7 @@ import pytest
 
 from fairq.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from fairq_bench.load import ChildProcess, start_fairq
-from fairq_server.auth import hash_key
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimServer
 
 from ..conftest import KEYS, FairqFactory, sim_backend
@@ -132,6 +132,7 @@ async def test_expired_and_grace(
     target = f"127.0.0.1:{server.port}"
     assert await generate(target, short) == grpc.StatusCode.OK
     assert await generate(target, secret) == grpc.StatusCode.OK  # within its grace
+    # Real clock: a live server compares the keys' expiry with time.time().
     deadline = time.time() + 3.05
     await asyncio.sleep(max(deadline - time.time(), 0))  # the expiry itself is the subject
     assert await generate(target, short) == grpc.StatusCode.UNAUTHENTICATED

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from fairq_server.config.store import StoreConfig
 from fairq_server.store.engine import open_engine
 from fairq_server.store.series import MAX_BUCKETS, usage_series
-from fairq_server.store.settings import StoreConfig
 
 from .usage_rows import expected_series, row, write_rows
 

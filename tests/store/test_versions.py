@@ -14,14 +14,14 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fairq_server.auth import hash_key
+from fairq_server.config.store import StoreConfig
+from fairq_server.config.teams import TeamConfig
+from fairq_server.identity.auth import hash_key
 from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.entitlement import StoredEntitlement
 from fairq_server.store.keys import KeyStore
 from fairq_server.store.schema import ENTITLEMENT_VERSION, KEYS_VERSION
-from fairq_server.store.settings import StoreConfig
 from fairq_server.store.versions import Follower, VersionWatch
-from fairq_server.teams import TeamConfig
 
 TIERS = ("standard",)
 

@@ -6,9 +6,9 @@ import itertools
 from datetime import UTC, datetime
 from typing import Any
 
+from fairq_server.config.store import StoreConfig
 from fairq_server.store.engine import open_engine, upgrade
 from fairq_server.store.schema import usage
-from fairq_server.store.settings import StoreConfig
 
 _ids = itertools.count()
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import fairq
-from fairq_server.auth import Authenticator
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
+from fairq_server.doors.tier import resolve_tier
 from fairq_server.errors import PermissionDeniedError
-from fairq_server.requests.tier import resolve_tier
+from fairq_server.identity.auth import Authenticator
 from fairq_server.tools import keys, top
 from fairq_sim import SimServer
 

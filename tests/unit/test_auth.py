@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.auth import Authenticator, Principal, hash_key
-from fairq_server.config import KeyConfig
+from fairq_server.config.schema import KeyConfig
+from fairq_server.doors.tier import resolve_tier
 from fairq_server.errors import InvalidRequestError, PermissionDeniedError, UnauthenticatedError
-from fairq_server.requests.tier import resolve_tier
+from fairq_server.identity.auth import Authenticator, Principal, hash_key
 
 TIERS = ("interactive", "standard", "batch")
 

@@ -31,8 +31,8 @@ with open(sys.argv[2], "w") as f:
 # part of the configuration's dataclasses, are light).
 _SERVICE = (
     "sqlalchemy", "aiohttp", "jwt", "redis", "prometheus_client", "fairq_server.app",
-    "fairq_server.core", "fairq_server.http", "fairq_server.api", "fairq_server.scheduling",
-    "fairq_server.config_file", "fairq_server.auth",
+    "fairq_server.core", "fairq_server.doors.http", "fairq_server.doors.grpc",
+    "fairq_server.scheduling", "fairq_server.config.loader", "fairq_server.identity.auth",
 )  # fmt: skip
 
 

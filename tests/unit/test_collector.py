@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from fairq_server.collector import Collector
+from fairq_server.runtime.collector import Collector
+from tests.fakeclock import FakeClock
 
 
 class Cycle:
@@ -103,6 +104,20 @@ async def test_a_long_busy_spell_still_gets_a_full_pass() -> None:
     try:
         ref = old_garbage()
         assert c.collect_if_due()
+        assert ref() is None
+    finally:
+        await c.stop()
+
+
+async def test_the_quiet_moment_after_min_interval_collects() -> None:
+    clock = FakeClock()
+    c = Collector(lambda: 0, lambda g, s: None, check_interval=1.0, min_interval=10.0, clock=clock)
+    c.start()  # counts as a full pass: the heap was collected, then frozen
+    try:
+        ref = old_garbage()
+        await clock.advance(9.0)  # nine checks, all within min_interval of the start
+        assert ref() is not None
+        await clock.advance(1.0)  # the tenth check: min_interval has passed
         assert ref() is None
     finally:
         await c.stop()

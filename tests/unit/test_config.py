@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fairq_server.config import ConfigError
-from fairq_server.config_file import load_config, parse_config
+from fairq_server.config.loader import load_config, parse_config
+from fairq_server.config.schema import ConfigError
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "fairq.toml"
 
@@ -90,8 +90,11 @@ def test_unhealthy_after_failures_is_read() -> None:
         ({"keys": [{"user": "u", "sha256": "zz" * 32}]}, "keys[0].sha256 must be 64 hexadecimal"),
         ({"keys": [{"user": "u", "sha256": "00"}]}, "keys[0].sha256 must be 64 hexadecimal"),
         ({"keys": [{"user": "", "sha256": "0" * 64}]}, "keys[0].user must be 1-128"),
-        ({"scheduler": {"fairness": "lottery"}}, "unknown fairness policy 'lottery'"),
-        ({"scheduler": {"ordering": "random"}}, "unknown ordering policy 'random'"),
+        (
+            {"scheduler": {"fairness": "lottery"}},
+            "scheduler.fairness 'lottery' unknown; valid: round-robin, vtc",
+        ),
+        ({"scheduler": {"ordering": "random"}}, "scheduler.ordering 'random' unknown"),
         ({"scheduler": {"max_metrics_bytes": 0}}, "scheduler.max_metrics_bytes must be above 0"),
         ({"scheduler": {"max_error_body_bytes": -1}}, "max_error_body_bytes must be above 0"),
         ({"scheduler": {"max_poll_backoff_seconds": 0}}, "max_poll_backoff_seconds must be"),

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from fairq_server.config import Config, ConfigError
-from fairq_server.config_file import load_config, parse_config
+from fairq_server.config.loader import load_config, parse_config
+from fairq_server.config.schema import Config, ConfigError
 
 # The smallest valid content of the sections that have required keys, so that the one wrong
 # value in each case is the only thing wrong.
@@ -44,6 +44,8 @@ def _wrong(tp: Any) -> tuple[object, str]:
     tp = _strip_optional(tp)
     if tp in _SCALARS:
         return _SCALARS[tp]
+    if typing.get_origin(tp) is typing.Literal:  # a closed set of names (plugins)
+        return _SCALARS[str]
     if tp == str | tuple[str, ...]:  # one string or a list of them
         return 12, "expected a string or a list of strings"
     if typing.get_origin(tp) is tuple:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from fairq_server.config import AdminConfig, Config, ConfigError
+from fairq_server.config.schema import AdminConfig, Config, ConfigError
 from fairq_server.scheduling.routing import PrefixAffinityRouter
 from fairq_sim import SimServer
 from tests.conftest import FairqFactory, make_config, sim_backend

@@ -25,37 +25,33 @@ _LAYERS = (
     ("__main__.py",),
     ("cli.py",),
     ("app.py",),
-    ("http",),
-    ("api", "observe"),
-    ("requests",),
-    ("core.py", "tools"),
-    ("cluster", "config_file.py"),
+    ("console",),
+    ("doors",),
+    ("observe", "tools"),
+    ("core.py",),
+    ("cluster", "port.py"),
     ("scheduling",),
     ("telemetry.py",),
-    ("backends", "registrations.py", "config_reader.py"),
-    ("config.py",),
-    ("entitlement",),
+    ("tenancy",),
     ("store",),
-    ("auth.py", "entitlement_config.py"),
-    ("identity", "cluster_config.py", "logs.py"),
-    ("loop_monitor.py",),
-    ("errors.py", "names.py", "pace.py", "loop_share.py",
-     "collector.py", "listening.py", "door_config.py", "console_config.py",
-     "preempt_config.py", "team_labels.py", "teams.py"),
-    ("supervisor.py", "log_throttle.py"),
+    ("identity", "backends"),
+    ("config",),
+    ("runtime", "logs.py"),
+    ("errors.py", "names.py"),
 )  # fmt: skip
 
 # Folder (or module) -> packages of fairq_server it must never import.
 _FORBIDDEN = {
-    "api": ("http", "app", "cli"),
-    "http": ("api", "app", "cli"),
-    "requests": ("api", "http", "app", "cli"),
-    "observe": ("api", "http", "app", "cli"),
-    "scheduling": ("api", "http", "requests", "app", "cli"),
-    "backends": ("api", "http", "requests", "scheduling", "cluster", "app", "cli"),
-    "errors.py": ("api", "http", "requests", "scheduling", "cluster", "app", "cli"),
-    "config.py": ("api", "http", "requests", "scheduling", "app", "cli"),
-    "core.py": ("api", "http", "requests", "app", "cli"),
+    "doors/grpc": ("doors.http", "console", "app", "cli"),
+    "doors/http": ("doors.grpc", "console", "app", "cli"),
+    "doors": ("console", "app", "cli"),
+    "observe": ("doors", "console", "app", "cli"),
+    "scheduling": ("doors", "console", "store", "identity", "app", "cli"),
+    "backends": ("doors", "scheduling", "cluster", "app", "cli"),
+    "errors.py": ("doors", "scheduling", "cluster", "app", "cli"),
+    "config": ("doors", "store", "identity", "tenancy", "console", "app", "cli"),
+    "core.py": ("doors", "console", "app", "cli"),
+    "port.py": ("doors", "console", "core", "app", "cli"),
 }
 
 
@@ -123,8 +119,8 @@ def test_every_import_points_down_the_layers() -> None:
 def test_below_the_grpc_door_nothing_loads_grpc() -> None:
     """Errors, scheduling, the shared request handling and the HTTP door are transport-free."""
     code = (
-        "import sys, fairq_server.errors, fairq_server.core, fairq_server.config_file, "
-        "fairq_server.requests.lifecycle, fairq_server.http;"
+        "import sys, fairq_server.errors, fairq_server.core, fairq_server.config.loader, "
+        "fairq_server.doors.lifecycle, fairq_server.doors.http;"
         "loaded = [m for m in sys.modules if m == 'grpc' or m.startswith('grpc.')];"
         "print(sorted(loaded)[:3]); sys.exit(1 if loaded else 0)"
     )

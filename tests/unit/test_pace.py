@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from fairq_server import pace
-from fairq_server.pace import FULL, HALF, MAX_STRETCH, Pace
+from fairq_server.runtime.pace import FULL, HALF, MAX_STRETCH, Pace
 
 
 def settled(load: float) -> float:
@@ -52,14 +49,3 @@ def test_reset_returns_to_the_configured_window() -> None:
     assert p.stretch == 1.0
     p.observe(HALF + 0.01)  # the smoothing starts again from idle
     assert p.stretch == 1.0
-
-
-async def test_one_pace_per_loop() -> None:
-    here = pace.for_loop()
-    assert pace.for_loop() is here
-    assert pace.for_loop(asyncio.get_running_loop()) is here
-    other = asyncio.new_event_loop()
-    try:
-        assert pace.for_loop(other) is not here
-    finally:
-        other.close()

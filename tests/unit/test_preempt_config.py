@@ -6,8 +6,8 @@ import tomllib
 
 import pytest
 
-from fairq_server.config import ConfigError
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
+from fairq_server.config.schema import ConfigError
 
 BACKEND = (
     '[[backends]]\nid = "a"\nkind = "vllm"\nbase_url = "http://127.0.0.1:8000"\nmodels = ["m"]\n'

@@ -1,10 +1,14 @@
-"""Stopping a background loop for sure, though library code swallows a cancellation."""
+"""Supervised loops: restarted after a crash on schedule, stopped for sure though library code
+swallows a cancellation."""
 
 from __future__ import annotations
 
 import asyncio
 
-from fairq_server.supervisor import cancel_all, stop_asked, stop_task
+import pytest
+
+from fairq_server.runtime.supervisor import cancel_all, stop_asked, stop_task, supervise
+from tests.fakeclock import FakeClock
 
 
 async def _swallowing_step(done: asyncio.Event) -> None:
@@ -78,3 +82,25 @@ async def test_stop_asked_is_false_after_a_timeout_took_its_cancellation_back() 
     except TimeoutError:
         pass
     assert not stop_asked()
+
+
+async def test_a_crashed_loop_is_restarted_after_each_delay_in_turn() -> None:
+    clock = FakeClock()
+    runs: list[float] = []
+    crashes: list[BaseException] = []
+
+    async def run() -> None:
+        runs.append(clock.monotonic())
+        if len(runs) < 4:
+            raise RuntimeError("injected")
+
+    supervised = asyncio.create_task(
+        supervise("test loop", run, on_crash=crashes.append, delays=(0.05, 0.2), clock=clock)
+    )
+    await clock.advance()  # the first run, and its crash
+    assert runs == [1000.0] and len(crashes) == 1
+    await clock.advance(0.049)
+    assert len(runs) == 1  # the first delay not yet over
+    await clock.advance(0.001 + 0.2 + 0.2 + 0.01)  # then 0.2, and the last delay repeats
+    assert runs == pytest.approx([1000.0, 1000.05, 1000.25, 1000.45])
+    assert supervised.done() and len(crashes) == 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairq_server.team_labels import TeamLabels
+from fairq_server.tenancy.team_labels import TeamLabels
 
 
 def test_teams_past_the_cap_share_other_and_known_ones_keep_their_label() -> None:

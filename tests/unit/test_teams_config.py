@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from fairq_server.config import ConfigError
-from fairq_server.config_file import parse_config
-from fairq_server.teams import TeamWeights, team_weights
+from fairq_server.config.loader import parse_config
+from fairq_server.config.schema import ConfigError
+from fairq_server.tenancy.teams import TeamWeights, team_weights
 
 KEY = "0" * 64
 

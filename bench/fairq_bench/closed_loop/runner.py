@@ -31,7 +31,7 @@ from fairq_bench.redis_process import RedisProcess
 from fairq_bench.scenarios.common import api_key
 from fairq_bench.targets import direct_sender, http_client, keyed_sender
 from fairq_bench.workload import RequestSpec, SendFn
-from fairq_server.auth import hash_key
+from fairq_server.identity.auth import hash_key
 
 __all__ = ["DIRECT", "MODES", "Done", "Engine", "Run", "fairq_config", "run_mix"]
 

@@ -20,7 +20,7 @@ from fairq_bench.processes import fairq_module_process, sim_process
 from fairq_bench.scenarios.tracing import Trace, trace_replay
 from fairq_bench.targets import direct_sender, fairq_sender, http_client, keyed_sender
 from fairq_bench.workload import RequestSpec
-from fairq_server.auth import hash_key
+from fairq_server.identity.auth import hash_key
 from fairq_sim.profiles import PROFILES
 
 __all__ = [

@@ -31,7 +31,7 @@ from fairq_bench.scenarios.docs import Report
 from fairq_bench.targets import fairq_sender, free_port
 from fairq_bench.workload import RequestSpec
 from fairq_server.app import FairqServer
-from fairq_server.config import (
+from fairq_server.config.schema import (
     BackendConfig,
     Config,
     ConsoleConfig,
@@ -39,7 +39,7 @@ from fairq_server.config import (
     SchedulerConfig,
     TierConfig,
 )
-from fairq_server.http.console.render import fragment
+from fairq_server.console.render import fragment
 from fairq_server.observe.live import read_live
 from fairq_sim import SimConfig, SimServer
 

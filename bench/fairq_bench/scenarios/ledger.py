@@ -33,9 +33,9 @@ from fairq_bench.postgres_process import PostgresProcess
 from fairq_bench.processes import sim_process
 from fairq_bench.redis_process import RedisProcess
 from fairq_bench.report import markdown_table
+from fairq_server.config.store import StoreConfig
 from fairq_server.store.engine import open_engine
 from fairq_server.store.schema import usage
-from fairq_server.store.settings import StoreConfig
 
 __all__ = ["ledger"]
 

@@ -43,7 +43,7 @@ from fairq_bench.redis_process import RedisProcess
 from fairq_bench.scenarios.common import api_key
 from fairq_bench.scenarios.soft_quota import share_of
 from fairq_bench.targets import free_port
-from fairq_server.auth import hash_key
+from fairq_server.identity.auth import hash_key
 
 __all__ = [
     "ClusterRun",

@@ -6,10 +6,10 @@ reserves its most (``PROMPT + MAX_TOKENS``) at dispatch and settles at its end w
 used (a prompt plus ``MAX_TOKENS / 5 .. MAX_TOKENS`` output tokens, at ``TOKENS_PER_SECOND``).
 A refused request waits the ``retry_after`` it was given and asks again. Twice:
 
-- **shared**: the three replicas' books are :class:`~fairq_server.entitlement.redis_book.
+- **shared**: the three replicas' books are :class:`~fairq_server.tenancy.books.redis.
   RedisBook` on one real ``redis-server`` (what a cluster uses);
 - **uncoordinated**: each replica has its own one-process
-  :class:`~fairq_server.entitlement.local_book.LocalBook` (what a per-replica check gives).
+  :class:`~fairq_server.tenancy.books.local.LocalBook` (what a per-replica check gives).
 
 The books are driven directly on a clock running ``SPEEDUP`` times faster than real time
 (Redis's windows are moved with the book's clock offset, so Redis's clock still decides), so
@@ -44,8 +44,8 @@ from fairq_bench.scenarios.quota_cluster import run_quota_cluster
 from fairq_bench.scenarios.quota_cluster_report import cluster_plot, cluster_section
 from fairq_server.cluster.connection import connect
 from fairq_server.cluster.shared_gate import SharedGate
-from fairq_server.cluster_config import ClusterConfig
-from fairq_server.entitlement.book import (
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.tenancy.books.book import (
     Grant,
     LimitBook,
     LimitKey,
@@ -55,8 +55,8 @@ from fairq_server.entitlement.book import (
     Scope,
     Window,
 )
-from fairq_server.entitlement.local_book import LocalBook
-from fairq_server.entitlement.redis_book import RedisBook
+from fairq_server.tenancy.books.local import LocalBook
+from fairq_server.tenancy.books.redis import RedisBook
 
 __all__ = ["quota_replicas"]
 

@@ -55,7 +55,7 @@ from fairq_bench.scenarios.docs import RESULT_PREFIX
 from fairq_bench.scenarios.plots import Panel, Series, plot_panels
 from fairq_bench.targets import keyed_sender
 from fairq_bench.workload import RequestSpec, SendFn
-from fairq_server.auth import hash_key
+from fairq_server.identity.auth import hash_key
 
 __all__ = [
     "Completions",

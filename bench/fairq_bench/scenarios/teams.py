@@ -23,7 +23,7 @@ from fairq_bench.scenarios.docs import RESULT_PREFIX
 from fairq_bench.scenarios.service import jain
 from fairq_bench.targets import keyed_sender
 from fairq_bench.workload import RequestSpec, SendFn
-from fairq_server.auth import hash_key
+from fairq_server.identity.auth import hash_key
 
 __all__ = ["TEAMS", "USERS", "run_teams", "teams", "teams_markdown"]
 

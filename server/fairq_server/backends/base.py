@@ -45,9 +45,10 @@ from fairq_server.backends.request import (
 )
 from fairq_server.errors import BackendError, BackendFailure, InvalidRequestError
 from fairq_server.names import escape
+from fairq_server.runtime.loop_share import LoopShare
 
 if TYPE_CHECKING:
-    from fairq_server.config import BackendConfig
+    from fairq_server.config.backends import BackendConfig
 
 __all__ = ["Backend"]
 
@@ -127,6 +128,10 @@ class Backend(abc.ABC):
         self._scraper: MetricsScraper | None = None
         # Each model's context length, as /v1/models gave it (read with the check).
         self.context_lengths: dict[str, int] = {}
+        #: Where the stream's reads take their turns of bulk work: the loop's share, given
+        #: when the adapter is registered (:meth:`FairqCore.register_backend`); an adapter
+        #: used on its own shares the loop only among its own streams.
+        self.loop_share = LoopShare()
 
     @classmethod
     def from_config(
@@ -288,7 +293,7 @@ class Backend(abc.ABC):
             ) as resp:  # fmt: skip
                 if resp.status != 200:
                     raise await self.http_error(resp)
-                reads = sse_reads(resp.content, self.read_timeout)
+                reads = sse_reads(resp.content, self.loop_share, self.read_timeout)
                 async with contextlib.aclosing(reads):
                     yield reads
 

@@ -25,7 +25,7 @@ from fairq_server.errors import BackendError, BackendFailure, InvalidRequestErro
 from fairq_server.names import escape
 
 if TYPE_CHECKING:
-    from fairq_server.config import BackendConfig
+    from fairq_server.config.backends import BackendConfig
 
 __all__ = [
     "RPC_ENV_PREFIX",

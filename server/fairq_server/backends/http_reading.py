@@ -20,11 +20,11 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from fairq_server import loop_share
 from fairq_server.backends.idle_watch import STREAM_TIMEOUT, IdleWatch
 from fairq_server.backends.sse import SseLimitError, SseSplitter
 from fairq_server.errors import BackendError, BackendFailure
 from fairq_server.names import escape
+from fairq_server.runtime.loop_share import LoopShare
 
 __all__ = [
     "FAILURE_BY_HTTP",
@@ -120,15 +120,19 @@ def http_error(backend_id: str, status: int, body: bytes) -> BackendError:
     )
 
 
-async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """Yield the body as text, one piece per network read (all that arrived by then)."""
+async def utf8_chunks(body: aiohttp.StreamReader, share: LoopShare) -> AsyncIterator[str]:
+    """Yield the body as text, one piece per network read (all that arrived by then).
+
+    Each read takes a turn of bulk work on ``share`` (the loop's) before it is decoded.
+    """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     urgent = True  # the first read carries the first token
+    turn = share.turn  # bound once: taken per read
     try:
         async for chunk in body.iter_any():
             # Parsing and relaying what arrived is bulk work: every stream of a backend gets
             # its token in the same instant (one engine step), so reads come in bursts.
-            await loop_share.turn(urgent)
+            await turn(urgent)
             urgent = False
             if text := decoder.decode(chunk):
                 yield text
@@ -144,14 +148,15 @@ async def utf8_chunks(body: aiohttp.StreamReader) -> AsyncIterator[str]:
 
 
 async def sse_reads(
-    body: aiohttp.StreamReader, idle: float | None = None
+    body: aiohttp.StreamReader, share: LoopShare, idle: float | None = None
 ) -> AsyncGenerator[list[str]]:
     """Yield the ``data`` payloads of the server-sent events each network read completed.
 
     :func:`utf8_chunks` and :class:`~fairq_server.backends.sse.SseSplitter` in one loop: every
     read of every stream passes here, and each generator layer a read goes through costs a
     resumption (docs/design/hot-path.md). With ``idle``, the stream fails after that many
-    seconds without data (:class:`~fairq_server.backends.idle_watch.IdleWatch`).
+    seconds without data (:class:`~fairq_server.backends.idle_watch.IdleWatch`). Each read
+    takes a turn of bulk work on ``share`` (the loop's), as in :func:`utf8_chunks`.
 
     Raises:
         SseLimitError: a line or an event is longer than the limit.
@@ -163,11 +168,12 @@ async def sse_reads(
     splitter = SseSplitter()
     urgent = True
     watch = IdleWatch(body, idle) if idle else None
+    turn = share.turn  # bound once: taken per read
     try:
         async for chunk in body.iter_any():
             if watch is not None:
                 watch.read()
-            await loop_share.turn(urgent)  # bulk work, as in utf8_chunks
+            await turn(urgent)  # bulk work, as in utf8_chunks
             urgent = False
             if batch := splitter.feed(decoder.decode(chunk)):
                 yield batch

@@ -36,7 +36,7 @@ from fairq_server.backends.vllm import VllmBackend
 from fairq_server.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from fairq_server.config import BackendConfig
+    from fairq_server.config.backends import BackendConfig
 
 __all__ = ["METRIC_PRESETS", "MetricMap", "OpenAIBackend", "metric_map"]
 

@@ -119,7 +119,7 @@ async def openai_stream(
                     resp.close()  # the rest is never read; the connection goes with it
                 error = http_error(backend.id, resp.status, raw)
                 raise BackendHttpError(error, resp.status, raw, resp.content_type)
-            async for batch in sse_reads(resp.content, backend.read_timeout):
+            async for batch in sse_reads(resp.content, backend.loop_share, backend.read_timeout):
                 data: list[str] = []
                 objects: list[Mapping[str, Any]] = []
                 tokens = 0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from fairq_server.backends.base import Backend
 from fairq_server.backends.request import MetricsSample
 from fairq_server.errors import BackendError
-from fairq_server.supervisor import stop_asked
+from fairq_server.runtime.supervisor import stop_asked
 
 __all__ = ["MetricsPoller", "ScrapeResult"]
 

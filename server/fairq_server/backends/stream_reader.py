@@ -8,7 +8,7 @@ Reading paces itself for fast streams: once a read had to wait for the network (
 caught up with the backend), the next read waits out ``window`` first, so the socket gathers
 that window's tokens and the HTTP parser hands them over at once, instead of waking fairq per
 token. The window stretches while the event loop is near its capacity
-(:mod:`~fairq_server.pace`). A stream whose output bound falls within what one window
+(:mod:`~fairq_server.runtime.pace`). A stream whose output bound falls within what one window
 gathers waits only for the time its last tokens take at that pace: its end, and the slot it
 frees, is seen as it comes, not up to a window late (on an engine whose every slot fairq
 fills, a late end is a slot left empty: docs/benchmarks/preemption.md).
@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
-from fairq_server import loop_share, pace
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.errors import BackendError, BackendFailure
+from fairq_server.runtime.loop_tools import LoopTools
 
 __all__ = ["StreamSink", "start_reading"]
 
@@ -64,20 +63,30 @@ class StreamSink(Protocol):
 
 
 def start_reading(
-    stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: float = 0.0
+    stream: AsyncGenerator[StreamEvent],
+    sink: StreamSink,
+    window: float = 0.0,
+    tools: LoopTools | None = None,
 ) -> asyncio.Task[None]:
-    """Start reading ``stream`` into ``sink``; cancel the task to abort the backend request."""
-    return asyncio.create_task(_read(stream, sink, window))
+    """Start reading ``stream`` into ``sink``; cancel the task to abort the backend request.
+
+    ``tools``: the loop's share (the reader's first turn), pace and clock (a fresh set if
+    None: the window unstretched, on the real clock).
+    """
+    return asyncio.create_task(_read(stream, sink, window, tools or LoopTools()))
 
 
-async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: float) -> None:
+async def _read(
+    stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: float, tools: LoopTools
+) -> None:
     async with contextlib.aclosing(stream):  # closing the stream aborts the backend request
         # Opening a backend request is bulk work: a wave of finished streams frees as many
         # slots at once. An urgent turn: the request's time to first token waits for it.
-        await loop_share.turn(urgent=True)
-        stretch = pace.for_loop()
+        await tools.share.turn(urgent=True)
+        stretch = tools.pace
+        monotonic, sleep = tools.clock.monotonic, tools.clock.sleep  # read per token
         try:
-            asked = time.monotonic()
+            asked = monotonic()
             gathered = 0  # tokens read since fairq last caught up with the backend
             per_window = 0  # what the last window gathered
             slept = False
@@ -89,7 +98,7 @@ async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: f
                 if not sink.text(event):
                     return
                 gathered += event.tokens
-                now = time.monotonic()
+                now = monotonic()
                 if window and now - asked > _CAUGHT_UP:
                     if slept:
                         per_window = gathered
@@ -101,8 +110,8 @@ async def _read(stream: AsyncGenerator[StreamEvent], sink: StreamSink, window: f
                         # The end is due within this window: wait only until then.
                         pause *= max(left, 0) / per_window if per_window else 0.0
                     if pause:
-                        await asyncio.sleep(pause)
-                        now = time.monotonic()
+                        await sleep(pause)
+                        now = monotonic()
                 asked = now
         except Exception as exc:  # reported, never raised: nothing awaits this task
             sink.failed(exc)

@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fairq_server.cluster_config import ClusterConfig
+from fairq_server.config.cluster import ClusterConfig
 
 __all__ = ["REDIS_ERRORS", "ScriptCall", "connect", "run_scripts", "server_ms"]
 

@@ -21,9 +21,9 @@ import redis.asyncio as aioredis
 
 from fairq_server.cluster.connection import REDIS_ERRORS
 from fairq_server.cluster.fairness import SharedCounters
+from fairq_server.runtime.supervisor import stop_asked
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.counters import Heads, MemberHeads, PeerHeads
-from fairq_server.supervisor import stop_asked
 
 __all__ = ["COALESCE_SECONDS", "FairSync"]
 

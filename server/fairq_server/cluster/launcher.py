@@ -48,13 +48,14 @@ from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.cluster.credit import Credit
 from fairq_server.cluster.quota import cluster_book
-from fairq_server.entitlement.cluster_book import ClusterBook, Ride
+from fairq_server.runtime.loop_tools import LoopTools
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.attempt_stream import AttemptSink, StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.in_force import Settings
 from fairq_server.scheduling.interfaces import GateOutcome
-from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import AttemptHandle, Ticket
+from fairq_server.tenancy.books.cluster import ClusterBook, Ride
 
 if TYPE_CHECKING:
     from fairq_server.cluster.node import ClusterNode
@@ -111,6 +112,7 @@ class ClusterLauncher(StreamLauncher):
         node: this replica's cluster membership.
         settings: the dispatcher's current settings (its tiers and configured gate).
         clock: the dispatcher's clock (the gate's staleness check).
+        tools: the loop's share, pace and clock the readers use (a fresh set if None).
 
     """
 
@@ -121,8 +123,9 @@ class ClusterLauncher(StreamLauncher):
         node: ClusterNode,
         settings: Callable[[], Settings],
         clock: Callable[[], float],
+        tools: LoopTools | None = None,
     ) -> None:
-        super().__init__(post, window)
+        super().__init__(post, window, tools)
         #: The cluster's limit book (the dispatcher's too): a request's quota reservation
         #: rides on its slot claim.
         self.quota: ClusterBook = cluster_book(node)
@@ -259,7 +262,7 @@ class ClusterLauncher(StreamLauncher):
         self._holding[ticket] = (backend.id, member)
         sink = _FirstTokenSink(self._post, ticket, lambda: self._first(backend, member))
         stream = backend.backend.stream(ticket.request, ticket.priority)
-        return start_reading(stream, sink, self.window)
+        return start_reading(stream, sink, self.window, self.tools)
 
     def _done(self, ticket: Ticket, backend_id: str, member: str, *, aborted: bool) -> None:
         """Release ``member``, its attempt ended (unless kept for a hand-over, or parked).

@@ -36,9 +36,9 @@ from fairq_server.cluster.metrics import ClusterMetrics
 from fairq_server.cluster.redis_state import RedisState
 from fairq_server.cluster.shared_gate import GlobalCounts, SharedGate, parse_announcement
 from fairq_server.cluster.tasks import forever, spawn
-from fairq_server.cluster_config import ClusterConfig
+from fairq_server.config.cluster import ClusterConfig
+from fairq_server.runtime.supervisor import cancel_all, stop_asked
 from fairq_server.scheduling import events as ev
-from fairq_server.supervisor import cancel_all, stop_asked
 
 __all__ = ["ClusterNode"]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fairq_server.cluster.node import ClusterNode
-from fairq_server.entitlement.cluster_book import ClusterBook
-from fairq_server.entitlement.local_book import LocalBook
-from fairq_server.entitlement.redis_book import RedisBook
+from fairq_server.tenancy.books.cluster import ClusterBook
+from fairq_server.tenancy.books.local import LocalBook
+from fairq_server.tenancy.books.redis import RedisBook
 
 __all__ = ["cluster_book"]
 

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fairq_server.supervisor import stop_asked
+from fairq_server.runtime.supervisor import stop_asked
 
 __all__ = ["forever", "spawn"]
 

@@ -1,6 +1,7 @@
 """fairq's own API keys: how one is made, and the digest under which it is configured.
 
-Apart from the authenticator (:mod:`fairq_server.auth`), which loads JWT and HTTP libraries:
+Apart from the authenticator (:mod:`fairq_server.identity.auth`), which loads JWT and HTTP
+libraries:
 ``fairq keys create --file`` makes a key with nothing but the standard library.
 """
 

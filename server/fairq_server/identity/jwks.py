@@ -25,10 +25,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from fairq_server.config.identity import JwtConfig
 from fairq_server.identity.keyset import JwksError, KeySet, parse_jwks
-from fairq_server.identity.settings import JwtConfig
 from fairq_server.names import escape
-from fairq_server.supervisor import stop_task
+from fairq_server.runtime.supervisor import stop_task
 
 __all__ = ["FileJwks", "JwksSource", "UrlJwks", "source_for"]
 

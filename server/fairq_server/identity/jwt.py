@@ -28,12 +28,12 @@ from typing import Any
 import jwt
 from jwt import exceptions as jwt_errors
 
+from fairq_server.config.identity import JwtConfig, audiences
 from fairq_server.errors import UnauthenticatedError
 from fairq_server.identity.jwks import JwksSource
 from fairq_server.identity.keyset import JwksError, KeyMismatchError
-from fairq_server.identity.settings import JwtConfig, audiences, check_name
-from fairq_server.log_throttle import Throttled
-from fairq_server.names import escape
+from fairq_server.names import check_name, escape
+from fairq_server.runtime.log_throttle import Throttled
 
 __all__ = ["JwtVerifier", "TokenIdentity", "looks_like_jwt"]
 

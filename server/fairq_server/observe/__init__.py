@@ -2,5 +2,5 @@
 
 :mod:`.live` reads one replica's queues and backends into plain values; :mod:`.replicas`
 publishes each replica's view to Redis and reads every replica's back, so the console shows
-the whole cluster. The console (:mod:`fairq_server.http.console`) renders them.
+the whole cluster. The console (:mod:`fairq_server.console`) renders them.
 """

@@ -1,7 +1,7 @@
 """Each user's entitlement over the same decaying minute as its share of service.
 
 The queue view compares a user's share of recent service (tokens decayed with the time
-constant of :class:`~fairq_server.requests.recent.RecentService`, about a minute) with what the
+constant of :class:`~fairq_server.observe.recent.RecentService`, about a minute) with what the
 fairness rule owes it. What the rule owes depends on who contends, which changes from one
 moment to the next: comparing a minute's share with the entitlement of one moment made a
 steady user's "over" mark come and go as others arrived and left. Here the entitlement is

@@ -13,7 +13,7 @@ and five users with the most requests queued, with their longest wait (up to
 :data:`MAX_WALK` queued users; beyond, the model's totals only), and the mean queue wait and
 time to first token of the five teams and five users who waited the most in the interval,
 and of all the other teams and users together (groups ``team`` and ``user``; summed on the
-requests' path by :class:`~fairq_server.observe.waits.WaitTally`, bounded).
+requests' path by :class:`~fairq_server.tenancy.waits.WaitTally`, bounded).
 
 Bounded: at most ``points`` samples are kept (a :class:`collections.deque`), and every sample
 holds a bounded number of figures (models and tiers are the configuration's, teams the
@@ -34,8 +34,8 @@ from typing import TypeVar
 from prometheus_client import Metric
 
 from fairq_server.core import FairqCore
-from fairq_server.observe.waits import Interval, Sums
-from fairq_server.requests.recent import RecentService
+from fairq_server.observe.recent import RecentService
+from fairq_server.tenancy.waits import Interval, Sums
 
 __all__ = ["LiveHistory", "Trend"]
 
@@ -57,7 +57,7 @@ class Trend:
             ``user ann``).
         name: the figure (``queued``, ``running``, ``queue wait``, ``time to first token``,
             ``tokens/s``).
-        unit: its unit (``requests``, ``s``, ``tokens/s``).
+        unit: its unit (``doors``, ``s``, ``tokens/s``).
         values: one per sample, oldest first (None: nothing to say then, e.g. no request
             reached a backend in that interval, or the user was not among the top ones).
 

@@ -27,12 +27,12 @@ from typing import Any
 
 from prometheus_client import Metric
 
-from fairq_server.config import Config
+from fairq_server.config.schema import Config
 from fairq_server.core import FairqCore
 from fairq_server.observe.entitled import EntitledWindow
-from fairq_server.observe.standing import OVER, LimitRow, StandingReader, TeamRow
-from fairq_server.requests.recent import RecentService
+from fairq_server.observe.recent import RecentService
 from fairq_server.scheduling.ticket import Ticket
+from fairq_server.tenancy.standing import OVER, LimitRow, StandingReader, TeamRow
 
 __all__ = ["STATES", "BackendRow", "LiveView", "ModelRow", "UserRow", "read_live"]
 

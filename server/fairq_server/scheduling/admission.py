@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from fairq_server.config import SchedulerConfig
+from fairq_server.config.scheduler import SchedulerConfig
 from fairq_server.errors import (
     ModelNotFoundError,
     NoBackendError,

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fairq_server.scheduling.backend_set import BackendSet
+from fairq_server.scheduling.in_force import Settings
 from fairq_server.scheduling.model_state import ModelState
-from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket
 from fairq_server.telemetry import Telemetry
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from fairq_server.backends.request import StreamEnd, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.errors import SlowClientError
+from fairq_server.runtime.loop_tools import LoopTools
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.lookahead import LOOKAHEAD_TOKENS
 from fairq_server.scheduling.ticket import AttemptHandle, Ticket
@@ -97,12 +98,16 @@ class StreamLauncher:
     Args:
         post: where the sinks post events (the dispatcher's inbox).
         window: read pacing of fast streams (see :mod:`~fairq_server.backends.stream_reader`).
+        tools: the loop's share, pace and clock the readers use (a fresh set if None).
 
     """
 
-    def __init__(self, post: Callable[[ev.Event], None], window: float) -> None:
+    def __init__(
+        self, post: Callable[[ev.Event], None], window: float, tools: LoopTools | None = None
+    ) -> None:
         self._post = post
         self.window = window
+        self.tools = tools if tools is not None else LoopTools()
         #: Whether the slot of an attempt ending now may be held for its user's next request
         #: (the dispatcher's anticipation; set once the dispatcher exists).
         self.may_hold: Callable[[Ticket], bool] = lambda ticket: False
@@ -111,7 +116,7 @@ class StreamLauncher:
         """Start reading ``ticket``'s current attempt."""
         assert ticket.backend is not None
         stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
-        return start_reading(stream, AttemptSink(self._post, ticket), self.window)
+        return start_reading(stream, AttemptSink(self._post, ticket), self.window, self.tools)
 
     def let_go(self, ended: Ticket) -> None:
         """Free the slot kept for the user of ``ended`` after its end (no hold, or it lapsed).

@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 from fairq_server.backends.continuation import Progress
 from fairq_server.backends.request import StreamEnd
-from fairq_server.entitlement.checker import Claim, Entitlement
 from fairq_server.errors import (
     BackendError,
     BackendFailedError,
@@ -27,13 +26,15 @@ from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.anticipation import Anticipation
 from fairq_server.scheduling.attempt_stream import Launcher, StreamLauncher
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.in_force import Settings
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.lookahead import MAX_AHEAD, near_end
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.outbox import Finished, Started
-from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.telemetry import Telemetry
+from fairq_server.tenancy.books.book import Claim
+from fairq_server.tenancy.checker import Entitlement
 
 __all__ = ["AttemptBook"]
 

@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 
 from fairq_server.backends.base import Backend
 from fairq_server.backends.poller import ScrapeResult
-from fairq_server.config import SchedulerConfig, TierConfig
-from fairq_server.entitlement.checker import Entitlement
+from fairq_server.config.scheduler import SchedulerConfig
+from fairq_server.config.tiers import TierConfig
 from fairq_server.errors import InternalError, SchedulerError, ShuttingDownError
+from fairq_server.runtime.supervisor import RESTART_DELAYS, stop_task, supervise
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.admission import admission_error
 from fairq_server.scheduling.anticipation import Anticipation
@@ -35,6 +36,7 @@ from fairq_server.scheduling.attempts import AttemptBook
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.expiry import expire_queued, sweep_unserved
+from fairq_server.scheduling.in_force import Settings
 from fairq_server.scheduling.metric_gaps import relied_on
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
@@ -44,11 +46,10 @@ from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.preemption import Preemptor
 from fairq_server.scheduling.prefix import PrefixCache
 from fairq_server.scheduling.queue import ModelQueue
-from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.shared_counters import apply_cluster_event
 from fairq_server.scheduling.ticket import Ticket, TicketState
-from fairq_server.supervisor import RESTART_DELAYS, stop_task, supervise
 from fairq_server.telemetry import Telemetry
+from fairq_server.tenancy.checker import Entitlement
 
 __all__ = ["Dispatcher"]
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from fairq_server.backends.poller import ScrapeResult
 from fairq_server.backends.request import StreamEnd
-from fairq_server.config import SchedulerConfig, TierConfig
+from fairq_server.config.scheduler import SchedulerConfig
+from fairq_server.config.tiers import TierConfig
 from fairq_server.scheduling.ticket import Ticket
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from fairq_server.config import TierConfig
+from fairq_server.config.tiers import TierConfig
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.interfaces import GateOutcome
 

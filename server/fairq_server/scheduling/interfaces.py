@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from fairq_server.config import TierConfig
+    from fairq_server.config.tiers import TierConfig
     from fairq_server.scheduling.backend_state import BackendState
     from fairq_server.scheduling.ticket import Ticket
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from fairq_server.backends.request import MetricsSample
-from fairq_server.config import TierConfig
+from fairq_server.config.tiers import TierConfig
 
 __all__ = ["Gap", "describe", "gaps", "relied_on"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from fairq_server.config import TierConfig
+from fairq_server.config.tiers import TierConfig
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.queue import ModelQueue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from fairq_server.config import TierConfig
+from fairq_server.config.tiers import TierConfig
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.telemetry import Telemetry

@@ -11,21 +11,21 @@ Text is merged: a take returns everything buffered as one piece, and a fast stre
 out at most once per ``window`` (the first piece goes out at once; later text waits at most
 one window, far below what a reader notices), because each message towards the caller costs
 about the same whatever its length. The window stretches while the event loop is near its
-capacity (:mod:`~fairq_server.pace`).
+capacity (:mod:`~fairq_server.runtime.pace`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairq_server import pace
 from fairq_server.backends.request import StreamEnd
 from fairq_server.errors import SchedulerError
+from fairq_server.runtime.clock import SYSTEM_CLOCK, Clock, Timer
+from fairq_server.runtime.pace import Pace
 
 __all__ = ["Finished", "Outbox", "OutboxEvent", "Queued", "Started", "Text"]
 
@@ -55,6 +55,17 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Relayed:
+    """The backend's own stream chunks, as received and already framed as server-sent events.
+
+    What a request that relays the backend's chunks (``BackendRequest.relay_chunks``: the
+    HTTP door's) gets in place of :class:`Text`.
+    """
+
+    frames: str
+
+
+@dataclass(frozen=True)
 class Finished:
     """The generation ended normally; token counts are the backend's where it gave them."""
 
@@ -66,7 +77,7 @@ class Finished:
     total_seconds: float
 
 
-OutboxEvent = Queued | Started | Text | Finished
+OutboxEvent = Queued | Started | Text | Relayed | Finished
 
 
 class Outbox:
@@ -75,12 +86,24 @@ class Outbox:
     Args:
         limit: most characters of text held for a caller that does not read.
         window: text is handed out at most once per this many seconds (0: as it comes),
-            stretched by the running loop's :class:`~fairq_server.pace.Pace`.
+            stretched by ``pace``.
+        pace: the loop's :class:`~fairq_server.runtime.pace.Pace` (None: the window as given).
+        clock: what the window is measured and waited on.
+        relay: the text put is the backend's framed chunks: handed out as :class:`Relayed`.
 
     """
 
-    def __init__(self, limit: int = 1 << 20, window: float = 0.0) -> None:
+    def __init__(
+        self,
+        limit: int = 1 << 20,
+        window: float = 0.0,
+        pace: Pace | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        relay: bool = False,
+    ) -> None:
         self.limit = limit
+        self._relay = relay
         self._window = window
         self._items: deque[OutboxEvent | SchedulerError] = deque()
         self._text: list[str] = []  # text after the last item, not yet an item
@@ -88,11 +111,10 @@ class Outbox:
         self._buffered = 0
         self._ready = asyncio.Event()
         self._last_taken = -window
-        self._timer: asyncio.TimerHandle | None = None  # wakes the taker at a window's end
-        try:
-            self._pace = pace.for_loop()
-        except RuntimeError:  # made outside a running loop: the window as given
-            self._pace = pace.Pace()
+        self._timer: Timer | None = None  # wakes the taker at a window's end
+        self._pace = pace if pace is not None else Pace()
+        self._clock = clock
+        self._monotonic = clock.monotonic  # bound once: read per piece of text
 
     def put(self, event: Queued | Started | Finished) -> None:
         """Append a lifecycle event."""
@@ -110,9 +132,9 @@ class Outbox:
             # Wake the taker when its window ends, not now: waking it only for it to sleep
             # out the rest of the window would cost a task step per message (the first
             # text, and text after a quiet window, still goes at once).
-            wait = self._last_taken + self._window * self._pace.stretch - time.monotonic()
+            wait = self._last_taken + self._window * self._pace.stretch - self._monotonic()
             if wait > 0 and not self._items:
-                self._timer = asyncio.get_running_loop().call_later(wait, self._window_ended)
+                self._timer = self._clock.call_later(wait, self._window_ended)
             else:
                 self._ready.set()
         return self._buffered <= self.limit
@@ -129,7 +151,8 @@ class Outbox:
 
     def _flush_text(self) -> None:
         if self._text:
-            self._items.append(Text("".join(self._text), tuple(self._extra)))
+            joined = "".join(self._text)
+            self._items.append(Relayed(joined) if self._relay else Text(joined, tuple(self._extra)))
             self._text, self._extra = [], []
 
     async def take(self) -> list[OutboxEvent]:
@@ -143,9 +166,9 @@ class Outbox:
             self._ready.clear()
             await self._ready.wait()
         if not self._items:
-            wait = self._last_taken + self._window * self._pace.stretch - time.monotonic()
+            wait = self._last_taken + self._window * self._pace.stretch - self._monotonic()
             if wait > 0:
-                await asyncio.sleep(wait)  # pacing: let the rest of this window arrive
+                await self._clock.sleep(wait)  # pacing: let the rest of this window arrive
         if self._timer is not None:  # everything is taken now: no wake-up due
             self._timer.cancel()
             self._timer = None
@@ -163,9 +186,14 @@ class Outbox:
                 if taken and isinstance(taken[-1], Text):
                     taken[-1] = Text(taken[-1].text + item.text, taken[-1].extra + item.extra)
                     continue
+            elif isinstance(item, Relayed):
+                self._buffered -= len(item.frames)
+                if taken and isinstance(taken[-1], Relayed):
+                    taken[-1] = Relayed(taken[-1].frames + item.frames)
+                    continue
             taken.append(item)
-        if any(isinstance(e, Text) for e in taken):
-            self._last_taken = time.monotonic()
+        if any(isinstance(e, Text | Relayed) for e in taken):
+            self._last_taken = self._monotonic()
         if not self._items:
             self._ready.clear()  # the next text then sets the window's wake-up (put_text)
         return taken

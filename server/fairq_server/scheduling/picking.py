@@ -15,19 +15,19 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from fairq_server.entitlement.checker import Entitlement
 from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.anticipation import LOOKS, Anticipation, model_slots, share_slots
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.fairness.hierarchy import TEAM_TAG
+from fairq_server.scheduling.in_force import Settings
 from fairq_server.scheduling.interfaces import GateOutcome, Route
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
 from fairq_server.scheduling.queue import TierQueue
-from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket
 from fairq_server.telemetry import Telemetry
+from fairq_server.tenancy.checker import Entitlement
 
 __all__ = ["Picker", "Start"]
 

@@ -8,12 +8,14 @@ tables, is kept as an alias of ``routing_options.slack`` and logged as deprecate
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairq_server.config import SchedulerConfig
+from fairq_server.config.scheduler import SchedulerConfig
+from fairq_server.errors import ConfigError
 from fairq_server.scheduling.counters import LocalCounters
 from fairq_server.scheduling.fairness.hierarchy import TeamFairness
 from fairq_server.scheduling.interfaces import (
@@ -26,7 +28,7 @@ from fairq_server.scheduling.interfaces import (
 from fairq_server.scheduling.queue import ModelQueue
 from fairq_server.scheduling.registry import make_fairness, make_gate, make_ordering, make_router
 
-__all__ = ["Policies", "routing_options"]
+__all__ = ["Policies", "check_policies", "routing_options"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,29 @@ def routing_options(config: SchedulerConfig) -> dict[str, Any]:
     log.warning("scheduler.routing_slack is deprecated; use scheduler.routing_options.slack")
     options["slack"] = config.routing_slack
     return options
+
+
+def check_policies(config: SchedulerConfig) -> None:
+    """Refuse a ``[scheduler]`` whose plugins cannot be built from their options tables.
+
+    The configuration package knows the plugins' names only; their options are the plugins'
+    own (each factory's parameters), so they are checked here, where the plugins are built:
+    by ``fairq serve`` after reading the file and at every reload, and by the core.
+
+    Raises:
+        ConfigError: naming the options table, e.g. ``scheduler.fairness_options: fairness
+            policy 'vtc' takes no option 'x'; options: lift, output_weight``.
+
+    """
+    Policies.from_config(config)
+
+
+@contextlib.contextmanager
+def _naming(key: str) -> Iterator[None]:
+    try:
+        yield
+    except ValueError as exc:
+        raise ConfigError(f"scheduler.{key}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -77,16 +102,24 @@ class Policies:
         """Build the plugins ``config`` names, each with its options table.
 
         Raises:
-            ValueError: an unknown plugin name or option.
+            ConfigError: an unknown plugin name, or an options table its plugin does not
+                take; the message names the key (``scheduler.routing_options: ...``).
 
         """
         options: Mapping[str, Any] = dict(config.fairness_options)
-        make_fairness(config.fairness, options)  # fail now, not at the first request
+        with _naming("fairness_options"):
+            make_fairness(config.fairness, options)  # fail now, not at the first request
+        with _naming("ordering_options"):
+            ordering = make_ordering(config.ordering, config.ordering_options)
+        with _naming("gate_options"):
+            gate = make_gate(config.gate, config.gate_options)
+        with _naming("routing_options"):
+            router = make_router(config.routing, routing_options(config))
         return cls(
             fairness=lambda counters: make_fairness(config.fairness, options, counters),
-            ordering=make_ordering(config.ordering, config.ordering_options),
-            gate=make_gate(config.gate, config.gate_options),
-            router=make_router(config.routing, routing_options(config)),
+            ordering=ordering,
+            gate=gate,
+            router=router,
         )
 
     def new_queue(self, num_tiers: int) -> ModelQueue:

@@ -20,16 +20,16 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from fairq_server.backends.continuation import exempt_reason, short_of_room
+from fairq_server.config.preempt import PreemptConfig
 from fairq_server.errors import NoBackendError
-from fairq_server.preempt_config import PreemptConfig
 from fairq_server.scheduling.anticipation import share_slots
 from fairq_server.scheduling.attempts import AttemptBook
 from fairq_server.scheduling.backend_set import BackendSet
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.in_force import Settings
 from fairq_server.scheduling.interfaces import Cost
 from fairq_server.scheduling.model_set import ModelSet
 from fairq_server.scheduling.model_state import ModelState
-from fairq_server.scheduling.settings import Settings
 from fairq_server.scheduling.ticket import Ticket, TicketState
 from fairq_server.scheduling.victims import (
     RateCap,

@@ -8,7 +8,7 @@ grouping needs; the backend's own KV blocks are then shared too, up to the last 
 
 Chat messages are hashed over a role-tagged serialisation, so equal system prompts group. A
 prompt given as token ids is cut into blocks of ``block_chars / 4`` ids (the ~4 characters per
-token of :mod:`fairq_server.requests.estimate`), so its blocks cover about as much of the prompt.
+token of :mod:`fairq_server.doors.estimate`), so its blocks cover about as much of the prompt.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from fairq_server.scheduling.outbox import Outbox
 if TYPE_CHECKING:
     from fairq_server.backends.continuation import Progress
     from fairq_server.backends.request import BackendRequest
-    from fairq_server.entitlement.checker import Claim
     from fairq_server.scheduling.backend_state import BackendState
+    from fairq_server.tenancy.books.book import Claim
 
 __all__ = ["AttemptHandle", "Ticket", "TicketState"]
 

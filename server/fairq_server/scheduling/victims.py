@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fairq_server.preempt_config import PreemptConfig
+from fairq_server.config.preempt import PreemptConfig
 
 __all__ = ["RateCap", "Running", "Waiting", "choose_victim", "eligible", "rank", "slot_frees_soon"]
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from fairq_server.store.settings import StoreConfig, StoreError, engine_url
-from fairq_server.supervisor import stop_asked
+from fairq_server.config.store import StoreConfig, StoreError, engine_url
+from fairq_server.runtime.supervisor import stop_asked
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig

@@ -1,10 +1,10 @@
 """Team weights, quotas and budgets in the store: set over the Admin API, read by every replica.
 
-The rows are written by :class:`~fairq_server.entitlement.managed.ManagedEntitlement` (which
+The rows are written by :class:`~fairq_server.tenancy.managed.ManagedEntitlement` (which
 checks them first) and read here as the configuration file's own entries
-(:class:`~fairq_server.teams.TeamConfig`, :class:`QuotaConfig`, :class:`BudgetConfig`). Each
+(:class:`~fairq_server.tenancy.teams.TeamConfig`, :class:`QuotaConfig`, :class:`BudgetConfig`). Each
 replica keeps what it read in memory and, like the key store, learns every
-``key_poll_seconds`` whether the ``entitlement`` counter of ``store_versions`` moved (one
+``key_poll_seconds`` whether the ``tenancy`` counter of ``store_versions`` moved (one
 query reads both counters: :mod:`~fairq_server.store.versions`); every change raises it in
 its own transaction. When it moved, the rows are
 read again and ``on_change`` is called, so a weight or a limit set on one replica holds on
@@ -24,9 +24,9 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
+from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.teams import TeamConfig
 from fairq_server.store.schema import ENTITLEMENT_VERSION, entitlement_limits, store_versions, teams
-from fairq_server.teams import TeamConfig
 
 __all__ = ["LimitEntry", "Stored", "StoredEntitlement", "limit_kind", "subject_of"]
 

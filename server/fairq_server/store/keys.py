@@ -27,12 +27,12 @@ from typing import Any
 from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from fairq_server.auth import Principal, hash_key, new_key
+from fairq_server.config.identity import MAX_KEY_USER_CHARS
+from fairq_server.config.teams import check_team_known
 from fairq_server.errors import InvalidRequestError
-from fairq_server.identity.settings import MAX_KEY_USER_CHARS, MAX_NAME_CHARS, check_name
-from fairq_server.names import escape
+from fairq_server.identity.auth import Principal, hash_key, new_key
+from fairq_server.names import MAX_NAME_CHARS, check_name, escape
 from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
-from fairq_server.teams import check_team_known
 
 __all__ = ["FIRST_KEY_ADMIN", "LAST_USE_SECONDS", "KeyStore", "StoredKey"]
 

@@ -28,12 +28,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fairq_server.log_throttle import Throttled
+from fairq_server.config.prices import PriceConfig
+from fairq_server.config.store import StoreConfig
+from fairq_server.runtime.log_throttle import Throttled
+from fairq_server.runtime.supervisor import OwnedTask, stop_asked
 from fairq_server.store.engine import short_error
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.schema import usage
-from fairq_server.store.settings import PriceConfig, StoreConfig
-from fairq_server.supervisor import OwnedTask, stop_asked
 
 __all__ = ["LOG_INTERVAL_SECONDS", "MAX_RETRY_SECONDS", "Ledger", "LedgerMetrics"]
 

@@ -18,7 +18,7 @@ The migrations (``migrations/versions``) create exactly these; a test compares t
 - ``entitlement_limits``: quotas and budgets set the same way, one row per kind (``quota`` or
   ``budget``), subject (``team`` or ``user`` and its name) and model (``""``: every model).
   Either table's rows override the configuration file's entry of the same subject
-  (:mod:`fairq_server.entitlement.managed`); the ``entitlement`` counter of ``store_versions``
+  (:mod:`fairq_server.tenancy.managed`); the ``tenancy`` counter of ``store_versions``
   is raised with every change.
 
 ``team`` is nullable in ``usage`` and ``api_keys``: a user without a team is its own team.

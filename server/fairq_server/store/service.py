@@ -1,6 +1,6 @@
 """The store as one service: its engine, the usage ledger, the key store and the quota state.
 
-:class:`Store` is what :class:`~fairq_server.api.server.FairqServer` holds: opened (and the
+:class:`Store` is what :class:`~fairq_server.doors.grpc.server.FairqServer` holds: opened (and the
 schema upgraded) before the server accepts requests, closed after the last request has ended,
 so the ledger's final rows are written before the process exits.
 """
@@ -16,19 +16,20 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fairq_server.config.prices import PriceConfig
+from fairq_server.config.store import StoreConfig, default_sqlite_path, engine_url
+from fairq_server.runtime.supervisor import stop_task
 from fairq_server.store.audit import AuditLog
 from fairq_server.store.engine import describe, open_engine, poll_forever, upgrade
 from fairq_server.store.entitlement import StoredEntitlement
 from fairq_server.store.keys import LAST_USE_SECONDS, KeyStore
 from fairq_server.store.ledger import Ledger
-from fairq_server.store.limits import LimitState
+from fairq_server.store.period_counters import LimitState
 from fairq_server.store.records import UsageRecord
 from fairq_server.store.reports import ReportRow, last_requests, usage_report
 from fairq_server.store.schema import ENTITLEMENT_VERSION, KEYS_VERSION
 from fairq_server.store.series import Series, usage_series
-from fairq_server.store.settings import PriceConfig, StoreConfig, default_sqlite_path, engine_url
 from fairq_server.store.versions import Follower, VersionWatch
-from fairq_server.supervisor import stop_task
 
 __all__ = ["Store"]
 

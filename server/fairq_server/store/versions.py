@@ -18,9 +18,9 @@ from typing import Protocol
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fairq_server.runtime.supervisor import stop_task
 from fairq_server.store.engine import poll_forever
 from fairq_server.store.schema import store_versions
-from fairq_server.supervisor import stop_task
 
 __all__ = ["Follower", "VersionWatch"]
 

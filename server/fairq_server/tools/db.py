@@ -11,10 +11,10 @@ import argparse
 import asyncio
 import sys
 
-from fairq_server.config import ConfigError
-from fairq_server.config_file import load_config
+from fairq_server.config.loader import load_config
+from fairq_server.config.schema import ConfigError
+from fairq_server.config.store import StoreConfig
 from fairq_server.store.engine import current_revision, head_revision, open_engine, upgrade
-from fairq_server.store.settings import StoreConfig
 
 __all__ = ["main"]
 

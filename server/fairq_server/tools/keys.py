@@ -16,9 +16,10 @@ import argparse
 import json
 import sys
 
-from fairq_server.config import DEFAULT_TIERS, ConfigError
+from fairq_server.config.identity import MAX_KEY_USER_CHARS
+from fairq_server.config.schema import DEFAULT_TIERS, ConfigError
 from fairq_server.identity.api_keys import KEY_PREFIX, hash_key, new_key
-from fairq_server.identity.settings import MAX_KEY_USER_CHARS, MAX_NAME_CHARS
+from fairq_server.names import MAX_NAME_CHARS
 
 __all__ = ["KEY_PREFIX", "key_entry", "main", "new_key"]
 
@@ -72,7 +73,7 @@ def _file_settings(config_path: str | None) -> tuple[tuple[str, ...], str, tuple
             "tiers of your configuration)",
             (),
         )
-    from fairq_server.config_file import load_config  # the plugin registries: on use only
+    from fairq_server.config.loader import load_config  # the plugin registries: on use only
 
     config = load_config(config_path)
     names = tuple(t.name for t in config.tiers)

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from fairq.v1 import scheduler_pb2, scheduler_pb2_grpc
-from fairq_server.config import ConsoleConfig, HttpConfig
+from fairq_server.config.schema import ConsoleConfig, HttpConfig
 from fairq_sim import SimServer
 
 from ...conftest import KEYS, FairqFactory, make_config, sim_backend

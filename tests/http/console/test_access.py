@@ -8,7 +8,7 @@ from dataclasses import replace
 import aiohttp
 import pytest
 
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
 from fairq_server.errors import ConfigError
 
 from ..conftest import Door

@@ -17,7 +17,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
-from fairq_server.config import ConsoleConfig, HttpConfig, TierConfig
+from fairq_server.config.schema import ConsoleConfig, HttpConfig, TierConfig
 from fairq_sim import SimConfig, SimServer
 
 from ...conftest import KEYS, FairqFactory, make_config, sim_backend

@@ -15,8 +15,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 
-from fairq_server.config import ConsoleConfig
-from fairq_server.teams import team_weights
+from fairq_server.config.schema import ConsoleConfig
+from fairq_server.tenancy.teams import team_weights
 from fairq_sim import SimServer
 
 from ...conftest import KEYS, FairqFactory, sim_backend

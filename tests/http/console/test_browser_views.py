@@ -19,8 +19,8 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
-from fairq_server.auth import hash_key
-from fairq_server.config import ConsoleConfig, HttpConfig, KeyConfig
+from fairq_server.config.schema import ConsoleConfig, HttpConfig, KeyConfig
+from fairq_server.identity.auth import hash_key
 from fairq_sim import SimServer
 
 from ...conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend

@@ -15,12 +15,12 @@ import grpc
 
 from fairq.v1 import scheduler_pb2_grpc
 from fairq_server.app import FairqServer
-from fairq_server.auth import hash_key
-from fairq_server.config import ConsoleConfig, HttpConfig, KeyConfig
-from fairq_server.entitlement.book import Window
-from fairq_server.entitlement.local_book import period_end
-from fairq_server.entitlement_config import QuotaConfig
-from fairq_server.teams import TeamConfig
+from fairq_server.config.entitlement import QuotaConfig
+from fairq_server.config.schema import ConsoleConfig, HttpConfig, KeyConfig
+from fairq_server.config.teams import TeamConfig
+from fairq_server.identity.auth import hash_key
+from fairq_server.tenancy.books.book import Window
+from fairq_server.tenancy.books.local import period_end
 from fairq_sim import SimServer
 
 from ...api.test_quotas import T0, Clock, entitlement, gen

@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
 from fairq_server.errors import ConfigError
 from fairq_sim import SimServer
 

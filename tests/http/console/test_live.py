@@ -11,7 +11,7 @@ from dataclasses import replace
 import aiohttp
 import grpc
 
-from fairq_server.config import ConsoleConfig, HttpConfig
+from fairq_server.config.schema import ConsoleConfig, HttpConfig
 from fairq_sim import SimServer
 
 from ...conftest import KEYS, FairqFactory, freeze_gate, make_config, sim_backend
@@ -43,7 +43,8 @@ async def test_queue_rows_mark_the_user_over_and_the_starved_one(
         calls += [sched.Generate(generate(), metadata=ALICE) for _ in range(3)]
         for call in calls:
             assert (await call.read()).WhichOneof("event") == "queued"
-        await asyncio.sleep(0.1)  # bob's request waits past starved_after (0.05 s)
+        # Real clock: a live server's dispatcher ages bob's request past starved_after (0.05 s).
+        await asyncio.sleep(0.1)
         async with (
             aiohttp.ClientSession() as http,
             http.get(f"{door.url}/console/api/live", headers=ROOT) as resp,

@@ -14,8 +14,8 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
-from fairq_server.config import DEFAULT_TIERS, ConsoleConfig, HttpConfig
-from fairq_server.preempt_config import PreemptConfig
+from fairq_server.config.preempt import PreemptConfig
+from fairq_server.config.schema import DEFAULT_TIERS, ConsoleConfig, HttpConfig
 from fairq_sim import SimConfig, SimServer
 
 from ...conftest import KEYS, FairqFactory, make_config, sim_backend

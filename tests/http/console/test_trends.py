@@ -10,9 +10,9 @@ from dataclasses import replace
 import aiohttp
 import grpc
 
-from fairq_server.auth import hash_key
-from fairq_server.config import KeyConfig, TierConfig
-from fairq_server.http.console.trends import trends_fragment
+from fairq_server.config.schema import KeyConfig, TierConfig
+from fairq_server.console.trends import trends_fragment
+from fairq_server.identity.auth import hash_key
 from fairq_server.observe.history import LiveHistory
 from fairq_sim import SimConfig, SimServer
 

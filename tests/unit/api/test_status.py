@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 from fairq_server import errors
-from fairq_server.api.status import status_for, trailers_for
+from fairq_server.doors.grpc.status import status_for, trailers_for
+from fairq_server.doors.http.errors import error_for, error_response
 from fairq_server.errors import BackendError, BackendFailure
-from fairq_server.http.errors import error_for, error_response
 
 # Every error a request can end with, as the gRPC and HTTP doors answer it.
 _ANSWERS: list[tuple[errors.SchedulerError, grpc.StatusCode, tuple[int, str, str | None]]] = [

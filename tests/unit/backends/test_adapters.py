@@ -14,11 +14,11 @@ import grpc
 import pytest
 from aiohttp import web
 
-from fairq_server.api.status import status_for
 from fairq_server.backends.request import BackendRequest, Sampling, StreamEnd, TextDelta
 from fairq_server.backends.sse import MAX_EVENT_CHARS
 from fairq_server.backends.tgi import TgiBackend
 from fairq_server.backends.vllm import VllmBackend
+from fairq_server.doors.grpc.status import status_for
 from fairq_server.errors import BackendError
 
 from ...scripted_http import Handler, reply, serve, sse, unused_url

@@ -17,9 +17,9 @@ import grpc
 import pytest
 from aiohttp import web
 
-from fairq_server.api.status import status_for
 from fairq_server.backends.request import BackendRequest, Sampling, StreamEnd
 from fairq_server.backends.vllm import VllmBackend
+from fairq_server.doors.grpc.status import status_for
 from fairq_server.errors import BackendError
 
 from ...scripted_http import serve
@@ -45,6 +45,7 @@ class Scripted:
             answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await answer.prepare(request)
             for _ in range(self.events):
+                # Real clock: a loopback HTTP server's gaps against the idle watch's loop timer.
                 await asyncio.sleep(self.gap)
                 await answer.write(EVENT)
             if not self.end:

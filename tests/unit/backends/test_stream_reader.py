@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator
 
 import pytest
@@ -11,9 +10,11 @@ import pytest
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.backends.vllm import VllmBackend
+from fairq_server.runtime.loop_tools import LoopTools
 from fairq_server.scheduling.attempt_stream import AttemptSink
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.prefix import PrefixCache
+from tests.fakeclock import FakeClock
 from tests.unit.scheduling.helpers import ticket
 
 WINDOW = 0.3
@@ -24,8 +25,9 @@ TOKENS = 15
 class Sink:
     """Records when the reader reported the stream's end; ``bound`` is the output bound."""
 
-    def __init__(self, bound: int | None) -> None:
+    def __init__(self, bound: int | None, clock: FakeClock) -> None:
         self.bound = bound
+        self.clock = clock
         self.tokens = 0
         self.ended_at: float | None = None
 
@@ -34,7 +36,7 @@ class Sink:
         return True
 
     def ended(self, end: StreamEnd) -> None:
-        self.ended_at = time.monotonic()
+        self.ended_at = self.clock.monotonic()
 
     def failed(self, error: Exception) -> None:
         raise AssertionError(error)
@@ -43,16 +45,16 @@ class Sink:
         return None if self.bound is None else self.bound - self.tokens
 
 
-async def _backend(events: asyncio.Queue[StreamEvent]) -> float:
+async def _backend(events: asyncio.Queue[StreamEvent], clock: FakeClock) -> float:
     """Produce a token every EVERY seconds, then the end; return when the end was produced.
 
     The backend runs on its own timeline, whether or not anyone reads (as a socket fills).
     """
     for _ in range(TOKENS):
-        await asyncio.sleep(EVERY)
+        await clock.sleep(EVERY)
         events.put_nowait(TextDelta("x"))
     events.put_nowait(StreamEnd(finish_reason="length"))
-    return time.monotonic()
+    return clock.monotonic()
 
 
 async def _stream(events: asyncio.Queue[StreamEvent]) -> AsyncGenerator[StreamEvent]:
@@ -64,18 +66,24 @@ async def _stream(events: asyncio.Queue[StreamEvent]) -> AsyncGenerator[StreamEv
 async def test_the_end_of_a_bounded_stream_is_seen_as_it_comes(bound: int | None) -> None:
     """Without a bound the end waits out the window it fell in (210 ms late here: the
     reader sleeps 30-330 ms and 360-660 ms, the end comes at 450); with one, the window in
-    which the end is due is cut to the time the tokens left take at the stream's pace."""
+    which the end is due is cut to the time the tokens left take at the stream's pace.
+
+    Backend and reader run on a fake clock: the lateness is exact, whatever the machine's load.
+    """
+    clock = FakeClock()
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
-    sink = Sink(bound)
-    produced = asyncio.create_task(_backend(events))
-    await start_reading(_stream(events), sink, WINDOW)
-    end = await produced
+    sink = Sink(bound, clock)
+    produced = asyncio.create_task(_backend(events, clock))
+    reading = start_reading(_stream(events), sink, WINDOW, LoopTools(clock))
+    await clock.advance(2 * TOKENS * EVERY + WINDOW)  # long past the end and its window
+    assert reading.done() and produced.done()
+    end = produced.result()
     assert sink.tokens == TOKENS and sink.ended_at is not None
     late = sink.ended_at - end
     if bound is None:
-        assert late > WINDOW / 3, late  # the control: the window does hold the end back
+        assert late == pytest.approx(0.21), late  # the control: the window holds the end back
     else:
-        assert late < WINDOW / 3, late
+        assert late == pytest.approx(0.0), late
 
 
 @pytest.mark.parametrize(("max_in_flight", "expected"), [(0, None), (8, 10)])

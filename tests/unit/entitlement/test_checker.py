@@ -7,15 +7,15 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from fairq_server.entitlement.book import Measure, Scope, Window
-from fairq_server.entitlement.checker import Claim, Entitlement
-from fairq_server.entitlement.limits import LimitTable
-from fairq_server.entitlement.local_book import LocalBook
-from fairq_server.entitlement.metrics import EntitlementMetrics
-from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
+from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.prices import PriceConfig
 from fairq_server.errors import QuotaExceededError
-from fairq_server.store.settings import PriceConfig
-from fairq_server.team_labels import TeamLabels
+from fairq_server.tenancy.books.book import Claim, Measure, Scope, Window
+from fairq_server.tenancy.books.local import LocalBook
+from fairq_server.tenancy.checker import Entitlement
+from fairq_server.tenancy.metrics import EntitlementMetrics
+from fairq_server.tenancy.rules import LimitTable
+from fairq_server.tenancy.team_labels import TeamLabels
 
 T0 = 1_800_000_000.0
 

@@ -6,8 +6,16 @@ from __future__ import annotations
 import datetime as dt
 import tracemalloc
 
-from fairq_server.entitlement.book import Grant, LimitKey, LimitUse, Measure, Refusal, Scope, Window
-from fairq_server.entitlement.local_book import LocalBook, period_end
+from fairq_server.tenancy.books.book import (
+    Grant,
+    LimitKey,
+    LimitUse,
+    Measure,
+    Refusal,
+    Scope,
+    Window,
+)
+from fairq_server.tenancy.books.local import LocalBook, period_end
 
 T0 = dt.datetime(2026, 3, 31, 23, 59, 0, tzinfo=dt.UTC).timestamp()
 

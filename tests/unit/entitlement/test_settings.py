@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
 from fairq_server.errors import ConfigError
 
 BASE = """

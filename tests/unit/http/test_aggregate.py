@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import time
 
-from fairq_server.http.aggregate import ChunkMerger
+from fairq_server.doors.http.aggregate import ChunkMerger
 
 
 def chat_chunk(index: int, delta: dict[str, object], **kw: object) -> dict[str, object]:

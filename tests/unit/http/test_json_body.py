@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fairq_server.http import json_body
+from fairq_server.doors.http import json_body
 
 
 def big_body() -> bytes:

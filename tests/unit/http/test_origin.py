@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.console_config import LOOPBACK_HOSTS, split_host
-from fairq_server.http.origin import host_allowed
+from fairq_server.config.console import LOOPBACK_HOSTS, split_host
+from fairq_server.doors.http.origin import host_allowed
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fairq_server.config import Limits
+from fairq_server.config.schema import RequestBounds
+from fairq_server.doors.http.parse import parse_request
 from fairq_server.errors import InvalidRequestError
-from fairq_server.http.parse import parse_request
 
 
 def test_pass_through_and_interpreted_fields() -> None:
@@ -23,7 +23,7 @@ def test_pass_through_and_interpreted_fields() -> None:
         "stream_options": {"include_usage": True}, "tools": [{"type": "function"}],
         "response_format": {"type": "json_object"}, "n": 2, "top_k": 3, "user": "ann",
     }  # fmt: skip
-    parsed = parse_request(body, "chat", Limits(max_sequences=2))
+    parsed = parse_request(body, "chat", RequestBounds(max_sequences=2))
     r = parsed.request
     assert parsed.stream and parsed.include_usage and parsed.user == "ann"
     assert r.messages == (("system", "be brief"), ("user", "hi there"), ("assistant", ""),
@@ -68,7 +68,7 @@ def test_pass_through_and_interpreted_fields() -> None:
 def test_refusals(body: dict[str, object], needle: str) -> None:
     with pytest.raises(InvalidRequestError, match=needle.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):  # fmt: skip
-        parse_request(body, "completion", Limits())
+        parse_request(body, "completion", RequestBounds())
 
 
 @pytest.mark.parametrize(
@@ -88,8 +88,8 @@ def test_prompt_limit_counts_every_string_of_a_message(message: dict[str, object
     with pytest.raises(
         InvalidRequestError, match=r"messages have \d+ characters; the limit is 1000"
     ):
-        parse_request(body, "chat", Limits(max_prompt_chars=1000))
-    assert parse_request(body, "chat", Limits(max_prompt_chars=3000)).request.raw_messages
+        parse_request(body, "chat", RequestBounds(max_prompt_chars=1000))
+    assert parse_request(body, "chat", RequestBounds(max_prompt_chars=3000)).request.raw_messages
 
 
 def test_message_nesting_bounded_by_max_extra_depth() -> None:
@@ -98,20 +98,20 @@ def test_message_nesting_bounded_by_max_extra_depth() -> None:
         deep = [deep]
     body = {"model": "m", "messages": [{"role": "user", "content": "hi", "meta": deep}]}
     with pytest.raises(InvalidRequestError, match=r"messages\[0\] is nested deeper than 32 levels"):
-        parse_request(body, "chat", Limits())
+        parse_request(body, "chat", RequestBounds())
     shallow = {
         "model": "m",
         "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}],
     }
-    assert parse_request(shallow, "chat", Limits(max_extra_depth=3)).request.messages == (
+    assert parse_request(shallow, "chat", RequestBounds(max_extra_depth=3)).request.messages == (
         ("user", "a"),
     )
     with pytest.raises(InvalidRequestError, match="nested deeper than 2 levels"):
-        parse_request(shallow, "chat", Limits(max_extra_depth=2))
+        parse_request(shallow, "chat", RequestBounds(max_extra_depth=2))
 
 
 def test_prompt_shapes() -> None:
-    limits = Limits()
+    limits = RequestBounds()
     one = parse_request({"model": "m", "prompt": ["only"], "request_id": "r"}, "completion", limits)
     assert one.batch == () and one.request.prompt == "only" and one.request.request_id == "r"
     ids = parse_request({"model": "m", "prompt": [5, 0, 2**31 - 1]}, "completion", limits)
@@ -128,7 +128,7 @@ def test_prompt_shapes() -> None:
 
 
 def test_every_prompt_of_a_list_is_bounded() -> None:
-    limits = Limits(max_prompt_chars=40, max_prompts=3)
+    limits = RequestBounds(max_prompt_chars=40, max_prompts=3)
     parse_request({"model": "m", "prompt": ["x" * 40] * 3}, "completion", limits)
     with pytest.raises(
         InvalidRequestError, match=r"prompt\[2\] has 41 characters; the limit is 40"

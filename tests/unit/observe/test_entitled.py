@@ -13,8 +13,8 @@ from fairq_server.observe.live import (
     UserRow,
     _judge,
 )
-from fairq_server.observe.standing import LimitRow
-from fairq_server.requests.recent import RecentService
+from fairq_server.observe.recent import RecentService
+from fairq_server.tenancy.standing import LimitRow
 
 
 class Clock:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fairq_server.entitlement.book import Grant, LimitKey, LimitUse, Refusal, Window
-from fairq_server.entitlement.checker import Entitlement
-from fairq_server.entitlement.local_book import LocalBook, period_end
-from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
-from fairq_server.observe.standing import StandingReader
-from fairq_server.store.settings import PriceConfig
+from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.prices import PriceConfig
+from fairq_server.tenancy.books.book import Grant, LimitKey, LimitUse, Refusal, Window
+from fairq_server.tenancy.books.local import LocalBook, period_end
+from fairq_server.tenancy.checker import Entitlement
+from fairq_server.tenancy.standing import StandingReader
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fairq_server.backends.request import BackendRequest
-from fairq_server.requests.estimate import estimate_tokens
+from fairq_server.doors.estimate import estimate_tokens
 
 
 def test_a_token_id_prompt_is_estimated_by_its_length() -> None:

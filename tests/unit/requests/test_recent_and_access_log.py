@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from fairq_server.requests.access_log import RequestTrace, format_line
-from fairq_server.requests.recent import RecentService
+from fairq_server.doors.access_log import RequestTrace, format_line
+from fairq_server.observe.recent import RecentService
 
 
 class Clock:

@@ -13,7 +13,7 @@ import pytest
 
 from fairq_server.backends.request import MetricsSample
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import TierConfig
+from fairq_server.config.schema import TierConfig
 from fairq_server.scheduling.backend_state import BackendState, Health
 from fairq_server.scheduling.counters import JournaledCounters, LocalCounters, PeerHeads
 from fairq_server.scheduling.interfaces import Cost, GateOutcome

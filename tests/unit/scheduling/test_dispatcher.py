@@ -17,7 +17,7 @@ import pytest
 
 from fairq_server.backends.request import MetricsSample, StreamEnd
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import SchedulerConfig, TierConfig
+from fairq_server.config.schema import SchedulerConfig, TierConfig
 from fairq_server.errors import (
     BackendError,
     BackendFailure,
@@ -635,8 +635,16 @@ async def test_grouping_lets_a_prefix_user_run_ahead_by_at_most_q() -> None:
 
 async def test_a_crash_in_the_loop_fails_queued_requests_reports_and_restarts() -> None:
     health: list[bool] = []
+    restarted = asyncio.Event()
+
+    def on_health(serving: bool) -> None:
+        health.append(serving)
+        if serving:
+            restarted.set()
+
     async with Harness() as h:
-        h.d._on_health = health.append
+        h.d._on_health = on_health
+        h.d.restart_delays = (0.0,)  # the delays are supervise's (test_supervisor_stop.py)
         h.scrape(waiting=10)  # everything stays queued
         running, queued = h.ticket("r"), [h.ticket(u) for u in "ab"]
         h.scrape(waiting=0)
@@ -658,9 +666,8 @@ async def test_a_crash_in_the_loop_fails_queued_requests_reports_and_restarts() 
         for t in queued:
             error = await error_of(t)
             assert type(error).__name__ == "InternalError" and str(error) == "internal error"
-        async with asyncio.timeout(5):  # the first restart comes after 50 ms
-            while len(health) < 2:  # noqa: ASYNC110 - the callback sets no event
-                await asyncio.sleep(0.01)
+        async with asyncio.timeout(5):
+            await restarted.wait()
         assert health == [False, True] and h.d.crashes == 1
         # Running requests were not touched, and the restarted loop dispatches again.
         assert running.state is TicketState.RUNNING

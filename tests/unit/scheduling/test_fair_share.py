@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from fairq_server.backends.openai import OpenAIBackend
 from fairq_server.backends.request import BackendRequest, Sampling
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import ConfigError, TierConfig
-from fairq_server.config_file import parse_config
+from fairq_server.config.loader import parse_config
+from fairq_server.config.schema import ConfigError, TierConfig
 from fairq_server.scheduling import fair_share
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.ticket import Ticket, TicketState

@@ -6,7 +6,7 @@ import pytest
 
 from fairq_server.backends.request import MetricsSample
 from fairq_server.backends.vllm import VllmBackend
-from fairq_server.config import TierConfig
+from fairq_server.config.schema import TierConfig
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.gate import GateOutcome, ThresholdGate, estimated_waiting
 from fairq_server.scheduling.prefix import PrefixCache

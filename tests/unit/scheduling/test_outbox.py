@@ -3,49 +3,51 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
-from fairq_server import pace
 from fairq_server.backends.request import StreamEnd
+from fairq_server.runtime.pace import Pace
 from fairq_server.scheduling.outbox import Finished, Outbox, Started, Text
+from tests.fakeclock import FakeClock
 
 WINDOW = 0.05
+# The windows run on a fake clock: a take that waits shows as an unfinished task until the
+# test moves time, so the figures are exact whatever the machine's load.
 
 
 async def test_first_text_goes_at_once_and_later_text_waits_for_the_window() -> None:
-    box = Outbox(window=WINDOW)
+    clock = FakeClock()
+    box = Outbox(window=WINDOW, clock=clock)
     box.put_text("a")
-    started = time.monotonic()
-    assert await box.take() == [Text("a")]
-    assert time.monotonic() - started < WINDOW
+    assert await box.take() == [Text("a")]  # no time passed
     box.put_text("b")
     box.put_text("c")
     taker = asyncio.create_task(box.take())
-    await asyncio.sleep(0)
+    await clock.advance(WINDOW / 2)
+    assert not taker.done()
     box.put_text("d")  # arrives while the taker waits for the window's end
-    assert await taker == [Text("bcd")]
-    assert time.monotonic() - started >= WINDOW * 0.99
+    await clock.advance(WINDOW / 2)
+    assert taker.done() and taker.result() == [Text("bcd")]
 
 
 async def test_a_stretched_window_holds_later_text_longer_but_never_the_first() -> None:
-    loop_pace = pace.for_loop()
+    clock = FakeClock()
+    loop_pace = Pace()
     loop_pace.stretch = 4.0  # as the loop monitor sets it near the loop's capacity
-    try:
-        box = Outbox(window=WINDOW)
-        box.put_text("a")
-        started = time.monotonic()
-        assert await box.take() == [Text("a")]
-        assert time.monotonic() - started < WINDOW
-        box.put_text("b")
-        assert await box.take() == [Text("b")]
-        assert time.monotonic() - started >= 4 * WINDOW * 0.99
-    finally:
-        loop_pace.reset()
+    box = Outbox(window=WINDOW, pace=loop_pace, clock=clock)
+    box.put_text("a")
+    assert await box.take() == [Text("a")]
+    box.put_text("b")
+    taker = asyncio.create_task(box.take())
+    await clock.advance(4 * WINDOW * 0.99)
+    assert not taker.done()
+    await clock.advance(4 * WINDOW * 0.02)
+    assert taker.done() and taker.result() == [Text("b")]
 
 
 async def test_a_waiting_taker_is_woken_once_at_the_windows_end() -> None:
     """Text inside a window does not wake the taker early (it would only go back to sleep)."""
-    box = Outbox(window=1.0)  # long enough that the pieces below all fall inside it
+    clock = FakeClock()
+    box = Outbox(window=1.0, clock=clock)
     box.put_text("a")
     await box.take()
     woken = 0
@@ -63,21 +65,22 @@ async def test_a_waiting_taker_is_woken_once_at_the_windows_end() -> None:
     await asyncio.sleep(0)
     for piece in "bcdef":
         box.put_text(piece)
-        await asyncio.sleep(0)  # the taker runs in between, were it woken
-    assert await taker == [Text("bcdef")]
+        await clock.advance(0.1)  # the taker runs in between, were it woken
+    assert not taker.done()
+    await clock.advance(0.5)  # the window's end
+    assert taker.done() and taker.result() == [Text("bcdef")]
     assert woken == 1
 
 
 async def test_a_lifecycle_event_wakes_the_taker_at_once_with_the_text_before_it() -> None:
-    box = Outbox(window=10.0)
+    clock = FakeClock()
+    box = Outbox(window=10.0, clock=clock)
     box.put_text("a")
     await box.take()
     box.put_text("b")  # would wait up to 10 s
     end = Finished(StreamEnd("stop"), 1, 2, 0.0, 0.0, 0.0)
     box.put(end)
-    started = time.monotonic()
-    assert await box.take() == [Text("b"), end]
-    assert time.monotonic() - started < 1.0
+    assert await box.take() == [Text("b"), end]  # the clock never moved
 
 
 async def test_no_window_hands_text_out_as_it_comes() -> None:

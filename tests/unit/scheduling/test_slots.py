@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairq_server.config import TierConfig
+from fairq_server.config.schema import TierConfig
 from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.slot_share import Outstanding
 from fairq_server.scheduling.ticket import Ticket, TicketState

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairq_server.preempt_config import PreemptConfig
+from fairq_server.config.preempt import PreemptConfig
 from fairq_server.scheduling.victims import (
     RateCap,
     Running,

@@ -1,5 +1,0 @@
-"""The OpenAI-compatible HTTP door (chat, completions, models)."""
-
-from fairq_server.http.server import HttpDoor
-
-__all__ = ["HttpDoor"]
