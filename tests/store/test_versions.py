@@ -139,3 +139,37 @@ async def test_key_uses_are_noted_in_memory_and_written_in_one_batch(
 
 def hash_key_bytes(secret: str) -> bytes:
     return bytes.fromhex(hash_key(secret))
+
+
+async def test_silence_counts_from_an_unanswered_poll_not_from_the_last_answer(
+    tmp_path: Path,
+) -> None:
+    """A replica late to ask (a loaded machine) has a store that answers: silence is 0.
+
+    Before, silence was the time since the last answer, so a replica whose polls were late
+    refused Admin calls as "the store has not answered for 2 s" with the database up.
+    """
+    path = tmp_path / "broken.db"
+    engine = await open_engine(StoreConfig(url=f"sqlite:///{path}"))
+    await engine.dispose()
+    path.write_bytes(b"not a database" * 100)  # every poll from now on fails
+    try:
+        watch = VersionWatch(engine, 0.25, {})
+        assert watch.silent_seconds == 0.0  # nothing asked yet, however long ago it started
+        with pytest.raises(Exception, match="not a database"):
+            await watch.poll()
+        first = watch.silent_seconds
+        with pytest.raises(Exception, match="not a database"):
+            await watch.poll()
+        assert 0.0 < first < watch.silent_seconds  # from the first unanswered ask on
+    finally:
+        await engine.dispose()
+    _, _, answering = await followers(await _fresh(tmp_path))
+    await answering.poll()
+    assert answering.silent_seconds == 0.0
+
+
+async def _fresh(tmp_path: Path) -> AsyncEngine:
+    engine = await open_engine(StoreConfig(url=f"sqlite:///{tmp_path / 'fresh.db'}"))
+    await upgrade(engine)
+    return engine

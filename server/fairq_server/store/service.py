@@ -82,10 +82,10 @@ class Store:
         return describe(engine_url(self.config, self._state_file))
 
     def silent_seconds(self) -> float:
-        """Return the seconds since the database last answered a poll.
+        """Return the seconds the database has left the replica's polls unanswered.
 
         The replica polls it every ``key_poll_seconds``: a store silent for long is down or
-        hung.
+        hung (counted from the first unanswered ask, so a replica late to ask is not).
         """
         return self._watch.silent_seconds if self._watch is not None else 0.0
 
