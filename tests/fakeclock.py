@@ -62,6 +62,10 @@ class FakeClock:
         """The fake CPU time: grows only by ``busy`` in :meth:`advance` and :meth:`hold`."""
         return self._cpu
 
+    def busy_time(self) -> float:
+        """The fake CPU time (a fake thread never waits for a core)."""
+        return self._cpu
+
     def call_later(self, delay: float, callback: Callable[[], object]) -> FakeTimer:
         """Run ``callback`` when the clock is advanced ``delay`` seconds past now."""
         timer = FakeTimer(self._now + max(delay, 0.0), next(self._seq), callback)

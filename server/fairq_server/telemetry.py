@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 
 from fairq_server.tenancy.team_labels import TeamLabels
+from fairq_server.tenancy.waits import WaitTally
 
 if TYPE_CHECKING:
     from fairq_server.backends.request import MetricsSample
@@ -99,8 +100,9 @@ class Telemetry:
         )
         self.loop_load = Gauge(
             "fairq_event_loop_load",
-            "Load of fairq's event loop over the last 100 ms (0-1): its thread's CPU time over "
-            "the wall time, or the share of the time bulk work waited for a later pass, "
+            "Load of fairq's event loop over the last 100 ms (0-1): the time its thread ran or "
+            "waited for a core (Linux; elsewhere its CPU time) over the wall time, or the share "
+            "of the time bulk work waited for a later pass, "
             "whichever is larger.",
             registry=r,
         )
@@ -209,6 +211,8 @@ class Telemetry:
             ["team", "kind"], registry=r,
         )  # fmt: skip
         self.team_labels = TeamLabels()
+        # Per user and team waits for the console's trends (no label per user: unbounded).
+        self.waits = WaitTally()
         # The children the per-request path touches, kept (see Children).
         self.queue_wait_of = Children(self.queue_wait)
         self.ttft_of = Children(self.ttft)

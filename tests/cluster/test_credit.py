@@ -147,6 +147,8 @@ async def test_idle_credit_goes_back_when_another_replica_fills_the_backend(
 
     One running slot and long requests: B's requests queue on the backend up to the
     threshold only once A has given its idle slot back (held, it would keep them at 1).
+    The engine crawls until they do: at full speed B's four requests could be served before
+    a loaded machine let A hear the counts and give back (the queue then never had two).
     """
     threshold = 2
     one_slot = SimConfig(mode="vllm", model="sim", speed=5.0, max_num_seqs=1)
@@ -156,9 +158,14 @@ async def test_idle_credit_goes_back_when_another_replica_fills_the_backend(
         await one_request(a)
         await until(lambda: credit_of(a).idle(BACKEND) == 1, what="A's idle credit slot")
         sim.engine.peak_waiting = 0
-        outcomes = await asyncio.gather(*(send(b, f"flood {j}", 60) for j in range(4)))
+        sim.config.speed = 0.05  # B's first request holds the one slot until the queue is full
+        flood = [asyncio.create_task(send(b, f"flood {j}", 60)) for j in range(4)]
+        await until(lambda: metric(a, "credit", "returned") == 1, 60, "A's slot given back")
+        await until(lambda: sim.engine.peak_waiting == threshold, 60, "B's queue to the threshold")
+        sim.config.speed = 5.0
+        outcomes = await asyncio.gather(*flood)
         assert all(o.code is grpc.StatusCode.OK for o in outcomes), outcomes
-        assert sim.engine.peak_waiting == threshold, sim.engine.peak_waiting
+        assert sim.engine.peak_waiting == threshold, sim.engine.peak_waiting  # never past it
         assert metric(a, "credit", "returned") == 1
 
 

@@ -1,5 +1,6 @@
 """The keys view lists the configuration file's keys beside the stored ones, with each key's
-expiry and its user's last request (before: stored keys only, neither column)."""
+expiry and last use: a stored key's own (before: its user's last request, the same on each of
+a user's keys), a file key's user's last request."""
 
 from __future__ import annotations
 
@@ -31,13 +32,15 @@ async def test_keys_view_lists_file_keys_expiry_and_last_request(
     assert server.store is not None
     expires = time.time() + 3 * 86400
     dee, _ = await server.store.keys.create("dee", expires_at=expires)
+    used, secret = await server.store.keys.create("dee")  # dee's second key, the one she uses
     gone, _ = await server.store.keys.create("gone")
     await server.store.keys.revoke(gone.id)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = scheduler_pb2_grpc.SchedulerStub(channel).Generate(
-            generate(), metadata=(("authorization", "Bearer alice-key"),)
-        )
-        assert [e.WhichOneof("event") async for e in call][-1] == "finished"
+        for key in ("alice-key", secret):
+            call = scheduler_pb2_grpc.SchedulerStub(channel).Generate(
+                generate(), metadata=(("authorization", f"Bearer {key}"),)
+            )
+            assert [e.WhichOneof("event") async for e in call][-1] == "finished"
     url = f"http://127.0.0.1:{server.http_port}"
     async with (
         aiohttp.ClientSession() as http,
@@ -53,9 +56,12 @@ async def test_keys_view_lists_file_keys_expiry_and_last_request(
     assert "<td>yes</td>" in file_rows["root"]  # admin
     # Stored keys: expiry, state, and no last request for users who made none.
     stored = dict(re.findall(r'<tr data-key="([^"]+)" data-state="(\w+)">', page))
-    assert stored == {dee.id: "active", gone.id: "revoked"}
+    assert stored == {dee.id: "active", used.id: "active", gone.id: "revoked"}
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(expires))
     [dee_row] = re.findall(rf'<tr data-key="{dee.id}".*?</tr>', page)
     assert f"<td>{when}</td>" in dee_row and "<td>—</td>" in dee_row
+    assert "ago" not in dee_row  # never used (her other key was)
+    [used_row] = re.findall(rf'<tr data-key="{used.id}".*?</tr>', page)
+    assert re.search(r"<td><time[^>]*>\d+ s ago</time></td>", used_row)  # just now
     [gone_row] = re.findall(rf'<tr data-key="{gone.id}".*?</tr>', page)
     assert "<td>never</td>" in gone_row

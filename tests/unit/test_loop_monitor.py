@@ -8,7 +8,10 @@ figures asserted are exact. One test runs on the real uvloop, whose timers are i
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import uvloop
@@ -123,3 +126,54 @@ async def test_bulk_work_waiting_for_a_later_pass_counts_as_load() -> None:
         await monitor.stop()
     assert not tools.share.backlogged  # all taken
     assert samples == [1.0]  # every tick saw work waiting; the CPU time alone says 0
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="Linux schedstat")
+async def test_a_loop_waiting_for_its_core_counts_as_busy() -> None:
+    """Beside a busy process on its core the loop runs half the time and never rests: load ~1.
+
+    Real time and a real second process on purpose (the kernel's accounting is the subject).
+    Its CPU time over the wall time says the core's share (about half) instead: the window
+    stretched only half way on a shared core (a real-clock busy-loop test failed for it on a
+    loaded machine).
+    """
+    samples: list[float] = []
+    eight = asyncio.Event()
+
+    def report(load: float, _stretch: float) -> None:
+        samples.append(load)
+        if len(samples) == 8:
+            eight.set()
+
+    monitor = LoopMonitor(lambda _: None, LoopTools(), interval=0.01, report=report)
+    loop = asyncio.get_running_loop()
+    core = min(os.sched_getaffinity(0))
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})  # this thread (the loop's) only
+    hog = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    )
+    busy = True
+
+    def spin() -> None:
+        end = time.perf_counter() + 0.005
+        while time.perf_counter() < end:
+            pass
+        if busy:
+            loop.call_soon(spin)
+
+    try:
+        loop.call_soon(spin)
+        cpu, wall = time.thread_time(), time.monotonic()
+        monitor.start()
+        async with asyncio.timeout(30):
+            await eight.wait()
+        share = (time.thread_time() - cpu) / (time.monotonic() - wall)
+    finally:
+        busy = False
+        await monitor.stop()
+        hog.kill()
+        await hog.wait()
+        os.sched_setaffinity(0, pinned)
+    assert share < 0.8, share  # the core was shared: the CPU time alone would say so
+    assert min(samples[1:]) > pace.FULL, (samples, share)

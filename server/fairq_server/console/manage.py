@@ -76,15 +76,16 @@ class ManageRoutes:
     async def keys_page(self, csrf: str, notice: Markup = _NO_NOTICE) -> Markup:
         """Return the keys view's body: the create form, every stored key, the file's keys.
 
-        Each key says when it expires and when its user's last request ended (the ledger
-        records users, not keys: a user with two keys shows the same moment on both), over the
-        last :data:`LAST_USE_DAYS` days.
+        Each key says when it expires and when it was last used: a stored key its own last
+        use (recorded by the replicas, written a minute at a time), a file key its user's
+        last request over the last :data:`LAST_USE_DAYS` days (the ledger records users, not
+        keys: a user with two file keys shows the same moment on both).
         """
         now = time.time()
         keys = await self._store.keys.list(include_revoked=True)
         file_keys = list(self._file_keys())
-        users = {k.user for k in keys} | {k.user for k in file_keys}
-        last = await self._store.last_requests(users, now - LAST_USE_DAYS * 86400)
+        users = {k.user for k in file_keys}
+        last = await self._store.last_requests(users, now - LAST_USE_DAYS * 86400) if users else {}
         rows = []
         for k in keys:
             if k.revoked_at:
@@ -99,7 +100,7 @@ class ManageRoutes:
                     state=state,
                     created=_when(k.created_at),
                     expires=_when(k.expires_at) if k.expires_at is not None else "never",
-                    last=_last(last.get(k.user), now),
+                    last=_last(k.last_used_at, now),
                 )
             )
         file_rows = [

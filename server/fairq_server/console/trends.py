@@ -28,9 +28,19 @@ _SECTIONS = (
     ("model", "Queues per model"),
     ("tier", "Waits per tier (mean over each interval)"),
     ("all", "Tokens per second"),
-    ("team", "Per team: tokens per second, and the most queued"),
-    ("user", "Per user: the most served (tokens per second, about the last minute) and queued"),
+    (
+        "team",
+        "Per team: tokens per second, the most queued, and the waits of those who "
+        "waited the most (mean over each interval; the other teams together)",
+    ),
+    (
+        "user",
+        "Per user: the most served (tokens per second, about the last minute), the most "
+        "queued, and the waits of those who waited the most (the other users together)",
+    ),
 )
+# The group of a kind's "others" (no name can be empty, so no named group is spelt so).
+_OTHERS = {"team": "other teams", "user": "other users"}
 
 
 def _figure(value: float, unit: str) -> str:
@@ -67,10 +77,12 @@ def _sparkline(trend: Trend, index: int, span: str) -> SimpleNamespace:
     top = max(known, default=0.0)
     now = _figure(last, trend.unit) if last is not None else "—"
     highest = _figure(top, trend.unit)
+    shown = _OTHERS.get(trend.group, trend.group)
     return SimpleNamespace(
         group=trend.group,
+        shown=shown,
         name=trend.name,
-        summary=f"{trend.group}, {trend.name}: now {now}, highest {highest} over the last {span}",
+        summary=f"{shown}, {trend.name}: now {now}, highest {highest} over the last {span}",
         data=",".join("" if v is None else f"{v:.6g}" for v in trend.values),
         last="" if last is None else f"{last:.6g}",
         colour=f"s{index % 9}",

@@ -8,9 +8,12 @@ wait and time to first token of the requests that got there since the last sampl
 ``fairq_queue_wait_seconds`` and ``fairq_time_to_first_token_seconds`` histograms), the
 completion tokens per second overall and per team (``fairq_tokens_total`` and
 ``fairq_team_tokens_total``, whose team label is already bounded), the users served the most
-(from the recent service, the figures of ``fairq top``; five per sample), and the five teams
+(from the recent service, the figures of ``fairq top``; five per sample), the five teams
 and five users with the most requests queued, with their longest wait (up to
-:data:`MAX_WALK` queued users; beyond, the model's totals only).
+:data:`MAX_WALK` queued users; beyond, the model's totals only), and the mean queue wait and
+time to first token of the five teams and five users who waited the most in the interval,
+and of all the other teams and users together (groups ``team`` and ``user``; summed on the
+requests' path by :class:`~fairq_server.tenancy.waits.WaitTally`, bounded).
 
 Bounded: at most ``points`` samples are kept (a :class:`collections.deque`), and every sample
 holds a bounded number of figures (models and tiers are the configuration's, teams the
@@ -32,6 +35,7 @@ from prometheus_client import Metric
 
 from fairq_server.core import FairqCore
 from fairq_server.observe.recent import RecentService
+from fairq_server.tenancy.waits import Interval, Sums
 
 __all__ = ["LiveHistory", "Trend"]
 
@@ -154,6 +158,7 @@ class LiveHistory:
                     group = f"team {label}" if label else "all"
                     rate = max(0.0, value - then.get((kind, label), 0.0)) / elapsed
                     figures[(group, "tokens/s", "tokens/s")] = rate
+        _waits(telemetry.waits.take(), figures)
         served = self._recent.values()
         for user, value in heapq.nlargest(TOP_USERS, served.items(), key=lambda kv: kv[1]):
             # About the last minute's rate: a decayed total over its time constant.
@@ -174,6 +179,33 @@ class LiveHistory:
         ]  # fmt: skip
 
 
+def _waits(interval: Interval, figures: dict[tuple[str, str, str], float]) -> None:
+    """Add the mean wait and time to first token of the teams and users who waited the most.
+
+    :data:`TOP_USERS` of each, and all the others together (group ``team`` or ``user`` alone:
+    no name can be empty, so it is told apart from every named one).
+    """
+    teams = {f"team {t if t is not None else 'none'}": v for t, v in interval.teams.items()}
+    users = {f"user {u}": v for u, v in interval.users.items()}
+    for kind, table, untracked in (
+        ("team", teams, interval.other_teams),
+        ("user", users, interval.other_users),
+    ):
+        top = heapq.nlargest(TOP_USERS, table.items(), key=lambda kv: kv[1].weight)
+        rest = Sums()
+        rest.add(untracked)
+        if len(table) > len(top):
+            chosen = {group for group, _ in top}
+            for group, sums in table.items():
+                if group not in chosen:
+                    rest.add(sums)
+        for group, sums in [*top, (kind, rest)]:
+            if sums.waits:
+                figures[(group, "queue wait", "s")] = sums.wait / sums.waits
+            if sums.firsts:
+                figures[(group, "time to first token", "s")] = sums.ttft / sums.firsts
+
+
 def _add(table: dict[K, list[float]], key: K, count: float, arrival: float) -> None:
     entry = table.get(key)
     if entry is None:
@@ -183,10 +215,12 @@ def _add(table: dict[K, list[float]], key: K, count: float, arrival: float) -> N
         entry[1] = min(entry[1], arrival)
 
 
-def _order(key: tuple[str, str, str]) -> tuple[int, str, str]:
+def _order(key: tuple[str, str, str]) -> tuple[int, bool, str, str]:
     kinds = ("all", "model", "tier", "team", "user")
     group, name, _ = key
-    return kinds.index(group.split(" ", 1)[0]), group, name
+    kind = group.split(" ", 1)[0]
+    # A kind's "others" (the group without a name) after its named groups.
+    return kinds.index(kind), group == kind and kind in ("team", "user"), group, name
 
 
 def _histogram(families: Iterable[Metric], kind: str, out: dict[tuple[str, str], float]) -> None:

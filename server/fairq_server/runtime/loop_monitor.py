@@ -11,8 +11,12 @@ fifth of an idle fairq's CPU before (docs/design/hot-path.md). The timer, the ti
 time are the :class:`~fairq_server.runtime.clock.Clock`'s, so a test drives the monitor by
 moving a fake clock.
 
-Every :data:`~fairq_server.runtime.pace.SAMPLE_TICKS` ticks the monitor also samples the loop's load
-for the coalescing window's stretch (:mod:`~fairq_server.runtime.pace`).
+Every :data:`~fairq_server.runtime.pace.SAMPLE_TICKS` ticks the monitor also samples the
+loop's load for the coalescing window's stretch (:mod:`~fairq_server.runtime.pace`). The
+loop's thread is busy while it runs and while it is ready to run but waits for a core another
+process holds (:meth:`~fairq_server.runtime.clock.Clock.busy_time`): on a shared core its CPU
+time alone reads as the core's share (half of it beside one busy process) while the loop
+never rests.
 """
 
 from __future__ import annotations
@@ -57,13 +61,13 @@ class LoopMonitor:
         self._due = 0.0
         self._ticks = 0  # since the last load sample
         self._behind = 0  # of those, ticks at which bulk work waited for a later pass
-        self._since = (0.0, 0.0)  # (wall, loop thread CPU) at the last load sample
+        self._since = (0.0, 0.0)  # (wall, loop thread busy) at the last load sample
 
     def start(self) -> None:
         """Start measuring on the running loop."""
         self._ticks = self._behind = 0
         now = self._clock.monotonic()
-        self._since = (now, self._clock.thread_time())
+        self._since = (now, self._clock.busy_time())
         self._due = now + self._interval
         self._timer = self._clock.call_later(self._interval, self._tick)
 
@@ -86,11 +90,11 @@ class LoopMonitor:
         self._timer = self._clock.call_later(self._interval, self._tick)
 
     def _sample(self) -> None:
-        # The tick runs on the loop's thread: its CPU time is the loop's.
-        wall, cpu = self._clock.monotonic(), self._clock.thread_time()
-        spent = (cpu - self._since[1]) / max(wall - self._since[0], 1e-6)
+        # The tick runs on the loop's thread: its busy time is the loop's.
+        wall, busy = self._clock.monotonic(), self._clock.busy_time()
+        spent = (busy - self._since[1]) / max(wall - self._since[0], 1e-6)
         load = max(spent, self._behind / self._ticks)
-        self._since, self._ticks, self._behind = (wall, cpu), 0, 0
+        self._since, self._ticks, self._behind = (wall, busy), 0, 0
         self._pace.observe(load)
         if self._report is not None:
             self._report(load, self._pace.stretch)

@@ -10,11 +10,12 @@ the loop's load: the configured window up to half load, then linearly longer, up
 :data:`MAX_STRETCH` times at :data:`FULL`. The first token of a stream is never held.
 
 The load is measured by :class:`~fairq_server.runtime.loop_monitor.LoopMonitor` every
-:data:`SAMPLE_TICKS` of its ticks: the larger of the loop thread's CPU time over the wall time
-(what the loop spends) and the share of ticks at which bulk work was waiting for a later pass
-of the loop (:mod:`~fairq_server.runtime.loop_share`; what catches a loop whose core is
-shared, where CPU time understates how full it is). Coalescing less cheaply lowers the load,
-which shortens the window again: the stretch settles where the load stays below capacity.
+:data:`SAMPLE_TICKS` of its ticks: the larger of the time the loop thread ran or waited for a
+core over the wall time (what the loop spends, or would, on a core of its own) and the share
+of ticks at which bulk work was waiting for a later pass of the loop
+(:mod:`~fairq_server.runtime.loop_share`; what catches a loop whose core is shared, where
+CPU time understates how full it is). Coalescing less cheaply lowers the load, which
+shortens the window again: the stretch settles where the load stays below capacity.
 """
 
 from __future__ import annotations

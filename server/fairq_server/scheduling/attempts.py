@@ -116,6 +116,7 @@ class AttemptBook:
         ticket.handle = self._launcher(ticket)
         if not resumed:  # a preempted request's caller was told once, and sees one stream
             t.queue_wait_of(tier).observe(now - ticket.arrival)
+            t.waits.waited(ticket.user, ticket.team, now - ticket.arrival)
             ticket.outbox.put(Started(backend.id, now - ticket.arrival, tier))
 
     def _reserve(self, ticket: Ticket) -> bool:
@@ -220,6 +221,7 @@ class AttemptBook:
             ticket.first_token_at = at
             tier = self._settings().tiers[ticket.tier].name
             self._telemetry.ttft_of(tier).observe(at - ticket.arrival)
+            self._telemetry.waits.first_token(ticket.user, ticket.team, at - ticket.arrival)
 
     def _ended(self, ticket: Ticket, end: StreamEnd, tokens: int) -> None:
         # Settle the fairness account, quotas and budgets with the backend's own token counts.

@@ -15,6 +15,7 @@ meanwhile applies once the store answers again) and logs that, at most every 10 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fairq_server.config.identity import MAX_KEY_USER_CHARS
@@ -33,7 +34,10 @@ from fairq_server.identity.auth import Principal, hash_key, new_key
 from fairq_server.names import MAX_NAME_CHARS, check_name, escape
 from fairq_server.store.schema import KEYS_VERSION, api_keys, store_versions
 
-__all__ = ["FIRST_KEY_ADMIN", "KeyStore", "StoredKey"]
+__all__ = ["FIRST_KEY_ADMIN", "LAST_USE_SECONDS", "KeyStore", "StoredKey"]
+
+#: How often a replica writes its keys' last uses (one statement for every key used since).
+LAST_USE_SECONDS = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,9 @@ class StoredKey:
         expires_at: Unix time it stops working (None: never).
         revoked_at: Unix time it was revoked (None: not revoked).
         replaces: the id of the key it was rotated from.
+        last_used_at: Unix time a replica last authenticated a request with it (None: not
+            since fairq recorded it). Written every :data:`LAST_USE_SECONDS` at most, so
+            another replica's use shows up to that much later.
 
     """
 
@@ -64,6 +71,7 @@ class StoredKey:
     expires_at: float | None
     revoked_at: float | None
     replaces: str | None
+    last_used_at: float | None = None
 
 
 def _stamp(value: float | None) -> datetime | None:
@@ -90,6 +98,7 @@ def _from_row(row: Any) -> StoredKey:
         expires_at=_unix(row.expires_at),
         revoked_at=_unix(row.revoked_at),
         replaces=row.replaces,
+        last_used_at=_unix(row.last_used_at),
     )
 
 
@@ -130,6 +139,9 @@ class KeyStore:
         # told "invalid API key" whatever the reason).
         self._revoked: dict[bytes, str] = {}
         self._expired: dict[bytes, str] = {}
+        # Digest -> Unix time of its last lookup not yet written: at most one entry per
+        # stored key, written every LAST_USE_SECONDS (write_uses), never per request.
+        self._used: dict[bytes, float] = {}
 
     # -- KeySource ------------------------------------------------------------------------
 
@@ -145,8 +157,10 @@ class KeyStore:
         if found is None:
             return None
         principal, expires_at = found
-        if expires_at is not None and time.time() >= expires_at:
+        now = time.time()
+        if expires_at is not None and now >= expires_at:
             return None
+        self._used[digest] = now
         return principal
 
     def refused(self, digest: bytes) -> str | None:
@@ -259,13 +273,50 @@ class KeyStore:
         await self._refresh_quietly()
         return key, secret
 
+    async def write_uses(self) -> None:
+        """Write the last use of every key used since the last call (one transaction).
+
+        Only ever later: a replica whose clock or batch is behind another's keeps the later
+        time. Not a key change: the version counter stays (no replica reloads for it).
+
+        Raises:
+            Exception: the store could not be written (the uses are kept for the next call).
+
+        """
+        if not self._used:
+            return
+        used, self._used = self._used, {}
+        rows = [{"digest": d.hex(), "at": _stamp(at)} for d, at in used.items()]
+        column = api_keys.c.last_used_at
+        statement = (
+            update(api_keys)
+            .where(api_keys.c.sha256 == bindparam("digest"))
+            .where(or_(column.is_(None), column < bindparam("at")))
+            .values(last_used_at=bindparam("at"))
+        )
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(statement, rows)
+        except BaseException:
+            for digest, at in used.items():  # written next time (unless used again since)
+                self._used[digest] = max(at, self._used.get(digest, at))
+            raise
+
     async def list(self, *, include_revoked: bool = False) -> list[StoredKey]:
-        """Return the stored keys, oldest first."""
+        """Return the stored keys, oldest first (with this replica's last uses not yet written)."""
         query = select(api_keys).order_by(api_keys.c.created_at, api_keys.c.id)
         if not include_revoked:
             query = query.where(api_keys.c.revoked_at.is_(None))
         async with self._engine.connect() as conn:
-            return [_from_row(row) for row in (await conn.execute(query)).all()]
+            rows = (await conn.execute(query)).all()
+        keys = []
+        for row in rows:
+            key = _from_row(row)
+            pending = self._used.get(bytes.fromhex(row.sha256))
+            if pending is not None and (key.last_used_at or 0.0) < pending:
+                key = dataclasses.replace(key, last_used_at=pending)
+            keys.append(key)
+        return keys
 
     async def revoke(self, key_id: str) -> StoredKey | None:
         """Revoke key ``key_id`` on every replica; None when there is no such key."""

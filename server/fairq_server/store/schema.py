@@ -100,6 +100,9 @@ api_keys = Table(
     Column("expires_at", DateTime(timezone=True), nullable=True),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
     Column("replaces", String(32), nullable=True),
+    # When a replica last authenticated a request with it (written in batches, not per
+    # request: up to a minute behind; store/keys.py).
+    Column("last_used_at", DateTime(timezone=True), nullable=True),
 )
 
 store_versions = Table(

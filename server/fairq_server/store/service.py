@@ -7,19 +7,22 @@ so the ledger's final rows are written before the process exits.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fairq_server.config.prices import PriceConfig
 from fairq_server.config.store import StoreConfig, default_sqlite_path, engine_url
+from fairq_server.runtime.supervisor import stop_task
 from fairq_server.store.audit import AuditLog
-from fairq_server.store.engine import describe, open_engine, upgrade
+from fairq_server.store.engine import describe, open_engine, poll_forever, upgrade
 from fairq_server.store.entitlement import StoredEntitlement
-from fairq_server.store.keys import KeyStore
+from fairq_server.store.keys import LAST_USE_SECONDS, KeyStore
 from fairq_server.store.ledger import Ledger
 from fairq_server.store.period_counters import LimitState
 from fairq_server.store.records import UsageRecord
@@ -71,6 +74,7 @@ class Store:
         self._limits: LimitState | None = None
         self._entitlement: StoredEntitlement | None = None
         self._watch: VersionWatch | None = None
+        self._uses: asyncio.Task[None] | None = None
 
     @property
     def described(self) -> str:
@@ -78,10 +82,10 @@ class Store:
         return describe(engine_url(self.config, self._state_file))
 
     def silent_seconds(self) -> float:
-        """Return the seconds since the database last answered a poll.
+        """Return the seconds the database has left the replica's polls unanswered.
 
         The replica polls it every ``key_poll_seconds``: a store silent for long is down or
-        hung.
+        hung (counted from the first unanswered ask, so a replica late to ask is not).
         """
         return self._watch.silent_seconds if self._watch is not None else 0.0
 
@@ -136,6 +140,10 @@ class Store:
         followers: dict[str, Follower] = {KEYS_VERSION: keys, ENTITLEMENT_VERSION: entitlement}
         self._watch = VersionWatch(engine, self.config.key_poll_seconds, followers)
         self._watch.start()
+        # The keys' last uses, written in one batch a minute (never per request).
+        self._uses = asyncio.create_task(
+            poll_forever(keys.write_uses, LAST_USE_SECONDS, _uses_unwritten), name="key-uses"
+        )
         self._engine, self._keys, self._entitlement = engine, keys, entitlement
         retention = self.config.audit_retention_days * 86400
         self._audit = AuditLog(engine, self._replica, retention, self.config.audit_max_rows)
@@ -198,5 +206,15 @@ class Store:
             await self._limits.close()
         if self._watch is not None:
             await self._watch.close()
+        if self._uses is not None:
+            await stop_task(self._uses)
+            self._uses = None
+        if self._keys is not None:
+            with contextlib.suppress(OSError, SQLAlchemyError):  # the last minute's, if it can
+                await self._keys.write_uses()
         if self._engine is not None:
             await self._engine.dispose()
+
+
+def _uses_unwritten(error: str) -> None:
+    log.warning("store: keys' last uses not written (kept for the next try): %s", error)

@@ -61,12 +61,19 @@ class VersionWatch:
         self._seconds = seconds
         self._followers = dict(followers)
         self._task: asyncio.Task[None] | None = None
-        self._answered = time.monotonic()  # the followers have just read the store
+        # When the first poll since the database's last answer was asked (None: it answered
+        # the last one; the followers have just read the store).
+        self._asked: float | None = None
 
     @property
     def silent_seconds(self) -> float:
-        """Seconds since the database last answered a poll (about 0 while it answers)."""
-        return time.monotonic() - self._answered
+        """Seconds the database has left the polls unanswered (0 while it answers).
+
+        Counted from the first poll asked since its last answer, not from that answer: a
+        replica whose loop was late to ask (a loaded machine, a slow start) has a store that
+        answers, and was once refused as "not answered for 2 s" with the database up.
+        """
+        return 0.0 if self._asked is None else time.monotonic() - self._asked
 
     def start(self) -> None:
         """Start polling (the followers have read the store once already)."""
@@ -89,9 +96,11 @@ class VersionWatch:
                 first such error, after every follower had its turn).
 
         """
+        if self._asked is None:
+            self._asked = time.monotonic()
         async with self._engine.connect() as conn:
             rows = (await conn.execute(_VERSIONS)).all()
-        self._answered = time.monotonic()
+        self._asked = None
         versions = {str(name): int(version) for name, version in rows}
         failure: Exception | None = None
         for name, follower in self._followers.items():

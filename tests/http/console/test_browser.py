@@ -167,6 +167,15 @@ def _trends_tab(driver: webdriver.Chrome, url: str) -> None:
     until(driver, lambda d: d.find_element(By.CSS_SELECTOR, queued).get_attribute("data-last"))
     # Drawn: a line, in the page's SVG (read back, not a picture of it).
     assert driver.find_elements(By.CSS_SELECTOR, f"{queued} polyline")
+    # Per user: alice's waits (her first requests' at least), and her time to first token.
+    for name in ("queue wait", "time to first token"):
+        line = f'#live figure[data-group="user alice"][data-name="{name}"] svg'
+        until(
+            driver,
+            lambda d, line=line: d.find_element(By.CSS_SELECTOR, line).get_attribute("data-last"),
+        )
+        last = driver.find_element(By.CSS_SELECTOR, line).get_attribute("data-last")
+        assert 0 <= float(last or "nan") < 600, (name, last)
     driver.save_screenshot(str(DOCS / "trends.png"))
     driver.close()
     driver.switch_to.window(queues)
