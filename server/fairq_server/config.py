@@ -48,6 +48,7 @@ from fairq_server.console_config import ConsoleConfig
 from fairq_server.door_config import HttpConfig, Limits, TlsConfig
 from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.errors import ConfigError
+from fairq_server.extproc.config import EnvoyConfig, ExtprocConfig
 from fairq_server.identity.settings import JwtConfig, KeyConfig
 from fairq_server.preempt_config import PreemptConfig
 from fairq_server.store.settings import PriceConfig, StoreConfig
@@ -62,6 +63,8 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConsoleConfig",
+    "EnvoyConfig",
+    "ExtprocConfig",
     "HttpConfig",
     "JwtConfig",
     "KeyConfig",
@@ -315,6 +318,8 @@ class Config:
     tls: TlsConfig | None = None
     admin: AdminConfig = field(default_factory=AdminConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    extproc: ExtprocConfig = field(default_factory=ExtprocConfig)
+    envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
     state_file: str = ""
     cluster: ClusterConfig | None = None
     store: StoreConfig | None = None

@@ -49,7 +49,7 @@ _POSITIVE = frozenset(
         "max_metrics_bytes", "max_error_body_bytes", "max_poll_backoff_seconds",
         "head_timeout_seconds", "idle_timeout_seconds", "max_connections",
         "max_connections_per_peer", "max_grpc_connections", "max_answer_chars",
-        "max_sequences", "max_prompts", "max_choices",
+        "max_sequences", "max_prompts", "max_choices", "max_request_seconds",
         "refresh_seconds", "session_seconds", "starved_after_seconds", "max_users",
         "tokens_per_minute", "tokens_per_day", "requests_per_minute", "per_day", "per_month",
     }
@@ -93,6 +93,9 @@ def parse_config(raw: dict[str, Any]) -> Config:
         ("listen", config.listen),
         ("metrics_listen", config.metrics_listen),
         ("http.listen", config.http.listen),
+        ("extproc.listen", config.extproc.listen),
+        ("envoy.listen", config.envoy.listen),
+        ("envoy.admin_listen", config.envoy.admin_listen),
     ):
         _check_address(name, address)
     for i, b in enumerate(config.backends):

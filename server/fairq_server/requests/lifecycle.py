@@ -23,7 +23,7 @@ from fairq_server.requests.estimate import estimate_tokens
 from fairq_server.requests.tier import resolve_tier
 from fairq_server.scheduling.outbox import Finished, Outbox, OutboxEvent
 from fairq_server.scheduling.prefix import prefix_hashes
-from fairq_server.scheduling.ticket import Ticket
+from fairq_server.scheduling.ticket import Carrier, Ticket
 from fairq_server.teams import team_weights
 
 __all__ = ["DoorBase", "check_token_prompt", "count_rejection", "open_ticket", "ticket_events"]
@@ -62,6 +62,7 @@ def open_ticket(
     *,
     arrival: float | None = None,
     max_tokens: int | None = None,
+    carrier: Carrier | None = None,
 ) -> Ticket:
     """Resolve the tier, build ``request``'s ticket and submit it to the dispatcher.
 
@@ -72,6 +73,7 @@ def open_ticket(
         requested_tier: the tier asked for ("" for the caller's ceiling).
         arrival: monotonic arrival time (default: now).
         max_tokens: the output bound for cost estimates, if not ``request.sampling``'s.
+        carrier: what carries the request's bytes, if not fairq (the ext_proc door).
 
     Raises:
         SchedulerError: unknown tier or one above the caller's ceiling, or a token-id
@@ -106,6 +108,7 @@ def open_ticket(
             token_ids=request.prompt_token_ids,
         ),
         outbox=Outbox(config.limits.max_unread_chars, config.scheduler.stream_coalesce_seconds),
+        carrier=carrier,
     )
     core.dispatcher.submit(ticket)
     return ticket

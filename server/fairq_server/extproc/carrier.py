@@ -1,0 +1,115 @@
+"""A request whose bytes Envoy carries: the attempt's stream, as the launcher reads it.
+
+The dispatcher picks the backend and holds the slot as for any request; where the launcher
+would open the backend stream it reads :meth:`EnvoyCarrier.stream` instead
+(:class:`~fairq_server.scheduling.ticket.Carrier`). Opening it is the dispatch: the door is told
+the backend (:attr:`EnvoyCarrier.dispatched`) and answers Envoy with the endpoint. Then the
+stream waits, with no work per token, for the end Envoy reports, once per request:
+
+- the access log entry (:meth:`EnvoyCarrier.report`) with the backend's usage block, as the
+  Lua filter found it: the stream ends with those counts, which settle fairness, quotas,
+  budgets and the ledger as any backend stream's end does;
+- Envoy closing the ext_proc stream (:meth:`EnvoyCarrier.closed`), which it does when the
+  HTTP stream ends (finished, failed, or the client gone): the entry is waited for a moment
+  more (``grace``), then the stream ends on an estimate;
+- at the latest ``max_seconds`` after dispatch (a lost stream).
+
+A client gone while its request is queued is Envoy resetting the ext_proc stream: the door
+cancels the ticket like the HTTP door does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
+from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.ticket import Ticket
+
+__all__ = ["BYTES_PER_TOKEN", "EnvoyCarrier", "Usage"]
+
+#: Without a usage block, completion tokens are estimated from the body's bytes: an SSE chunk
+#: of one token from vLLM's chat API is 150-250 bytes.
+BYTES_PER_TOKEN = 200
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What Envoy's access log entry says of a request's end.
+
+    Attributes:
+        prompt_tokens, completion_tokens: the backend's usage block (None: none was seen).
+        status: the HTTP status sent to the client (0: none, the client left first).
+        body_bytes: response body bytes sent to the client.
+        client_left: the client closed its connection before the end.
+
+    """
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    status: int
+    body_bytes: int
+    client_left: bool
+
+
+class EnvoyCarrier:
+    """One request carried by Envoy (see the module's description)."""
+
+    def __init__(self, grace: float, max_seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        #: The backend the request was dispatched to (set when the attempt's stream opens).
+        self.dispatched: asyncio.Future[BackendState] = loop.create_future()
+        self._grace = grace
+        self._max_seconds = max_seconds
+        self._usage: Usage | None = None
+        self._reported = asyncio.Event()
+        self._closed = asyncio.Event()
+
+    def report(self, usage: Usage) -> None:
+        """Take the access log entry of the request's end."""
+        self._usage = usage
+        self._reported.set()
+
+    def closed(self) -> None:
+        """Note that Envoy closed the request's ext_proc stream (its HTTP stream ended)."""
+        self._closed.set()
+
+    async def stream(self, ticket: Ticket) -> AsyncGenerator[StreamEvent]:
+        """See :meth:`fairq_server.scheduling.ticket.Carrier.stream`."""
+        backend = ticket.backend
+        assert backend is not None
+        if not self.dispatched.done():
+            self.dispatched.set_result(backend)
+        # Running from here on: Envoy sends no first token to fairq, and the engine's own
+        # queue shows in its scraped metrics.
+        yield TextDelta("", tokens=0)
+        await self._end()
+        yield self._stream_end(ticket)
+
+    async def _end(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._max_seconds):
+                reported = asyncio.ensure_future(self._reported.wait())
+                closed = asyncio.ensure_future(self._closed.wait())
+                try:
+                    await asyncio.wait({reported, closed}, return_when=asyncio.FIRST_COMPLETED)
+                    if not reported.done():
+                        await asyncio.wait({reported}, timeout=self._grace)
+                finally:
+                    reported.cancel()
+                    closed.cancel()
+
+    def _stream_end(self, ticket: Ticket) -> StreamEnd:
+        usage = self._usage
+        if usage is None:
+            return StreamEnd("unreported", ticket.prompt_tokens, 0)
+        if usage.prompt_tokens is not None and usage.completion_tokens is not None:
+            return StreamEnd("stop", usage.prompt_tokens, usage.completion_tokens)
+        if usage.status >= 400:  # the backend refused it (or failed before any text)
+            return StreamEnd("error", ticket.prompt_tokens, 0)
+        # No usage block (the client left, or the backend did not say): an estimate.
+        reason = "cancelled" if usage.client_left else "unreported"
+        return StreamEnd(reason, ticket.prompt_tokens, usage.body_bytes // BYTES_PER_TOKEN)
