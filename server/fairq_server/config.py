@@ -45,10 +45,9 @@ from typing import Any
 
 from fairq_server.cluster_config import ClusterConfig
 from fairq_server.console_config import ConsoleConfig
-from fairq_server.door_config import HttpConfig, Limits, TlsConfig
+from fairq_server.door_config import EnvoyConfig, ExtprocConfig, HttpConfig, Limits, TlsConfig
 from fairq_server.entitlement_config import BudgetConfig, QuotaConfig
 from fairq_server.errors import ConfigError
-from fairq_server.extproc.config import EnvoyConfig, ExtprocConfig
 from fairq_server.identity.settings import JwtConfig, KeyConfig
 from fairq_server.preempt_config import PreemptConfig
 from fairq_server.store.settings import PriceConfig, StoreConfig

@@ -25,6 +25,7 @@ _LAYERS = (
     ("__main__.py",),
     ("cli.py",),
     ("app.py",),
+    ("extproc",),
     ("http",),
     ("api", "observe"),
     ("requests",),
@@ -48,7 +49,8 @@ _LAYERS = (
 # Folder (or module) -> packages of fairq_server it must never import.
 _FORBIDDEN = {
     "api": ("http", "app", "cli"),
-    "http": ("api", "app", "cli"),
+    "http": ("api", "extproc", "app", "cli"),
+    "extproc": ("api", "app", "cli"),
     "requests": ("api", "http", "app", "cli"),
     "observe": ("api", "http", "app", "cli"),
     "scheduling": ("api", "http", "requests", "app", "cli"),

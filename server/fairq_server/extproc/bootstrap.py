@@ -10,8 +10,10 @@ meets them:
   without waiting for the headers' answer: one round trip); fairq holds the answer until
   dispatch, so its message timeout allows the queue's TTL. fairq unreachable, or an error on
   its stream, is a 503 at once (``failure_mode_allow: false``), never a pass-through;
-- ``lua`` looks at the tail of each response chunk for the backend's ``usage`` block and
-  puts the counts in the request's dynamic metadata (namespace ``fairq``);
+- ``lua`` tells the replica that dispatched the request when its first body bytes arrive (one
+  asynchronous call: the request runs on its engine, its slot counts as running), and looks at
+  the tail of each response chunk for the backend's ``usage`` block, which it puts in the
+  request's dynamic metadata (namespace ``fairq``);
 - the router sends the request to the ``ORIGINAL_DST`` cluster, which takes the endpoint from
   the ``x-gateway-destination-endpoint`` header fairq set (the Gateway API Inference
   Extension's convention; fairq sets the ``envoy.lb`` metadata too). A request fairq did not
@@ -29,21 +31,36 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LUA_USAGE", "EnvoySetup", "bootstrap", "to_yaml"]
+__all__ = ["LUA_USAGE", "EnvoySetup", "bootstrap", "cluster_name", "to_yaml"]
 
 #: Finds the usage block near the end of a response. Each chunk's last kilobyte is scanned
 #: (joined to the previous chunk's tail, as a block may be cut between two chunks); the
 #: last block seen wins. No chunk is held: the body streams on untouched.
 LUA_USAGE = """\
+-- A gRPC message of one string field (the ticket), framed: fairq.extproc.Hooks/FirstByte.
+local function frame(ticket)
+  return string.char(0, 0, 0, 0, #ticket + 2, 10, #ticket) .. ticket
+end
+
 function envoy_on_request(handle)
 end
 
 function envoy_on_response(handle)
+  local meta = handle:streamInfo():dynamicMetadata():get("fairq")
+  local hook = meta ~= nil and meta["cluster"] ~= nil and meta["ticket"] ~= nil
   local tail = ""
   local found = nil
   for chunk in handle:bodyChunks() do
     local n = chunk:length()
     if n > 0 then
+      if hook then
+        -- The first body bytes: the request runs on its engine (told once, not awaited).
+        hook = false
+        handle:httpCall(meta["cluster"], {
+          [":method"] = "POST", [":path"] = "/fairq.extproc.Hooks/FirstByte",
+          [":authority"] = "fairq", ["content-type"] = "application/grpc", ["te"] = "trailers",
+        }, frame(meta["ticket"]), 5000, true)
+      end
       local from = 0
       if n > 1024 then from = n - 1024 end
       local s = tail .. chunk:getBytes(from, n - from)
@@ -114,7 +131,8 @@ def _http2_cluster(name: str, address: str, connect_timeout: float) -> dict[str,
     }
 
 
-def _cluster_name(replica: str) -> str:
+def cluster_name(replica: str) -> str:
+    """Return the name of the cluster of ``replica`` alone (its access log, its hooks)."""
     return "fairq_" + re.sub(r"[^A-Za-z0-9_]", "_", replica)
 
 
@@ -132,7 +150,7 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
     clusters = [extproc_cluster]
     loggers = []
     for replica, address in setup.extproc:
-        name = _cluster_name(replica)
+        name = cluster_name(replica)
         cluster = _http2_cluster(name, address, setup.connect_timeout_seconds)
         cluster["type"] = "STRICT_DNS"
         clusters.append(cluster)

@@ -3,8 +3,10 @@
 The dispatcher picks the backend and holds the slot as for any request; where the launcher
 would open the backend stream it reads :meth:`EnvoyCarrier.stream` instead
 (:class:`~fairq_server.scheduling.ticket.Carrier`). Opening it is the dispatch: the door is told
-the backend (:attr:`EnvoyCarrier.dispatched`) and answers Envoy with the endpoint. Then the
-stream waits, with no work per token, for the end Envoy reports, once per request:
+the backend (:attr:`EnvoyCarrier.dispatched`) and answers Envoy with the endpoint. Envoy's Lua
+filter says when the response's first bytes arrive (:meth:`EnvoyCarrier.first_byte`): the
+request's first token, for the gate, which counts it as waiting in the engine until then. Then
+the stream waits, with no work per token, for the end Envoy reports, once per request:
 
 - the access log entry (:meth:`EnvoyCarrier.report`) with the backend's usage block, as the
   Lua filter found it: the stream ends with those counts, which settle fairness, quotas,
@@ -67,6 +69,11 @@ class EnvoyCarrier:
         self._usage: Usage | None = None
         self._reported = asyncio.Event()
         self._closed = asyncio.Event()
+        self._first = asyncio.Event()
+
+    def first_byte(self) -> None:
+        """Note that the response's first bytes arrived (the request runs on its engine)."""
+        self._first.set()
 
     def report(self, usage: Usage) -> None:
         """Take the access log entry of the request's end."""
@@ -83,24 +90,34 @@ class EnvoyCarrier:
         assert backend is not None
         if not self.dispatched.done():
             self.dispatched.set_result(backend)
-        # Running from here on: Envoy sends no first token to fairq, and the engine's own
-        # queue shows in its scraped metrics.
-        yield TextDelta("", tokens=0)
-        await self._end()
-        yield self._stream_end(ticket)
-
-    async def _end(self) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._max_seconds):
-                reported = asyncio.ensure_future(self._reported.wait())
-                closed = asyncio.ensure_future(self._closed.wait())
-                try:
-                    await asyncio.wait({reported, closed}, return_when=asyncio.FIRST_COMPLETED)
-                    if not reported.done():
-                        await asyncio.wait({reported}, timeout=self._grace)
-                finally:
-                    reported.cancel()
-                    closed.cancel()
+                if await self._until(self._first):
+                    # Its first token, as far as the gate is concerned: no longer waiting.
+                    yield TextDelta("", tokens=0)
+                    await self._until(None)
+        yield self._stream_end(ticket)
+
+    async def _until(self, first: asyncio.Event | None) -> bool:
+        """Wait for ``first`` (True), or the end (False): reported, or closed and a grace."""
+        waits = {asyncio.ensure_future(self._reported.wait())}
+        closed = asyncio.ensure_future(self._closed.wait())
+        waits.add(closed)
+        hit = None if first is None else asyncio.ensure_future(first.wait())
+        if hit is not None:
+            waits.add(hit)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if hit is not None and hit.done():
+                return True
+            if not self._reported.is_set():
+                await asyncio.wait_for(self._reported.wait(), self._grace)
+        except TimeoutError:
+            pass
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return False
 
     def _stream_end(self, ticket: Ticket) -> StreamEnd:
         usage = self._usage

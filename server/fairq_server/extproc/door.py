@@ -11,9 +11,11 @@ and ``envoy.lb`` dynamic metadata), so Envoy's original-destination cluster send
 Refusals are immediate responses with the HTTP door's statuses and OpenAI-shaped bodies (429
 with ``Retry-After`` for quotas, 503 when nothing can serve).
 
-The same gRPC server takes Envoy's access log stream: one entry per request at its end, with
-the usage the Lua filter read from the backend's last chunk, which ends the request's
-attempt (:meth:`~.carrier.EnvoyCarrier.report`). fairq does no work per token.
+The same gRPC server takes the Lua filter's word that a response's first bytes arrived (the
+request runs on its engine, for the gate), and Envoy's access log stream: one entry per
+request at its end, with the usage the Lua filter read from the backend's last chunk, which
+ends the request's attempt (:meth:`~.carrier.EnvoyCarrier.report`). fairq does no work per
+token.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from google.protobuf import struct_pb2
 
 from fairq_server.auth import Authenticator, Principal
 from fairq_server.core import FairqCore
+from fairq_server.door_config import ExtprocConfig
 from fairq_server.errors import InternalError, SchedulerError
+from fairq_server.extproc.bootstrap import cluster_name
 from fairq_server.extproc.carrier import EnvoyCarrier, Usage
-from fairq_server.extproc.config import ExtprocConfig
 from fairq_server.http import json_body
 from fairq_server.http.errors import HttpError, error_body, error_for
 from fairq_server.http.parse import Kind, ParsedRequest, parse_request
@@ -155,6 +158,7 @@ class ExtprocDoor(DoorBase):
     ) -> None:
         super().__init__(core, auth, request_log)
         self._replica = replica
+        self._hooks_cluster = cluster_name(replica)
         self._ids = itertools.count(1)
         self._carriers: dict[str, EnvoyCarrier] = {}
         self._ending: set[asyncio.Task[None]] = set()  # dispatched requests awaiting their end
@@ -172,6 +176,16 @@ class ExtprocDoor(DoorBase):
         self._server = grpc.aio.server()
         pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self), self._server)
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(_AccessLog(self), self._server)
+        hooks = {
+            "FirstByte": grpc.unary_unary_rpc_method_handler(
+                self._first_byte,
+                request_deserializer=lambda data: data,
+                response_serializer=lambda data: data,
+            )
+        }
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("fairq.extproc.Hooks", hooks),)
+        )
         self.port = self._server.add_insecure_port(listen)
         if not self.port:
             raise OSError(f"cannot listen on {listen}")
@@ -186,7 +200,15 @@ class ExtprocDoor(DoorBase):
             pump.cancel()
         await asyncio.gather(*self._ending, return_exceptions=True)
 
-    # -- the access log -------------------------------------------------------------------
+    # -- what Envoy tells of a running request -------------------------------------------
+
+    async def _first_byte(self, request: bytes, context: Any) -> bytes:
+        """Take the Lua filter's call: a request's first response bytes (one string field)."""
+        if len(request) >= 2 and request[0] == 0x0A:
+            carrier = self._carriers.get(request[2 : 2 + request[1]].decode("latin-1"))
+            if carrier is not None:
+                carrier.first_byte()
+        return b""
 
     def logged(self, entry: Any) -> None:
         """Take one access log entry: the end of a request this replica dispatched."""
@@ -375,7 +397,12 @@ class ExtprocDoor(DoorBase):
             mutation = pb.BodyMutation(body=body)
             set_headers.append(_header("content-length", str(len(body))))
         metadata = struct_pb2.Struct()
-        metadata.update({"envoy.lb": {DESTINATION: endpoint}, "fairq": {"ticket": ticket_id}})
+        metadata.update(
+            {
+                "envoy.lb": {DESTINATION: endpoint},
+                "fairq": {"ticket": ticket_id, "cluster": self._hooks_cluster},
+            }
+        )
         return pb.ProcessingResponse(
             request_body=pb.BodyResponse(
                 response=pb.CommonResponse(
