@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fairq_server.extproc.bootstrap import EnvoySetup, bootstrap, to_yaml
@@ -47,6 +47,8 @@ class EnvoyProcess:
         replicas: ``(replica name, host:port)`` of each fairq ext_proc door.
         message_timeout_seconds: Envoy's wait for fairq's answer.
         concurrency: Envoy's worker threads.
+        setup: the bootstrap's settings (default: on free ports, for ``replicas``).
+        render: instead of fairq's bootstrap, the text of ``render(port, admin_port)``.
 
     """
 
@@ -57,6 +59,7 @@ class EnvoyProcess:
         message_timeout_seconds: float = 60.0,
         concurrency: int = 1,
         setup: EnvoySetup | None = None,
+        render: Callable[[int, int], str] | None = None,
     ) -> None:
         binary = envoy_path()
         if binary is None:
@@ -71,7 +74,8 @@ class EnvoyProcess:
         )
         self._dir = tempfile.TemporaryDirectory(prefix="fairq-envoy-")
         self.config_path = Path(self._dir.name) / "envoy.yaml"
-        self.config_path.write_text(to_yaml(bootstrap(self.setup)))
+        text = render(self.port, self.admin_port) if render else to_yaml(bootstrap(self.setup))
+        self.config_path.write_text(text)
         self._command = [
             binary, "-c", str(self.config_path), "--disable-hot-restart",
             "--concurrency", str(concurrency), "-l", os.environ.get("FAIRQ_ENVOY_LOG", "error"),

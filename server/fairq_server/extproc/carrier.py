@@ -84,12 +84,19 @@ class EnvoyCarrier:
         """Note that Envoy closed the request's ext_proc stream (its HTTP stream ended)."""
         self._closed.set()
 
-    async def stream(self, ticket: Ticket) -> AsyncGenerator[StreamEvent]:
-        """See :meth:`fairq_server.scheduling.ticket.Carrier.stream`."""
+    def stream(self, ticket: Ticket) -> AsyncGenerator[StreamEvent]:
+        """See :meth:`fairq_server.scheduling.ticket.Carrier.stream`.
+
+        The door is told at once, as the launcher starts the attempt (not when its reading
+        task first runs): the answer to Envoy is the request's way to its backend.
+        """
         backend = ticket.backend
         assert backend is not None
         if not self.dispatched.done():
             self.dispatched.set_result(backend)
+        return self._events(ticket)
+
+    async def _events(self, ticket: Ticket) -> AsyncGenerator[StreamEvent]:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._max_seconds):
                 if await self._until(self._first):
