@@ -379,7 +379,7 @@ Reproduce: `fairq bench envoy --write-docs` (`--quick` for the reduced sizes CI 
 async def envoy_scenario(args: argparse.Namespace, url: str, out: Path) -> bool:
     """Run the benchmark and write ``envoy.md`` into ``out``."""
     del url  # its own backends: the paced firehose and a simulator
-    args.streams = getattr(args, "streams", 0) or (60 if args.quick else 200)
+    args.streams = getattr(args, "streams", 0) or (60 if args.quick else 400)
     args.rounds = getattr(args, "envoy_rounds", 0) or (2 if args.quick else 5)
     args.seconds = 2.0 if args.quick else 4.0
     args.warmup = 1.0 if args.quick else 2.0

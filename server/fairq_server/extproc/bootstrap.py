@@ -42,9 +42,6 @@ local function frame(ticket)
   return string.char(0, 0, 0, 0, #ticket + 2, 10, #ticket) .. ticket
 end
 
-function envoy_on_request(handle)
-end
-
 function envoy_on_response(handle)
   local meta = handle:streamInfo():dynamicMetadata():get("fairq")
   local hook = meta ~= nil and meta["cluster"] ~= nil and meta["ticket"] ~= nil
