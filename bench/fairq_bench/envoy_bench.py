@@ -105,7 +105,10 @@ static_resources:
   clusters:
   - name: backend
     type: STATIC
-    connect_timeout: 1s
+    connect_timeout: 5s
+    circuit_breakers:
+      thresholds:
+      - {{max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000}}
     load_assignment:
       cluster_name: backend
       endpoints:

@@ -96,6 +96,15 @@ class EnvoySetup:
     connect_timeout_seconds: float = 0.25
 
 
+#: Envoy's default circuit breakers (1,024 requests, connections, pending) would refuse
+#: requests fairq admitted: fairq's gate is the bound.
+_UNBOUNDED = {
+    "max_connections": 1_000_000,
+    "max_pending_requests": 1_000_000,
+    "max_requests": 1_000_000,
+}
+
+
 def _address(host_port: str) -> dict[str, Any]:
     host, _, port = host_port.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
@@ -115,6 +124,7 @@ def _http2_cluster(name: str, address: str, connect_timeout: float) -> dict[str,
         "name": name,
         "type": "STATIC",
         "connect_timeout": _seconds(connect_timeout),
+        "circuit_breakers": {"thresholds": [_UNBOUNDED]},  # one stream per queued request
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
                 "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -181,7 +191,9 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
             "name": "fairq_backends",
             "type": "ORIGINAL_DST",
             "lb_policy": "CLUSTER_PROVIDED",
-            "connect_timeout": _seconds(max(setup.connect_timeout_seconds, 1.0)),
+            # A busy engine's accept queue can be long; fairq's slots bound the requests.
+            "connect_timeout": "5s",
+            "circuit_breakers": {"thresholds": [_UNBOUNDED]},
             "original_dst_lb_config": {
                 "use_http_header": True,
                 "http_header_name": "x-gateway-destination-endpoint",

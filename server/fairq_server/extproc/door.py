@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -61,6 +62,8 @@ _TICKET = "x-fairq-ticket"
 _REPLICA = "x-fairq-replica"
 
 _CONTINUE = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+_FULL_DUPLEX = 4  # ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED
+_USAGE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+).*?"completion_tokens"\s*:\s*(\d+)', re.S)
 
 
 def endpoint_of(backend: BackendState) -> str:
@@ -252,7 +255,12 @@ class ExtprocDoor(DoorBase):
         if first.request_headers.end_of_stream:  # no body: GET /v1/models, or nothing
             yield await self._bodiless(values.get(":method", ""), path, headers, retry_after)
             return
-        yield _CONTINUE
+        # A gateway of the Inference Extension streams the body (FULL_DUPLEX_STREAMED): the
+        # headers' answer then carries the destination, after the body. fairq's bootstrap
+        # buffers it, and the headers are answered at once.
+        duplex = first.protocol_config.request_body_mode == _FULL_DUPLEX
+        if not duplex:
+            yield _CONTINUE
         kind = _kind(path)
         body = bytearray()
         async for message in it:
@@ -308,9 +316,18 @@ class ExtprocDoor(DoorBase):
                 yield _error(error_for(exc), retry_after)
                 return
             dispatched = True
-            yield self._dispatch(ticket, backend, parsed, document, ticket_id)
-            async for _ in it:  # nothing more is asked for; Envoy closes at the request's end
-                pass
+            answer = self._dispatch(ticket, backend, parsed, document, ticket_id)
+            if duplex:
+                for response in _duplex(answer, bytes(body)):
+                    yield response
+            else:
+                yield answer
+            # fairq's bootstrap asks for nothing more, and Envoy closes the stream at the
+            # request's end; a gateway may send the response too (answered as it comes).
+            async for message in it:
+                response = _later(message, carrier, duplex)
+                if response is not None:
+                    yield response
         finally:
             if dispatched:
                 # Envoy closes the stream at the request's end and resets it at once: the
@@ -435,6 +452,53 @@ class ExtprocDoor(DoorBase):
             document["priority"] = -ticket.priority if order == "higher-first" else ticket.priority
             changed = True
         return orjson.dumps(document) if changed else None
+
+
+def _duplex(answer: pb.ProcessingResponse, body: bytes) -> list[pb.ProcessingResponse]:
+    """Split the dispatch answer for a streamed body: headers first, then the body back."""
+    common = answer.request_body.response
+    mutation = common.body_mutation.body if common.HasField("body_mutation") else body
+    headers = pb.HeadersResponse(response=pb.CommonResponse(header_mutation=common.header_mutation))
+    streamed = pb.BodyMutation(
+        streamed_response=pb.StreamedBodyResponse(body=mutation, end_of_stream=True)
+    )
+    return [
+        pb.ProcessingResponse(request_headers=headers, dynamic_metadata=answer.dynamic_metadata),
+        pb.ProcessingResponse(
+            request_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=streamed))
+        ),
+    ]
+
+
+def _later(
+    message: pb.ProcessingRequest, carrier: EnvoyCarrier, duplex: bool
+) -> pb.ProcessingResponse | None:
+    """Answer what a gateway sends after dispatch: the response's headers, body, trailers."""
+    which = message.WhichOneof("request")
+    if which == "response_headers":
+        carrier.first_byte()
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    if which == "response_body":
+        chunk = message.response_body
+        found = _USAGE.findall(chunk.body[-2048:]) if b"completion_tokens" in chunk.body else []
+        if found:
+            prompt, completion = found[-1]
+            carrier.report(Usage(int(prompt), int(completion), 200, 0, client_left=False))
+        if not duplex:
+            return pb.ProcessingResponse(response_body=pb.BodyResponse())
+        streamed = pb.BodyMutation(
+            streamed_response=pb.StreamedBodyResponse(
+                body=chunk.body, end_of_stream=chunk.end_of_stream
+            )
+        )
+        return pb.ProcessingResponse(
+            response_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=streamed))
+        )
+    if which == "request_trailers":
+        return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+    if which == "response_trailers":
+        return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+    return None
 
 
 async def _pump(events: AsyncIterator[Any], carrier: EnvoyCarrier) -> None:
