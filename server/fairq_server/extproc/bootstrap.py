@@ -33,9 +33,10 @@ from typing import Any
 
 __all__ = ["LUA_USAGE", "EnvoySetup", "bootstrap", "cluster_name", "to_yaml"]
 
-#: Finds the usage block near the end of a response. Each chunk's last kilobyte is scanned
-#: (joined to the previous chunk's tail, as a block may be cut between two chunks); the
-#: last block seen wins. No chunk is held: the body streams on untouched.
+#: Finds the usage block near the end of a response: each chunk's last 512 bytes are scanned
+#: (with the chunk before it, as a block may be cut between two), the last block seen wins.
+#: No chunk is held: the body streams on untouched. The first chunk also calls the replica
+#: that dispatched the request (its first token, for the gate).
 LUA_USAGE = """\
 -- A gRPC message of one string field (the ticket), framed: fairq.extproc.Hooks/FirstByte.
 local function frame(ticket)
@@ -45,7 +46,7 @@ end
 function envoy_on_response(handle)
   local meta = handle:streamInfo():dynamicMetadata():get("fairq")
   local hook = meta ~= nil and meta["cluster"] ~= nil and meta["ticket"] ~= nil
-  local tail = ""
+  local prev = ""
   local found = nil
   for chunk in handle:bodyChunks() do
     local n = chunk:length()
@@ -59,10 +60,11 @@ function envoy_on_response(handle)
         }, frame(meta["ticket"]), 5000, true)
       end
       local from = 0
-      if n > 1024 then from = n - 1024 end
-      local s = tail .. chunk:getBytes(from, n - from)
-      if string.find(s, '"completion_tokens"', 1, true) then found = s end
-      if #s > 1024 then tail = string.sub(s, -1024) else tail = s end
+      if n > 512 then from = n - 512 end
+      local s = chunk:getBytes(from, n - from)
+      -- A block cut between two chunks is found with the chunk before it.
+      if string.find(s, 'completion_tokens', 1, true) then found = prev .. s end
+      prev = s
     end
   end
   if found then
