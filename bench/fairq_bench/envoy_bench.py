@@ -30,6 +30,8 @@ from pathlib import Path
 
 import aiohttp
 
+from fairq_bench.closed_loop.mixes import QUICK_MIXES
+from fairq_bench.closed_loop.runner import SLOTS, Engine, drive, fairq_config
 from fairq_bench.envoy_process import EnvoyProcess, free_port
 from fairq_bench.flood import compare_flood, flood_workload
 from fairq_bench.hot_path.load import Probe, Stream, background, http_probe, http_stream
@@ -42,6 +44,9 @@ from fairq_bench.processes import (
     toml_config,
 )
 from fairq_bench.report import markdown_table, percentile
+from fairq_bench.scenarios.common import api_key
+from fairq_bench.targets import aiohttp_session
+from fairq_bench.workload import RequestSpec, SendFn
 
 __all__ = ["envoy_scenario"]
 
@@ -269,6 +274,67 @@ async def _floods(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]
     return out
 
 
+def _keyed_http(
+    session: aiohttp.ClientSession, base: str, model: str, keys: dict[str, str]
+) -> SendFn:
+    """Stream ``/v1/completions`` from ``base`` with each caller's own API key."""
+
+    async def send(spec: RequestSpec) -> AsyncIterator[str]:
+        body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        headers = {"authorization": f"Bearer {keys[spec.user]}"}
+        async with session.post(f"{base}/v1/completions", json=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
+            async for chunk in resp.content.iter_any():
+                if b'"text":"' in chunk:
+                    yield "x"
+
+    return send
+
+
+async def _fairness(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """Each mix's least share of owed (share / fair share) through each door, per round."""
+    mixes = [m for m in QUICK_MIXES if m.key in ("chat", "teams-2")]
+    seconds = 12.0 if args.quick else 30.0
+    since = 3.0 if args.quick else 5.0
+    out: dict[str, dict[str, list[float]]] = {m.key: {"http": [], "envoy": []} for m in mixes}
+    async with sim_process(
+        "--mode", "vllm", "--profile", "tiny-cpu", "--max-num-seqs", "4"
+    ) as url:  # fmt: skip
+        engine = Engine(url, "vllm", "sim", 4)
+        for mix in mixes:
+            keys = {c.name: api_key(c.name) for c in mix.callers}
+            http, extproc = free_port(), f"127.0.0.1:{free_port()}"
+            text = fairq_config(engine, mix, SLOTS) + (
+                f'[http]\nlisten = "127.0.0.1:{http}"\n{HTTP_LIMITS}'
+                f'[extproc]\nlisten = "{extproc}"\n'
+            )
+            async with fairq_module_process(text), aiohttp_session() as session:
+                envoy = EnvoyProcess([("fairq", extproc)])
+                await asyncio.to_thread(envoy.start)
+                try:
+                    doors = {
+                        "http": _keyed_http(session, f"http://127.0.0.1:{http}", "sim", keys),
+                        "envoy": _keyed_http(session, envoy.url, "sim", keys),
+                    }
+                    owed = mix.fair_shares(engine.slots)
+                    for r in range(args.flood_rounds):
+                        for door in ("http", "envoy") if r % 2 == 0 else ("envoy", "http"):
+                            run = await drive([doors[door]], mix, door, seconds)
+                            shares = run.shares(since)
+                            least = min(shares[n] / owed[n] for n in owed if owed[n])
+                            out[mix.key][door].append(least)
+                            print(
+                                f"  fairness {mix.key} round {r + 1} {door:>5}: least share "
+                                f"of owed {least:.2f} ({run.errors} errors)",
+                                flush=True,
+                            )
+                finally:
+                    await asyncio.to_thread(envoy.close)
+    return out
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -278,6 +344,7 @@ def _page(
     windows: dict[str, list[Window]],
     ttft: dict[str, list[float]],
     floods: dict[str, list[dict[str, float]]],
+    fairness: dict[str, dict[str, list[float]]],
     seconds: float,
 ) -> tuple[str, bool]:
     load = os.getloadavg()
@@ -318,6 +385,14 @@ def _page(
         envoy = _median([f[key] for f in floods["envoy"]])
         ratios[key] = envoy / http if http else float("nan")
         flood_rows.append([label, f"{http:.3f}", f"{envoy:.3f}", f"{ratios[key]:.2f}x"])
+    fair_rows = []
+    for key, doors in fairness.items():
+        http, envoy = _median(doors["http"]), _median(doors["envoy"])
+        ratio = http / envoy if envoy else float("inf")
+        fair_rows.append([key, f"{http:.2f}", f"{envoy:.2f}", f"{ratio:.2f}x"])
+    worst_fair = max(
+        (_median(d["http"]) / _median(d["envoy"]) for d in fairness.values()), default=0.0
+    )
     picker = windows[PICKER]
     per_core = _median([w.per_core_second for w in picker])
     added50 = (percentile(ttft[PICKER], 50) - env50) * 1000
@@ -333,6 +408,8 @@ def _page(
          f"{ratios['light_ttft_p50']:.2f}x", ratios["light_ttft_p50"] <= 1.1),
         ("flood through Envoy / HTTP door: power makespan", "<= 1.1x",
          f"{ratios['power_makespan']:.2f}x", ratios["power_makespan"] <= 1.1),
+        ("fairness: HTTP door's least share of owed / Envoy's (worst mix)", "<= 1.1x",
+         f"{worst_fair:.2f}x", worst_fair <= 1.1),
     ]  # fmt: skip
     target_rows = [[a, b, c, "met" if ok else "not met"] for a, b, c, ok in targets]
     null50 = (percentile(ttft[NULL], 50) - env50) * 1000
@@ -343,7 +420,8 @@ def _page(
         f"{rows[1][5]} µs of CPU per request and none per token; added TTFT over Envoy alone "
         f"{added50:.2f} / {added99:.2f} ms p50 / p99 (a do-nothing Python picker: "
         f"{null50:.2f} ms p50); the flood through Envoy {ratios['light_ttft_p50']:.2f}x the "
-        f"HTTP door's light-user TTFT and {ratios['power_makespan']:.2f}x its makespan. "
+        f"HTTP door's light-user TTFT and {ratios['power_makespan']:.2f}x its makespan; "
+        f"its least share of owed within {worst_fair:.2f}x of the HTTP door's. "
         f"Targets met: {sum(ok for *_, ok in targets)} of {len(targets)}."
     )
     text = f"""# fairq behind Envoy: the ext_proc endpoint picker
@@ -413,6 +491,18 @@ t=0.5 s. {args.flood_rounds} rounds, the order of the two doors alternating; med
 
 {markdown_table(("figure", "HTTP door", "Envoy + fairq", "Envoy / HTTP door"), flood_rows)}
 
+## Fair shares through Envoy and through the HTTP door
+
+Closed-loop callers on the same simulator, fairq given the engine's 4 slots, each caller with
+its own API key: "chat" is 3 chat callers (1 in flight, 100 tokens) beside a deep caller (8 in
+flight, 400 tokens); "teams-2" is teams red (weight 3, 2 users) and blue (weight 1, 3 users), 2
+in flight each. The figure is the least share of owed (each caller's share of the tokens over
+its weighted max-min fair share; 1.0 is exactly fair), after the first seconds;
+{args.flood_rounds} rounds per door, alternating; medians. The ratio is the HTTP door's over
+Envoy's: above 1, Envoy's is less fair.
+
+{markdown_table(("mix", "HTTP door", "Envoy + fairq", "HTTP door / Envoy"), fair_rows)}
+
 Reproduce: `fairq bench envoy --write-docs` (`--quick` for the reduced sizes CI runs).
 """
     passed = ratios["power_makespan"] <= 1.25 and per_core > 0
@@ -433,7 +523,8 @@ async def envoy_scenario(args: argparse.Namespace, url: str, out: Path) -> bool:
         windows = await _throughput(args, session, backend, paths)
         ttft = await _low_load(session, backend, paths, args.probes)
     floods = await _floods(args)
-    text, passed = _page(args, windows, ttft, floods, time.monotonic() - started)
+    fairness = await _fairness(args)
+    text, passed = _page(args, windows, ttft, floods, fairness, time.monotonic() - started)
     (out / "envoy.md").write_text(text)
     print(text)
     return passed
