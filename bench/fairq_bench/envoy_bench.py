@@ -324,6 +324,9 @@ async def _fairness(args: argparse.Namespace) -> dict[str, dict[str, list[float]
                             run = await drive([doors[door]], mix, door, seconds)
                             shares = run.shares(since)
                             least = min(shares[n] / owed[n] for n in owed if owed[n])
+                            if os.environ.get("FAIRQ_SHARES"):
+                                print({n: round(shares[n] / owed[n], 2) for n in owed},
+                                      round(run.throughput(since)), flush=True)
                             out[mix.key][door].append(least)
                             print(
                                 f"  fairness {mix.key} round {r + 1} {door:>5}: least share "

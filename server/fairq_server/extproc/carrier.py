@@ -100,7 +100,9 @@ class EnvoyCarrier:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._max_seconds):
                 if await self._until(self._first):
-                    # Its first token, as far as the gate is concerned: no longer waiting.
+                    # Its first token, as far as the gate is concerned: no longer waiting. Its
+                    # tokens are charged at its end, from the usage (charging the output bound
+                    # here instead, settled at the end, measured no fairer: design note).
                     yield TextDelta("", tokens=0)
                     await self._until(None)
         yield self._stream_end(ticket)
