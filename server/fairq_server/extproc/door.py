@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import logging
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -299,7 +300,8 @@ class ExtprocDoor(DoorBase):
             return
         trace.user, trace.group, trace.team = principal.user, principal.group, principal.team
         trace.tier = self._core.tier_names[ticket.tier]
-        ticket_id = f"{self._replica}-{next(self._ids)}"
+        # Not guessable: the access log and first-byte calls name it, and only Envoy may.
+        ticket_id = f"{self._replica}-{next(self._ids)}-{secrets.token_hex(6)}"
         self._carriers[ticket_id] = carrier
         events = ticket_events(
             self._core,
