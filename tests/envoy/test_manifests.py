@@ -49,7 +49,9 @@ def test_the_envoy_bootstrap_is_fairqs_for_the_pickers_file_and_valid(tmp_path: 
 
 def test_the_pool_names_fairqs_ext_proc_service_and_fails_closed() -> None:
     pool = next(d for d in documents("inferencepool.yaml") if d["kind"] == "InferencePool")
-    picker = {d["metadata"]["name"]: d for d in documents("fairq-picker.yaml")}
+    picker = {
+        d["metadata"]["name"]: d for d in documents("fairq-picker.yaml") if d["kind"] == "Service"
+    }
     ref = pool["spec"]["endpointPickerRef"]
     assert ref["failureMode"] == "FailClose"
     service = picker[ref["name"]]

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LUA_USAGE", "EnvoySetup", "bootstrap", "cluster_name", "to_yaml"]
+__all__ = ["LUA_FIRST_BYTE", "LUA_USAGE", "EnvoySetup", "bootstrap", "cluster_name", "to_yaml"]
 
 #: Finds the usage block near the end of a response: each chunk's last 512 bytes are scanned
 #: (with the chunk before it, as a block may be cut between two), the last block seen wins.
@@ -78,6 +78,31 @@ end
 """
 
 
+#: The first-byte call only: the script ends at the first chunk, and the rest of the body
+#: streams on without Lua (no usage block read: fairq estimates the tokens from the bytes).
+LUA_FIRST_BYTE = """\
+local function frame(ticket)
+  return string.char(0, 0, 0, 0, #ticket + 2, 10, #ticket) .. ticket
+end
+
+function envoy_on_response(handle)
+  local meta = handle:streamInfo():dynamicMetadata():get("fairq")
+  if meta == nil or meta["cluster"] == nil or meta["ticket"] == nil then
+    return
+  end
+  for chunk in handle:bodyChunks() do
+    if chunk:length() > 0 then
+      handle:httpCall(meta["cluster"], {
+        [":method"] = "POST", [":path"] = "/fairq.extproc.Hooks/FirstByte",
+        [":authority"] = "fairq", ["content-type"] = "application/grpc", ["te"] = "trailers",
+      }, frame(meta["ticket"]), 5000, true)
+      return
+    end
+  end
+end
+"""
+
+
 @dataclass(frozen=True)
 class EnvoySetup:
     """What the bootstrap needs.
@@ -88,6 +113,9 @@ class EnvoySetup:
         message_timeout_seconds: how long Envoy waits for fairq's answer (the queue's wait).
         admin_listen: Envoy's admin interface (empty: none).
         connect_timeout_seconds: to fairq and to backends; fairq unreachable is a 503 after it.
+        read_usage: the Lua filter reads the usage block from the response's chunks (a
+            little of Envoy's CPU per chunk); False: it stops at the first chunk, and fairq
+            charges an estimate from the response's bytes.
 
     """
 
@@ -96,6 +124,7 @@ class EnvoySetup:
     message_timeout_seconds: float = 300.0
     admin_listen: str = ""
     connect_timeout_seconds: float = 0.25
+    read_usage: bool = True
 
 
 #: Envoy's default circuit breakers (1,024 requests, connections, pending) would refuse
@@ -247,7 +276,9 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
             "name": "envoy.filters.http.lua",
             "typed_config": _typed(
                 "envoy.extensions.filters.http.lua.v3.Lua",
-                default_source_code={"inline_string": LUA_USAGE},
+                default_source_code={
+                    "inline_string": LUA_USAGE if setup.read_usage else LUA_FIRST_BYTE
+                },
             ),
         },
         {

@@ -46,6 +46,7 @@ def setup_of(config: Config) -> EnvoySetup:
         message_timeout_seconds=timeout,
         admin_listen=config.envoy.admin_listen,
         connect_timeout_seconds=config.envoy.connect_timeout_seconds,
+        read_usage=config.envoy.read_usage,
     )
 
 
