@@ -203,3 +203,12 @@ async def test_nothing_passes_unscheduled_when_fairq_refuses(stack: Stack) -> No
     assert status in (404, 503), doc
     assert set(doc) == {"error"}
     del before
+
+
+async def test_a_body_past_envoys_default_buffer_reaches_fairq(stack: Stack) -> None:
+    # 1.5 MB: past Envoy's 1 MiB default, within fairq's 8 MiB; fairq's own prompt bound
+    # (1,000,000 characters) answers, not Envoy's 413.
+    big = {**CHAT, "messages": [{"role": "user", "content": "x" * 1_500_000}]}
+    status, _, doc = await post(stack.url + CHAT_URL, big)
+    assert status == 400, doc
+    assert doc["error"]["type"] == "invalid_request_error"

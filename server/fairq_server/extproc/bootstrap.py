@@ -113,6 +113,8 @@ class EnvoySetup:
         message_timeout_seconds: how long Envoy waits for fairq's answer (the queue's wait).
         admin_listen: Envoy's admin interface (empty: none).
         connect_timeout_seconds: to fairq and to backends; fairq unreachable is a 503 after it.
+        max_body_bytes: the largest request body Envoy buffers for fairq (fairq's
+            ``limits.max_body_bytes``; Envoy answers 413 above it).
         read_usage: the Lua filter reads the usage block from the response's chunks (a
             little of Envoy's CPU per chunk); False: it stops at the first chunk, and fairq
             charges an estimate from the response's bytes.
@@ -125,6 +127,7 @@ class EnvoySetup:
     admin_listen: str = ""
     connect_timeout_seconds: float = 0.25
     read_usage: bool = True
+    max_body_bytes: int = 8_388_608
 
 
 #: Envoy's default circuit breakers (1,024 requests, connections, pending) would refuse
@@ -316,6 +319,8 @@ def bootstrap(setup: EnvoySetup) -> dict[str, Any]:
                 {
                     "name": "fairq",
                     "address": _address(setup.listen),
+                    # The whole body is buffered for fairq (Envoy's default: 1 MiB).
+                    "per_connection_buffer_limit_bytes": setup.max_body_bytes,
                     "filter_chains": [
                         {
                             "filters": [

@@ -47,6 +47,7 @@ def setup_of(config: Config) -> EnvoySetup:
         admin_listen=config.envoy.admin_listen,
         connect_timeout_seconds=config.envoy.connect_timeout_seconds,
         read_usage=config.envoy.read_usage,
+        max_body_bytes=config.limits.max_body_bytes,
     )
 
 
