@@ -16,6 +16,7 @@ from fairq_server.scheduling.ticket import Ticket
 
 class _Backend:
     id = "b"
+    tpot_seconds: float | None = None
 
 
 def ticket() -> Ticket:
@@ -49,6 +50,19 @@ async def test_the_usage_reported_ends_the_stream_after_its_first_byte() -> None
         lambda: carrier.report(Usage(8, 12, 200, 3000, client_left=False)),
     )  # fmt: skip
     assert got == [TextDelta("", tokens=0), StreamEnd("stop", 8, 12)]
+
+
+async def test_a_request_near_its_bound_at_the_engines_pace_counts_its_tokens() -> None:
+    carrier, t = EnvoyCarrier(grace=1.0, max_seconds=10), ticket()
+    t.max_tokens = 26
+    t.backend.tpot_seconds = 0.001  # type: ignore[union-attr]
+    got = await events(
+        carrier, t, carrier.first_byte,
+        lambda: carrier.report(Usage(8, 26, 200, 3000, client_left=False)),
+    )  # fmt: skip
+    # 10 tokens (26 less the lookahead's 16) take 10 ms at the engine's pace: then the
+    # request counts as within the lookahead of its end, with those tokens charged.
+    assert got == [TextDelta("", tokens=0), TextDelta("", tokens=10), StreamEnd("stop", 8, 26)]
 
 
 async def test_a_client_gone_is_charged_an_estimate_from_the_bytes() -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.scheduling.backend_state import BackendState
+from fairq_server.scheduling.lookahead import LOOKAHEAD_TOKENS
 from fairq_server.scheduling.ticket import Ticket
 
 __all__ = ["BYTES_PER_TOKEN", "EnvoyCarrier", "Usage"]
@@ -100,15 +101,40 @@ class EnvoyCarrier:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._max_seconds):
                 if await self._until(self._first):
-                    # Its first token, as far as the gate is concerned: no longer waiting. Its
-                    # tokens are charged at its end, from the usage (charging the output bound
-                    # here instead, settled at the end, measured no fairer: design note).
+                    # Its first token, as far as the gate is concerned: no longer waiting.
                     yield TextDelta("", tokens=0)
-                    await self._until(None)
+                    ahead = self._ahead(ticket)
+                    if ahead is None:
+                        await self._until(None)
+                    elif await self._until(None, within=ahead[1]):
+                        # Predicted within the lookahead of its end: its slot may be filled
+                        # ahead, and the tokens so far are charged (settled at the end).
+                        yield TextDelta("", tokens=ahead[0])
+                        await self._until(None)
         yield self._stream_end(ticket)
 
-    async def _until(self, first: asyncio.Event | None) -> bool:
-        """Wait for ``first`` (True), or the end (False): reported, or closed and a grace."""
+    @staticmethod
+    def _ahead(ticket: Ticket) -> tuple[int, float] | None:
+        """Tokens before the lookahead and the seconds they take at the backend's pace.
+
+        None: no output bound, or the backend's time per output token is not known. Envoy
+        sends no token counts while a stream runs; the engine's pace predicts them, so a
+        request near its bound frees its slot a moment ahead as one fairq relays does
+        (:mod:`~fairq_server.scheduling.lookahead`; without it, closed-loop teams measured
+        0.9 of their owed share against 0.97).
+        """
+        backend = ticket.backend
+        tokens = ticket.max_tokens - LOOKAHEAD_TOKENS
+        tpot = backend.tpot_seconds if backend is not None else None
+        if tokens <= 0 or not tpot:
+            return None
+        return tokens, tokens * tpot
+
+    async def _until(self, first: asyncio.Event | None, within: float | None = None) -> bool:
+        """Wait for ``first`` (True), or the end (False): reported, or closed and a grace.
+
+        With ``within``: True if that long passed first (the end has not come).
+        """
         waits = {asyncio.ensure_future(self._reported.wait())}
         closed = asyncio.ensure_future(self._closed.wait())
         waits.add(closed)
@@ -116,8 +142,8 @@ class EnvoyCarrier:
         if hit is not None:
             waits.add(hit)
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if hit is not None and hit.done():
+            await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+            if (hit is not None and hit.done()) or not any(w.done() for w in waits):
                 return True
             if not self._reported.is_set():
                 await asyncio.wait_for(self._reported.wait(), self._grace)
