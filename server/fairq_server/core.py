@@ -51,7 +51,7 @@ from fairq_server.scheduling.dispatcher import Dispatcher
 from fairq_server.scheduling.outbox import Outbox
 from fairq_server.scheduling.policies import Policies
 from fairq_server.scheduling.queue_view import BackendView, QueueView
-from fairq_server.scheduling.ticket import Ticket
+from fairq_server.scheduling.ticket import Carrier, Ticket
 from fairq_server.telemetry import Telemetry
 from fairq_server.tenancy.factory import build_entitlement
 
@@ -280,6 +280,17 @@ class FairqCore:
 
     def submit(self, submission: Submission) -> Ticket:
         """Queue a door's request as a ticket (see :meth:`Dispatcher.submit`)."""
+        return self._submit(submission, None)
+
+    def submit_carried(self, submission: Submission, carrier: Carrier) -> Ticket:
+        """Queue a request whose bytes ``carrier`` carries (the ext_proc door's).
+
+        The dispatcher picks its backend and holds the slot as for any request; its attempt
+        reads the carrier's stream instead of opening the backend's.
+        """
+        return self._submit(submission, carrier)
+
+    def _submit(self, submission: Submission, carrier: Carrier | None) -> Ticket:
         config = self.config
         ticket = Ticket(
             request=submission.request,
@@ -300,6 +311,7 @@ class FairqCore:
                 self.tools.clock,
                 relay=submission.request.relay_chunks,
             ),
+            carrier=carrier,
         )
         self.dispatcher.submit(ticket)
         return ticket

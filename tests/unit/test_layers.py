@@ -42,8 +42,10 @@ _LAYERS = (
 
 # Folder (or module) -> packages of fairq_server it must never import.
 _FORBIDDEN = {
-    "doors/grpc": ("doors.http", "console", "app", "cli"),
-    "doors/http": ("doors.grpc", "console", "app", "cli"),
+    "doors/grpc": ("doors.http", "doors.extproc", "console", "app", "cli"),
+    "doors/http": ("doors.grpc", "doors.extproc", "console", "app", "cli"),
+    # The ext_proc door reads OpenAI bodies and answers errors as the HTTP door does.
+    "doors/extproc": ("doors.grpc", "console", "app", "cli"),
     "doors": ("console", "app", "cli"),
     "observe": ("doors", "console", "app", "cli"),
     "scheduling": ("doors", "console", "store", "identity", "app", "cli"),

@@ -50,7 +50,7 @@ from fairq_server.cluster.credit import Credit
 from fairq_server.cluster.quota import cluster_book
 from fairq_server.runtime.loop_tools import LoopTools
 from fairq_server.scheduling import events as ev
-from fairq_server.scheduling.attempt_stream import AttemptSink, StreamLauncher
+from fairq_server.scheduling.attempt_stream import AttemptSink, StreamLauncher, attempt_stream
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.in_force import Settings
 from fairq_server.scheduling.interfaces import GateOutcome
@@ -261,8 +261,7 @@ class ClusterLauncher(StreamLauncher):
         """Start reading the backend stream of ``ticket``, which holds ``member``."""
         self._holding[ticket] = (backend.id, member)
         sink = _FirstTokenSink(self._post, ticket, lambda: self._first(backend, member))
-        stream = backend.backend.stream(ticket.request, ticket.priority)
-        return start_reading(stream, sink, self.window, self.tools)
+        return start_reading(attempt_stream(ticket), sink, self.window, self.tools)
 
     def _done(self, ticket: Ticket, backend_id: str, member: str, *, aborted: bool) -> None:
         """Release ``member``, its attempt ended (unless kept for a hand-over, or parked).

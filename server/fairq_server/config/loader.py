@@ -66,6 +66,9 @@ def parse_config(raw: dict[str, Any]) -> Config:
         ("listen", config.listen),
         ("metrics_listen", config.metrics_listen),
         ("http.listen", config.http.listen),
+        ("extproc.listen", config.extproc.listen),
+        ("envoy.listen", config.envoy.listen),
+        ("envoy.admin_listen", config.envoy.admin_listen),
     ):
         _check_address(name, address)
     for i, b in enumerate(config.backends):

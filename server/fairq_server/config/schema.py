@@ -42,6 +42,7 @@ from fairq_server.config.cluster import ClusterConfig
 from fairq_server.config.console import ConsoleConfig
 from fairq_server.config.doors import HttpConfig, RequestBounds, TlsConfig
 from fairq_server.config.entitlement import BudgetConfig, QuotaConfig
+from fairq_server.config.envoy import EnvoyConfig, ExtprocConfig
 from fairq_server.config.fields import Bool, Str, doc, section
 from fairq_server.config.identity import JwtConfig, KeyConfig
 from fairq_server.config.prices import PriceConfig
@@ -60,6 +61,8 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConsoleConfig",
+    "EnvoyConfig",
+    "ExtprocConfig",
     "HttpConfig",
     "JwtConfig",
     "KeyConfig",
@@ -96,6 +99,12 @@ class Config:
     )
     http: Annotated[HttpConfig, doc("the OpenAI-compatible HTTP door")] = field(
         default_factory=HttpConfig
+    )
+    extproc: Annotated[
+        ExtprocConfig, doc("the ext_proc door: fairq as an Envoy's endpoint picker")
+    ] = field(default_factory=ExtprocConfig)
+    envoy: Annotated[EnvoyConfig, doc("what ``fairq envoy bootstrap`` writes")] = field(
+        default_factory=EnvoyConfig
     )
     state_file: Annotated[
         Str,

@@ -25,7 +25,14 @@ from fairq_server.scheduling.outbox import Finished, OutboxEvent
 from fairq_server.scheduling.prefix import prefix_hashes
 from fairq_server.tenancy.teams import team_weights
 
-__all__ = ["DoorBase", "check_token_prompt", "count_rejection", "open_ticket", "ticket_events"]
+__all__ = [
+    "DoorBase",
+    "check_token_prompt",
+    "count_rejection",
+    "describe_request",
+    "open_ticket",
+    "ticket_events",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,28 @@ def open_ticket(
 ) -> Submitted:
     """Resolve the tier, describe ``request`` and submit it to the core.
 
+    Raises:
+        SchedulerError: as :func:`describe_request`.
+
+    """
+    return core.submit(
+        describe_request(
+            core, principal, request, requested_tier, arrival=arrival, max_tokens=max_tokens
+        )
+    )
+
+
+def describe_request(
+    core: CorePort,
+    principal: Principal,
+    request: BackendRequest,
+    requested_tier: str,
+    *,
+    arrival: float | None = None,
+    max_tokens: int | None = None,
+) -> Submission:
+    """Resolve the tier and team of ``request`` for ``principal``, checked, as a submission.
+
     Args:
         core: the scheduling core.
         principal: the authenticated caller.
@@ -87,7 +116,7 @@ def open_ticket(
     refused = core.refusal(principal.user, team, request.model)
     if refused is not None:
         raise refused
-    submission = Submission(
+    return Submission(
         request=request,
         user=principal.user,
         tier=tier,
@@ -105,7 +134,6 @@ def open_ticket(
             token_ids=request.prompt_token_ids,
         ),
     )
-    return core.submit(submission)
 
 
 def check_token_prompt(core: CorePort, request: BackendRequest) -> None:

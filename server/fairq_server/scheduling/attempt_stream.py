@@ -9,9 +9,9 @@ failure to the dispatcher (applied by :class:`~fairq_server.scheduling.attempts.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 
-from fairq_server.backends.request import StreamEnd, TextDelta
+from fairq_server.backends.request import StreamEnd, StreamEvent, TextDelta
 from fairq_server.backends.stream_reader import start_reading
 from fairq_server.errors import SlowClientError
 from fairq_server.runtime.loop_tools import LoopTools
@@ -19,13 +19,21 @@ from fairq_server.scheduling import events as ev
 from fairq_server.scheduling.lookahead import LOOKAHEAD_TOKENS
 from fairq_server.scheduling.ticket import AttemptHandle, Ticket
 
-__all__ = ["CHARGE_EVERY", "AttemptSink", "Launcher", "StreamLauncher"]
+__all__ = ["CHARGE_EVERY", "AttemptSink", "Launcher", "StreamLauncher", "attempt_stream"]
 
 #: Starts ``ticket``'s current attempt on ``ticket.backend`` with ``ticket.priority``.
 Launcher = Callable[[Ticket], AttemptHandle]
 
 # Token charges are batched so a fast stream does not post one event per token.
 CHARGE_EVERY = 16
+
+
+def attempt_stream(ticket: Ticket) -> AsyncGenerator[StreamEvent]:
+    """Return the stream of ``ticket``'s attempt: its backend's, or its carrier's."""
+    assert ticket.backend is not None
+    if ticket.carrier is not None:
+        return ticket.carrier.stream(ticket)
+    return ticket.backend.backend.stream(ticket.request, ticket.priority)
 
 
 class AttemptSink:
@@ -114,9 +122,9 @@ class StreamLauncher:
 
     def __call__(self, ticket: Ticket) -> AttemptHandle:
         """Start reading ``ticket``'s current attempt."""
-        assert ticket.backend is not None
-        stream = ticket.backend.backend.stream(ticket.request, ticket.priority)
-        return start_reading(stream, AttemptSink(self._post, ticket), self.window, self.tools)
+        return start_reading(
+            attempt_stream(ticket), AttemptSink(self._post, ticket), self.window, self.tools
+        )
 
     def let_go(self, ended: Ticket) -> None:
         """Free the slot kept for the user of ``ended`` after its end (no hold, or it lapsed).

@@ -198,8 +198,8 @@ class Preemptor:
     def _candidates(backend: BackendState, tickets: Iterable[Ticket]) -> Iterator[Running]:
         for ticket in tickets:
             progress = ticket.progress
-            if progress is None or not ticket.generating:
-                continue
+            if progress is None or not ticket.generating or ticket.carrier is not None:
+                continue  # a carried request's bytes are not fairq's to stop and resume
             weight = ticket.weight
             adapter = backend.backend
             exempt = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -13,11 +13,11 @@ from fairq_server.scheduling.outbox import Outbox
 
 if TYPE_CHECKING:
     from fairq_server.backends.continuation import Progress
-    from fairq_server.backends.request import BackendRequest
+    from fairq_server.backends.request import BackendRequest, StreamEvent
     from fairq_server.scheduling.backend_state import BackendState
     from fairq_server.tenancy.books.book import Claim
 
-__all__ = ["AttemptHandle", "Ticket", "TicketState"]
+__all__ = ["AttemptHandle", "Carrier", "Ticket", "TicketState"]
 
 _seq = itertools.count()
 
@@ -36,6 +36,19 @@ class AttemptHandle(Protocol):
 
     def cancel(self) -> object:
         """Abort the backend request (its stream reports nothing more)."""
+        ...
+
+
+class Carrier(Protocol):
+    """Carries a request's bytes outside fairq (a proxy in front: the ext_proc door).
+
+    The dispatcher still picks the backend and holds the slot; the launcher, instead of
+    opening the backend stream, reads :meth:`stream`, which tells the carrier where to send
+    the request and reports its end (with the backend's usage) when the carrier says so.
+    """
+
+    def stream(self, ticket: Ticket) -> AsyncGenerator[StreamEvent]:
+        """Send ``ticket`` to ``ticket.backend`` elsewhere; yield its end when it comes."""
         ...
 
 
@@ -61,6 +74,8 @@ class Ticket:
         prefix: chained hashes of the prompt's leading blocks (prefix grouping).
         arrival: monotonic arrival time.
         outbox: events towards the caller.
+        carrier: None: fairq opens the backend stream; else the carrier does (its
+            :meth:`Carrier.stream` stands for the backend's).
 
     """
 
@@ -77,6 +92,7 @@ class Ticket:
     arrival: float = field(default_factory=time.monotonic)
     prefix: tuple[int, ...] = ()
     outbox: Outbox = field(default_factory=Outbox)
+    carrier: Carrier | None = None
     # -- the dispatcher's ------------------------------------------------------------------
     state: TicketState = TicketState.NEW
     retries: int = 0
