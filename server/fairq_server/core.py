@@ -232,6 +232,7 @@ class FairqCore:
         for polled in self._polled.values():
             polled.poller.interval = s.poll_interval_seconds  # from its next scrape on
             polled.poller.max_backoff = s.max_poll_backoff_seconds
+            polled.poller.timeout = s.scrape_timeout_seconds
         wanted = {b.id: b for b in config.backends}
         for backend_id in [b.id for b in old.backends if b.id not in wanted]:
             await self.deregister_backend(backend_id, drain=False)
@@ -430,6 +431,7 @@ class FairqCore:
             max_backoff=self.dispatcher.config.max_poll_backoff_seconds,
             on_sent=self.dispatcher.scrape_sent,
             on_result=self.dispatcher.scrape_landed,
+            timeout=self.dispatcher.config.scrape_timeout_seconds,
         )
         try:
             await poller.poll_once()

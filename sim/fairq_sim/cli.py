@@ -1,4 +1,8 @@
-"""``fairq sim``: serve a simulated vLLM or TGI backend until SIGINT/SIGTERM."""
+"""``fairq sim``: serve a simulated vLLM or TGI backend until SIGINT/SIGTERM.
+
+SIGUSR1 holds the engine (running requests keep their slots, no token is made) and SIGUSR2
+releases it: a load run in another process holds it while it fills fairq's queue.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import uvicorn
 from fairq_sim.app import create_app, sim_state
 from fairq_sim.config import SimConfig
 from fairq_sim.profiles import PROFILES
+from fairq_sim.runner import EngineRunner
 from fairq_sim.server import bind_socket
 
 __all__ = ["build_parser", "config_from_args", "listen_error", "main"]
@@ -25,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fairq sim",
         description="Simulated continuous-batching LLM backend (vLLM, SGLang or TGI HTTP API).",
+        epilog="SIGUSR1 holds the engine (no step, no token), SIGUSR2 releases it.",
     )
     p.add_argument("--mode", choices=("vllm", "tgi", "sglang"), default="vllm")
     p.add_argument("--model", default="sim", help="served model name (default: sim)")
@@ -120,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     server = _QuietExitServer(
         uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     )
+    server.runner = sim_state(app).runner
     # SIGINT/SIGTERM: stop accepting, end open streams within 2 s, run the app's shutdown.
     asyncio.run(server.serve(sockets=[sock]))
     return 0
@@ -145,14 +152,24 @@ class _QuietExitServer(uvicorn.Server):
     signal; ``fairq sim`` should instead return from :func:`main` with status 0.
     """
 
+    runner: EngineRunner | None = None
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """Route SIGINT/SIGTERM to a graceful exit (a second SIGINT forces it)."""
+        """Route SIGINT/SIGTERM to a graceful exit, SIGUSR1/SIGUSR2 to the engine's hold.
+
+        A second SIGINT forces the exit. SIGUSR1 holds the engine and SIGUSR2 releases it
+        (:meth:`EngineRunner.hold`): the one control a load run has over a simulator in
+        another process.
+        """
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        if self.runner is not None:
+            loop.add_signal_handler(signal.SIGUSR1, self.runner.hold)
+            loop.add_signal_handler(signal.SIGUSR2, self.runner.release)
         try:
             yield
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
                 loop.remove_signal_handler(sig)

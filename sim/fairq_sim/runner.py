@@ -94,8 +94,27 @@ class EngineRunner:
         self._speed = speed
         self._streams: dict[str, RequestStream] = {}
         self._wakeup = asyncio.Event()
+        self._released = asyncio.Event()
+        self._released.set()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+
+    @property
+    def held(self) -> bool:
+        """Whether the engine is held (see :meth:`hold`)."""
+        return not self._released.is_set()
+
+    def hold(self) -> None:
+        """Stop stepping after the current step, until :meth:`release`.
+
+        Running requests keep their slots and get no token; new ones wait. A test or a load
+        run holds the engine so that what it waits for cannot be overtaken by requests ending.
+        """
+        self._released.clear()
+
+    def release(self) -> None:
+        """Step again after :meth:`hold` (from now: the held time is not caught up)."""
+        self._released.set()
 
     def start(self) -> None:
         """Start the step loop on the running event loop."""
@@ -137,6 +156,9 @@ class EngineRunner:
         deadline = 0.0
         try:
             while True:
+                if not self._released.is_set():
+                    await self._released.wait()
+                    deadline = 0.0  # the held time is not caught up
                 if self._speed is not None:
                     self.engine.speed = self._speed()
                 plan = self.engine.schedule()

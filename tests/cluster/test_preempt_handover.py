@@ -5,6 +5,10 @@ Replica A runs two power requests (both slots); replica B holds a request waitin
 then a light request on A preempts a power request. The victim's member in the shared gate
 is taken over by the light request in one script, never released in between: B's request
 cannot take the slot, A's reservation is never refused, and one preemption suffices.
+
+The simulator's engine is held from when both power requests could be preempted until the
+light request reaches it: at full speed a power request lasts ~0.2 s, which a loaded machine
+spent setting up, and its end freed a slot for B's request before the light one ran.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from tests.reliability.helpers import until
 
 SLOTS = 2
 BACKEND = "sim-a"
+MIN_TOKENS = 4  # preemption's min_tokens: a power request younger than this is no victim
 
 
 async def replica(factory: FairqFactory, sim: SimServer, redis_url: str, name: str) -> FairqServer:
@@ -37,7 +42,9 @@ async def replica(factory: FairqFactory, sim: SimServer, redis_url: str, name: s
         for t in DEFAULT_TIERS
     )
     backend = sim_backend(sim, preempt=True, max_in_flight=SLOTS)
-    config = make_config([backend], preempt=PreemptConfig(min_tokens=4, max_per_second=100))
+    config = make_config(
+        [backend], preempt=PreemptConfig(min_tokens=MIN_TOKENS, max_per_second=100)
+    )
     cluster = ClusterConfig(redis_url, replica_id=name, lease_seconds=2.0, refresh_seconds=0.05)
     return await factory(replace(config, tiers=tiers, cluster=cluster))
 
@@ -75,7 +82,8 @@ def outcome(server: FairqServer, name: str) -> float:
 async def test_the_preempting_request_takes_the_victims_slot_in_redis(
     redis_server: RedisProcess, fairq_factory: FairqFactory
 ) -> None:
-    config = SimConfig(mode="vllm", model="sim", speed=2.0, max_num_seqs=SLOTS)
+    # Crawling (~0.1 s a token) until held, so that no power request ends meanwhile.
+    config = SimConfig(mode="vllm", model="sim", speed=0.01, max_num_seqs=SLOTS)
     async with SimServer(config) as sim:
         a = await replica(fairq_factory, sim, redis_server.url, "a")
         b = await replica(fairq_factory, sim, redis_server.url, "b")
@@ -98,10 +106,17 @@ async def test_the_preempting_request_takes_the_victims_slot_in_redis(
             await until(
                 lambda: (
                     state_a.in_flight == SLOTS
-                    and all(t.generating for t in running.get(BACKEND, ()))
+                    and all(
+                        t.generating and t.progress is not None and t.progress.tokens >= MIN_TOKENS
+                        for t in running.get(BACKEND, ())
+                    )
                 ),
-                what="both slots generating on replica a",
+                what="both slots generating on replica a, past preemption's min_tokens",
             )
+            # No more tokens until the light request is on the engine: no power request can
+            # end and free a slot first, however slow the machine.
+            sim.state.runner.hold()
+            sim.config.speed = 2.0
             await until(lambda: state_b.peer_in_flight == SLOTS, what="b sees the slots taken")
             waiting = asyncio.create_task(stream(stub_b, gen("other", 4), "other", log))
             models_b = b.core.dispatcher._models
@@ -111,9 +126,17 @@ async def test_the_preempting_request_takes_the_victims_slot_in_redis(
             )
             # A's refused reservations before the light request, and when its text came.
             refused = [outcome(a, "refused")]
-            light = await stream(
-                stub_a, gen("light", 4), "light", log, lambda: refused.append(outcome(a, "refused"))
-            )
+            light_call = asyncio.create_task(
+                stream(
+                    stub_a, gen("light", 4), "light", log,
+                    lambda: refused.append(outcome(a, "refused")),
+                )
+            )  # fmt: skip
+            # The victim aborted, the light request waits on the held engine: released, it
+            # runs its 4 tokens in the batch of a power request with ~290 left.
+            await until(lambda: sim.engine.num_waiting == 1, what="the light request on the engine")
+            sim.state.runner.release()
+            light = await light_call
             results = await asyncio.gather(waiting, *power)
     assert light == "length" and all(r == "length" for r in results), (light, results)
     at = dict(log)

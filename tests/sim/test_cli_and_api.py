@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import signal
 import socket
@@ -12,8 +13,10 @@ import httpx
 import pytest
 
 import fairq_sim as sim_pkg
+from fairq_bench.load import start_sim
 from fairq_sim import SimConfig, SimServer, ThreadedSimServer, create_app
 from fairq_sim.cli import build_parser, config_from_args, main
+from tests.reliability.helpers import until_async
 
 EXPECTED_EXPORTS = {
     "PROFILES",
@@ -165,3 +168,40 @@ def test_cli_port_in_use_is_one_line_naming_the_address() -> None:
         f"fairq sim: cannot listen on 127.0.0.1:{port} (set by --host/--port): address already "
         "in use (another process listens there; --port 0 picks a free port)"
     ], done.stderr
+
+
+def _metric(text: str, name: str) -> float:
+    """The value of the one sample ``name`` in an exposition."""
+    lines = text.splitlines()
+    return next(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name))
+
+
+async def test_sigusr1_holds_the_engine_and_sigusr2_releases_it() -> None:
+    """``fairq sim`` in its own process: held, a request is queued on the engine and not run
+    (still waiting a scrape after one found it there); released, it completes."""
+    sim = await start_sim("--speed", "100")
+    try:
+        async with httpx.AsyncClient(base_url=sim.address, timeout=30) as client:
+
+            async def answers(path: str, name: str = "", at_least: float = 0) -> bool:
+                resp = await client.get(path)
+                return resp.status_code == 200 and (
+                    not name or _metric(resp.text, name) >= at_least
+                )
+
+            await until_async(lambda: answers("/health"), what="serving")  # handlers are in
+            sim.signal(signal.SIGUSR1)
+            body = {"model": "sim", "prompt": "x", "max_tokens": 3}
+            request = asyncio.create_task(client.post("/v1/completions", json=body))
+            waiting = "vllm:num_requests_waiting"
+            await until_async(lambda: answers("/metrics", waiting, 1), what="request on the engine")
+            held = (await client.get("/metrics")).text  # one more round trip: still held
+            sim.signal(signal.SIGUSR2)
+            answer = await request
+    finally:
+        code = await sim.stop()
+    assert _metric(held, waiting) == 1
+    assert _metric(held, "vllm:num_requests_running") == 0
+    assert answer.status_code == 200
+    assert answer.json()["usage"]["completion_tokens"] == 3
+    assert code == 0

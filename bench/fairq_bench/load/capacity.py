@@ -4,7 +4,9 @@ from ``users`` users wait in fairq's queue; memory, stalls and terminal events m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +123,21 @@ async def _watch(
         await asyncio.sleep(0.25)  # sampling another process's gauges
 
 
+async def _until_queued(
+    client: httpx.AsyncClient, url: str, queued: int, result: CapacityResult
+) -> None:
+    """Scrape fairq (``url``) until its queue depth reads ``queued`` (recorded in the peak),
+    for at most 60 s: past that the run goes on and the peak shows what was reached."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(60):
+            while True:
+                depth = total(await scrape(client, url), "fairq_queue_depth")
+                result.peak_queue_depth = max(result.peak_queue_depth, depth)
+                if depth >= queued:
+                    return
+                await asyncio.sleep(0.05)  # polling another process's gauge
+
+
 async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> CapacityResult:
     """Run ``size.streams`` streams at once with ``size.queued`` requests queued behind them."""
     step = _step_seconds(size.streams, size.speed)
@@ -171,6 +188,11 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
             for i in range(size.streams):
                 launch(i, Spec(f"user-{i % size.users}", hold_tokens))
             await result.tally.wait_for("started", size.streams, timeout=300)
+            if size.hold_while_filling:
+                # Every stream on the engine (its first token came), then no more tokens:
+                # none can end before the queue is full.
+                await result.tally.wait_for("streaming", size.streams, timeout=300)
+                sim.signal(signal.SIGUSR1)
             result.stream_start_seconds = time.monotonic() - t0
             result.rss_streams = fairq.rss_bytes()
             log(
@@ -188,6 +210,11 @@ async def capacity(size: LoadSize, log: Callable[[str], None] = print) -> Capaci
                 launch(size.streams + i, Spec(f"user-{i % size.users}", SHORT_TOKENS))
             await result.tally.wait_for("answered", size.streams + size.queued, timeout=600)
             result.queue_fill_seconds = time.monotonic() - t_fill
+            if size.hold_while_filling:
+                try:
+                    await _until_queued(http, fairq.metrics_url, size.queued, result)
+                finally:
+                    sim.signal(signal.SIGUSR2)
             result.rss_queued = fairq.rss_bytes()
             fill_end = time.monotonic()
             if result.tally.progress["started"] > size.streams:

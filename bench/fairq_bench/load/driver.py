@@ -106,7 +106,8 @@ class Tally:
             self.violations.append(outcome)
 
     async def note(self, what: str) -> None:
-        """Count a progress event (``queued``, ``started``) and wake :meth:`wait_for`."""
+        """Count a progress event (``queued``, ``started``, ``streaming``: the first chunk)
+        and wake :meth:`wait_for`."""
         self.progress[what] += 1
         async with self._changed:
             self._changed.notify_all()
@@ -168,6 +169,8 @@ async def send(
                 await tally.note("started")
             elif kind == "chunk":
                 out.chunks += 1
+                if out.chunks == 1:
+                    await tally.note("streaming")
                 if spec.cancel_after is not None and out.chunks >= spec.cancel_after:
                     call.cancel()
                     out.code = "CLIENT_CANCELLED"

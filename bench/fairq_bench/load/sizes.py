@@ -32,6 +32,10 @@ class LoadSize:
         soak_speed: the soak's simulators' clock factor.
         churn_users: after the soak, this many requests each from a new user (0: skip).
         channels: client channels (TCP connections) to fairq.
+        hold_while_filling: hold the simulator's engine (SIGUSR1) from when every stream has
+            its first token until fairq reports the whole queue, then release it (SIGUSR2):
+            the queue fills however slow the machine, but no token is relayed meanwhile.
+            Off, the streams must outlast the fill (``hold_seconds``).
 
     """
 
@@ -46,6 +50,7 @@ class LoadSize:
     soak_speed: float = 1.0
     churn_users: int = 20_000
     channels: int = 16
+    hold_while_filling: bool = False
 
 
 FULL = LoadSize()

@@ -38,6 +38,8 @@ class MetricsPoller:
             ``interval``); may be changed while running.
         on_sent: called with the backend id as a scrape is sent.
         on_result: called with the backend id and the outcome of each scrape.
+        timeout: seconds a scrape may take (None: five intervals, at least 1 s); may be
+            changed while running.
 
     """
 
@@ -49,9 +51,11 @@ class MetricsPoller:
         max_backoff: float = 10.0,
         on_sent: Callable[[str], None],
         on_result: Callable[[str, ScrapeResult], None],
+        timeout: float | None = None,
     ) -> None:
         self.backend = backend
         self.interval = interval
+        self.timeout = timeout
         self.max_backoff = max_backoff
         self.consecutive_failures = 0
         self._on_sent = on_sent
@@ -62,7 +66,8 @@ class MetricsPoller:
         self._on_sent(self.backend.id)
         result: ScrapeResult
         try:
-            result = await self.backend.scrape(timeout=max(self.interval * 5, 1.0))
+            timeout = self.timeout or max(self.interval * 5, 1.0)
+            result = await self.backend.scrape(timeout=timeout)
         except BackendError as exc:
             result = exc
         self.consecutive_failures = (

@@ -107,6 +107,14 @@ class SchedulerConfig:
     poll_interval_seconds: Annotated[
         Float, doc("how often each backend's ``/metrics`` is scraped", gt=0)
     ] = 0.5
+    scrape_timeout_seconds: Annotated[
+        Float | None,
+        doc(
+            "a scrape of ``/metrics`` not answered within this has failed (unset: five "
+            "``poll_interval_seconds``, at least 1 s)",
+            gt=0,
+        ),
+    ] = None
     stale_after_seconds: Annotated[
         Float,
         doc("older metrics count as saturated (no dispatch); keep it a few poll intervals", gt=0),

@@ -6,6 +6,7 @@ exactly as the dispatcher applies them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from fairq_server.backends.poller import MetricsPoller, ScrapeResult
 from fairq_server.backends.vllm import VllmBackend
+from fairq_server.errors import BackendError
 from fairq_server.scheduling.backend_state import BackendState
 from fairq_server.scheduling.prefix import PrefixCache
 
@@ -212,3 +214,19 @@ async def test_a_failed_request_keeps_the_backend_suspect_through_a_tolerated_fa
         assert load.healthy is False
         await poller.poll_once()
         assert load.healthy is True
+
+
+async def test_a_scrape_may_take_as_long_as_the_configured_timeout() -> None:
+    """``scheduler.scrape_timeout_seconds`` replaces the default bound (five intervals, at
+    least 1 s): metrics answered after 1.5 s are a successful scrape under a 10 s timeout."""
+
+    async def late(request: web.BaseRequest) -> web.Response:
+        await asyncio.sleep(1.5)  # a slow exporter, past the default 1 s bound
+        return reply(text=metrics(1, 2, 0.0, 0))
+
+    async with scripted_poller([late]) as (poller, state, seen):
+        poller.timeout = 10.0
+        result = await poller.poll_once()
+    assert not isinstance(result, BackendError), result
+    assert state.sample is not None and state.sample.running == 2
+    assert seen == [(True, 0)]
