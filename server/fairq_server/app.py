@@ -24,7 +24,7 @@ from fairq_server.console import build_console
 from fairq_server.core import FairqCore
 from fairq_server.doors.access_log import RequestLog
 from fairq_server.doors.grpc.server import GrpcDoor
-from fairq_server.doors.http import HttpDoor
+from fairq_server.doors.http.server import HttpDoor
 from fairq_server.doors.listening import listening
 from fairq_server.errors import ConfigError
 from fairq_server.identity.auth import Authenticator

@@ -122,7 +122,7 @@ def test_below_the_grpc_door_nothing_loads_grpc() -> None:
     """Errors, scheduling, the shared request handling and the HTTP door are transport-free."""
     code = (
         "import sys, fairq_server.errors, fairq_server.core, fairq_server.config.loader, "
-        "fairq_server.doors.lifecycle, fairq_server.doors.http;"
+        "fairq_server.doors.lifecycle, fairq_server.doors.http.server;"
         "loaded = [m for m in sys.modules if m == 'grpc' or m.startswith('grpc.')];"
         "print(sorted(loaded)[:3]); sys.exit(1 if loaded else 0)"
     )

@@ -1,5 +1,1 @@
-"""The OpenAI-compatible HTTP door (chat, completions, models)."""
-
-from fairq_server.doors.http.server import HttpDoor
-
-__all__ = ["HttpDoor"]
+"""The OpenAI-compatible HTTP door (chat, completions, models): :mod:`.server` assembles it."""
