@@ -108,8 +108,13 @@ class LimitState:
 
     @property
     def pending(self) -> int:
-        """Counters (per period) held, not yet written."""
+        """Counters (per period) held, not yet written (a batch being written is not held)."""
         return len(self._pending)
+
+    @property
+    def stored(self) -> bool:
+        """Whether everything added is in the store: nothing held, no write in flight."""
+        return not self._pending and not self._writing.locked()
 
     def add(self, name: CounterName, when: float, amount: float) -> None:
         """Count ``amount`` settled on counter ``name`` at ``when`` (rolling windows: ignored)."""
@@ -133,7 +138,18 @@ class LimitState:
 
     async def close(self) -> None:
         """Stop the writer and write what is held (within ``stop_flush_seconds``)."""
-        await self._writer.stop()
+        # A write in flight ends first: cancelled after its commit, its amounts would be put
+        # back and written again here (counted twice). A write that hangs longer is cancelled.
+        held = False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._config.stop_flush_seconds):
+                await self._writing.acquire()
+                held = True
+        try:
+            await self._writer.stop()
+        finally:
+            if held:
+                self._writing.release()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._config.stop_flush_seconds):
                 pause = _FIRST_RETRY_SECONDS
