@@ -13,11 +13,14 @@ copies them as it always has (``dataclasses.replace``) at no validation cost;
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Annotated, Any, TypeVar
 
 from pydantic import ConfigDict, Field, Strict, with_config
+from pydantic.fields import FieldInfo
 
-__all__ = ["Bool", "Float", "Int", "Str", "doc", "section"]
+__all__ = ["Bool", "Float", "Int", "Str", "bare", "doc", "field_info", "section"]
 
 #: Exactly TOML's types: ``"12"`` is not an integer, ``true`` is not 1, ``1.5`` is not an
 #: integer (an integer is a number, as in TOML's own arithmetic).
@@ -55,3 +58,21 @@ def doc(
 
     """
     return Field(description=text, ge=ge, gt=gt, le=le)
+
+
+def field_info(hint: Any) -> FieldInfo | None:
+    """Return the :func:`doc` of an ``Annotated`` field hint (None: it has none)."""
+    if typing.get_origin(hint) is not typing.Annotated:
+        return None
+    infos = [m for m in hint.__metadata__ if isinstance(m, FieldInfo)]
+    return infos[0] if infos else None
+
+
+def bare(tp: Any) -> Any:
+    """``tp`` without ``Annotated`` and without ``| None`` (TOML has no null)."""
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return bare(args[0]) if len(args) == 1 else tp
+    return tp

@@ -31,6 +31,7 @@ from fairq_server.config.backends import check_backend_config
 from fairq_server.config.console import check_allowed_hosts
 from fairq_server.config.doors import parse_networks
 from fairq_server.config.entitlement import check_entitlement
+from fairq_server.config.fields import bare, field_info
 from fairq_server.config.identity import MAX_KEY_USER_CHARS, check_jwt
 from fairq_server.config.prices import check_prices
 from fairq_server.config.schema import Config, ConfigError
@@ -243,11 +244,11 @@ def _type_at(loc: Loc, *, table: bool = False) -> tuple[Any, FieldInfo | None, L
     tp: Any = Config
     info: FieldInfo | None = None
     for i, part in enumerate(loc):
-        tp = _bare(tp)
+        tp = bare(tp)
         if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(part, str):
             tp, info = _field(tp, part)
         elif typing.get_origin(tp) is tuple and isinstance(part, int):
-            item = _bare(typing.get_args(tp)[0])
+            item = bare(typing.get_args(tp)[0])
             if not dataclasses.is_dataclass(item) or (i == len(loc) - 1 and not table):
                 return tp, info, loc[:i]  # the list is judged whole
             tp, info = item, None
@@ -255,35 +256,19 @@ def _type_at(loc: Loc, *, table: bool = False) -> tuple[Any, FieldInfo | None, L
             tp, info = typing.get_args(tp)[1], None
         else:  # a union's member (pydantic's tag): the value is judged against the union
             return tp, info, loc[:i]
-    return _bare(tp), info, loc
+    return bare(tp), info, loc
 
 
 def _field(cls: type[Any], name: str) -> tuple[Any, FieldInfo | None]:
     hint = _hints(cls)[name]
-    info = None
-    if typing.get_origin(hint) is typing.Annotated:
-        infos = [m for m in hint.__metadata__ if isinstance(m, FieldInfo)]
-        info = infos[0] if infos else None
-    return hint, info
-
-
-def _bare(tp: Any) -> Any:
-    """``tp`` without ``Annotated`` and without ``| None`` (TOML has no null)."""
-    while typing.get_origin(tp) is typing.Annotated:
-        tp = typing.get_args(tp)[0]
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return _bare(args[0])
-        return tp
-    return tp
+    return hint, field_info(hint)
 
 
 def _expected(tp: Any, key: str) -> str:
     """Say what a value of type ``tp`` at ``key`` must look like, in the file's terms."""
     name = key.rsplit(".", 1)[-1]
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        members = [_bare(a) for a in typing.get_args(tp)]
+        members = [bare(a) for a in typing.get_args(tp)]
         return " or ".join(_expected(m, key) for m in members)
     if tp is str and name in _ADDRESS_KEYS:
         return 'a string "host:port" (for instance "127.0.0.1:8080")'
@@ -292,7 +277,7 @@ def _expected(tp: Any, key: str) -> str:
     if typing.get_origin(tp) is Literal:
         return "a string"
     if typing.get_origin(tp) is tuple:
-        item = _bare(typing.get_args(tp)[0])
+        item = bare(typing.get_args(tp)[0])
         if dataclasses.is_dataclass(item):
             return f"an array of tables ([[{name}]] for each)"
         return f"a list of {_PLURAL.get(item, 'values')}"

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic.fields import FieldInfo
 
+from fairq_server.config.fields import bare, field_info
 from fairq_server.config.schema import Config
 
 __all__ = ["keys", "render"]
@@ -60,8 +61,9 @@ def _walk(cls: type[Any], table: str) -> Iterator[Key]:
     hints = typing.get_type_hints(cls, include_extras=True)
     nested: list[tuple[type[Any], str]] = []
     for f in dataclasses.fields(cls):
-        tp, info = _unwrap(hints[f.name])
-        inner = _bare(tp)
+        tp = hints[f.name]
+        info = field_info(tp)
+        inner = bare(tp)
         sub = _section_of(inner)
         if sub is not None:
             prefix = f"{table}." if table else ""
@@ -77,30 +79,13 @@ def _walk(cls: type[Any], table: str) -> Iterator[Key]:
         yield from _walk(sub, name)
 
 
-def _unwrap(hint: Any) -> tuple[Any, FieldInfo | None]:
-    info = None
-    if typing.get_origin(hint) is typing.Annotated:
-        infos = [m for m in hint.__metadata__ if isinstance(m, FieldInfo)]
-        info = infos[0] if infos else None
-    return hint, info
-
-
-def _bare(tp: Any) -> Any:
-    while typing.get_origin(tp) is typing.Annotated:
-        tp = typing.get_args(tp)[0]
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _bare(args[0]) if len(args) == 1 else tp
-    return tp
-
-
 def _section_of(tp: Any) -> type[Any] | None:
     """Return the section class ``tp`` holds (itself, an array of it, a table of it), if any."""
     candidates = [tp]
     if typing.get_origin(tp) is tuple:
-        candidates = [_bare(typing.get_args(tp)[0])]
+        candidates = [bare(typing.get_args(tp)[0])]
     elif typing.get_origin(tp) in (Mapping, dict):
-        candidates = [_bare(typing.get_args(tp)[1])]
+        candidates = [bare(typing.get_args(tp)[1])]
     found = candidates[0]
     return found if isinstance(found, type) and dataclasses.is_dataclass(found) else None
 
@@ -112,9 +97,9 @@ def _type_name(tp: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(f"`{a}`" for a in typing.get_args(tp))
     if origin is tuple:
-        return f"list of {_type_name(_bare(typing.get_args(tp)[0]))}s"
+        return f"list of {_type_name(bare(typing.get_args(tp)[0]))}s"
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(_bare(a)) for a in typing.get_args(tp))
+        return " or ".join(_type_name(bare(a)) for a in typing.get_args(tp))
     return "table"
 
 
